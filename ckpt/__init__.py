@@ -1,0 +1,54 @@
+"""ckpt: checkpoints for numpy training code.
+
+Variables with tf.Variable's semantics, Modules that find them, a Saver that writes HDF5 or
+msgpack checkpoints, and readers for looking inside any checkpoint.
+
+Example:
+    >>> import ckpt
+    >>> v = ckpt.Variable([1.0, 2.0], name="v")
+    >>> v.assign_add([0.5, 0.5]).numpy()
+    array([1.5, 2.5], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+# A source checkout keeps formats/ and cli/ beside ckpt/ (an install nests them as
+# ckpt.formats and ckpt.cli); let imports from the checkout's root find them too.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and \
+        _os.path.isfile(_os.path.join(_root, "formats", "base.py")):
+    __path__.append(_root)
+
+from . import dtypes as dtypes
+from . import initializers as initializers
+from . import random as random
+from .errors import CheckpointError as CheckpointError
+from .errors import CheckpointNotFoundError as CheckpointNotFoundError
+from .errors import CheckpointWriteError as CheckpointWriteError
+from .errors import CorruptCheckpointError as CorruptCheckpointError
+from .errors import KeyNotFoundError as KeyNotFoundError
+from .errors import MismatchError as MismatchError
+from .errors import UninitializedVariableError as UninitializedVariableError
+from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
+from .module import Module as Module
+from .reader import CheckpointReader as CheckpointReader
+from .reader import list_variables as list_variables
+from .reader import load_checkpoint as load_checkpoint
+from .reader import load_variable as load_variable
+from .restore import RestoreResult as RestoreResult
+from .restore import init_from_checkpoint as init_from_checkpoint
+from .saver import Saver as Saver
+from .scopes import deferred_init as deferred_init
+from .scopes import device as device
+from .scopes import name_scope as name_scope
+from .state import latest_checkpoint as latest_checkpoint
+from .variables import Variable as Variable
+from .variables import global_variables as global_variables
+from .variables import initialize_all_variables as initialize_all_variables
+from .variables import initialize_variables as initialize_variables
+from .variables import report_uninitialized_variables as report_uninitialized_variables
+from .variables import trainable_variables as trainable_variables
+
+__version__ = "0.1.0"

@@ -1,0 +1,143 @@
+"""Atomic file replacement: a crash at any moment leaves the old file or the complete new one.
+
+A new file is written under a temporary name in the same directory, flushed to disk,
+renamed over the target, and the directory entry is flushed. The writer holds an exclusive
+``flock`` on its temporary file for as long as it lives, so a later save can tell a
+leftover of a killed process (unlocked) from a file another process is still writing
+(locked), and delete only the former.
+
+Example:
+    >>> import os, tempfile
+    >>> from ckpt.atomic import replace_atomically
+    >>> target = os.path.join(tempfile.mkdtemp(), "state.json")
+    >>> with replace_atomically(target) as tmp:
+    ...     with open(tmp, "w") as f:
+    ...         _ = f.write("{}")
+    >>> open(target).read()
+    '{}'
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+from contextlib import contextmanager
+from typing import Iterator
+
+from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
+
+__all__ = ["replace_atomically", "is_temporary", "clean_stale_temporaries", "fsync_directory"]
+
+_TEMP_MARK = ".ckpt-tmp-"
+
+
+def is_temporary(name: str) -> bool:
+    """True for the name of an in-progress (or abandoned) temporary file."""
+    return name.startswith(".") and _TEMP_MARK in name
+
+
+def fsync_directory(directory: str) -> None:
+    """Flush a directory's entries (a rename is durable only after this)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems cannot fsync directories; nothing more to do there
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _create_locked(directory: str, base: str) -> tuple[int, str]:
+    """Create and lock a fresh temporary file; retry if a cleaner took it before we locked it."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{base}{_TEMP_MARK}{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                return fd, tmp
+        except (BlockingIOError, FileNotFoundError):
+            pass  # another save's cleanup claimed it between create and lock
+        os.close(fd)
+    raise CheckpointWriteError(f"{directory}: could not create a temporary file")
+
+
+@contextmanager
+def replace_atomically(path: str) -> Iterator[str]:
+    """Yield a temporary path next to ``path``; on success it atomically becomes ``path``.
+
+    On any error the temporary file is removed, ``path`` is untouched and the error is
+    re-raised (OS errors as CheckpointWriteError naming the file).
+
+    Raises:
+        CheckpointNotFoundError: the directory of ``path`` does not exist.
+        CheckpointWriteError: the file could not be written (full disk, permissions, ...).
+    """
+    path = os.path.abspath(path)
+    directory, base = os.path.split(path)
+    if not os.path.isdir(directory):
+        raise CheckpointNotFoundError(f"{path}: the directory {directory} does not exist; create it "
+                                      "before saving")
+    try:
+        fd, tmp = _create_locked(directory, base)
+    except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointWriteError(f"{path}: cannot create a file in {directory}: "
+                                   f"{exc.strerror or exc}") from exc
+    try:
+        try:
+            yield tmp
+            os.fsync(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        finally:
+            os.close(fd)
+        fsync_directory(directory)
+    except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointWriteError(f"{path}: writing failed: {exc.strerror or exc}; the previous "
+                                   "file, if any, is untouched") from exc
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def clean_stale_temporaries(directory: str) -> list[str]:
+    """Delete temporary files whose writer is gone (killed mid-save); return their names.
+
+    A file whose lock is still held belongs to a save in progress and is left alone.
+    """
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not is_temporary(name):
+            continue
+        tmp = os.path.join(directory, name)
+        try:
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                os.unlink(tmp)
+                removed.append(name)
+        except OSError:
+            pass  # locked by a live writer, or already gone
+        finally:
+            os.close(fd)
+    return removed

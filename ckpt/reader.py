@@ -1,0 +1,145 @@
+"""Reading checkpoints without a model: load_checkpoint, list_variables, load_variable.
+
+Opening a checkpoint reads its index only; ``get_tensor`` reads just that tensor.
+
+Example:
+    >>> import ckpt, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.msgpack")
+    >>> with ckpt.name_scope("enc"):
+    ...     k = ckpt.Variable([[1.0, 2.0, 3.0]], name="kernel")
+    >>> _ = ckpt.Saver([k]).save(path)
+    >>> ckpt.list_variables(path)
+    [('enc/kernel', [1, 3])]
+    >>> ckpt.load_variable(path, "enc/kernel:0")
+    array([[1., 2., 3.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .errors import CheckpointNotFoundError
+from .state import resolve_checkpoint
+
+__all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable"]
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Any:
+    """Open a checkpoint file, or a directory's latest checkpoint, as a format Reader.
+
+    A directory's latest checkpoint can be deleted by another process's ``max_to_keep``
+    between looking it up and opening it; then the lookup is repeated.
+    """
+    from .formats.base import open_reader  # the registry; importing it registers the built-ins
+
+    is_dir = os.path.isdir(path)
+    for attempt in range(5):
+        try:
+            return open_reader(resolve_checkpoint(path))
+        except CheckpointNotFoundError:
+            if not is_dir or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+class CheckpointReader:
+    """TensorFlow's CheckpointReader over any supported checkpoint file.
+
+    Use it as a context manager (or call ``close``) to release the file.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.h5")
+        >>> _ = ckpt.Saver({"w": ckpt.Variable([1, 2])}).save(path)
+        >>> with ckpt.load_checkpoint(path) as reader:
+        ...     reader.get_variable_to_shape_map(), reader.get_tensor("w")
+        ({'w': [2]}, array([1, 2], dtype=int32))
+    """
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    @property
+    def path(self) -> str:
+        """The checkpoint file."""
+        return str(self._reader.path)
+
+    @property
+    def format(self) -> str:
+        """The format's registered name ("hdf5", "msgpack", ...)."""
+        return str(self._reader.format_name)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The user metadata saved with the checkpoint."""
+        return dict(self._reader.metadata)
+
+    @property
+    def tensors(self) -> Any:
+        """key -> TensorInfo (dtype, shape, nbytes) for every tensor, in file order."""
+        return self._reader.tensors
+
+    def get_variable_to_shape_map(self) -> dict[str, list[int]]:
+        """Return key -> shape (a list) for every tensor."""
+        return {k: list(info.shape) for k, info in self._reader.tensors.items()}
+
+    def get_variable_to_dtype_map(self) -> dict[str, np.dtype]:
+        """Return key -> numpy dtype for every tensor."""
+        return {k: info.dtype for k, info in self._reader.tensors.items()}
+
+    def has_tensor(self, key: str) -> bool:
+        """True if the checkpoint holds ``key``."""
+        return key in self._reader.tensors
+
+    def get_tensor(self, key: str) -> np.ndarray:
+        """Read one tensor (only its bytes are read), verifying its checksum.
+
+        Raises:
+            KeyNotFoundError: no such key (the message lists the closest keys).
+            CorruptCheckpointError: its data is damaged.
+        """
+        return self._reader.read(key)  # type: ignore[no-any-return]
+
+    def verify(self) -> list[str]:
+        """Check every checksum; return one line per problem (empty when the file is sound)."""
+        return list(self._reader.verify())
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ckpt.CheckpointReader {self.path!r} format={self.format} tensors={len(self.tensors)}>"
+
+
+def load_checkpoint(ckpt_dir_or_file: str | os.PathLike[str]) -> CheckpointReader:
+    """Open a checkpoint (a file, or a directory -> its latest) for reading without a model.
+
+    Raises:
+        CheckpointNotFoundError: no such file, or a directory without checkpoints.
+        UnsupportedCheckpointError: a file of a kind no registered format reads.
+        CorruptCheckpointError: a damaged or truncated file.
+    """
+    return CheckpointReader(open_checkpoint(ckpt_dir_or_file))
+
+
+def list_variables(ckpt_dir_or_file: str | os.PathLike[str]) -> list[tuple[str, list[int]]]:
+    """Return ``[(key, shape)]`` for every tensor, sorted by key."""
+    with load_checkpoint(ckpt_dir_or_file) as reader:
+        return sorted(reader.get_variable_to_shape_map().items())
+
+
+def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.ndarray:
+    """Return one tensor's value; a trailing ":0" in ``name`` is ignored."""
+    if name.endswith(":0"):
+        name = name[:-2]
+    with load_checkpoint(ckpt_dir_or_file) as reader:
+        return reader.get_tensor(name)

@@ -1,0 +1,197 @@
+"""Planning and running a restore: match keys, check shapes and dtypes, then read in place.
+
+Everything that can be checked before reading data is checked first, and every problem is
+reported in one error; when that check fails no variable changes. Data is then read
+straight into each variable's existing buffer. If a tensor fails its checksum mid-way,
+every variable this restore has already written becomes uninitialized, so none silently
+holds corrupt or half-restored values.
+
+Example:
+    >>> import ckpt, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "pre.h5")
+    >>> with ckpt.name_scope("old"):
+    ...     w = ckpt.Variable([1.0, 2.0], name="w")
+    >>> _ = ckpt.Saver([w]).save(path)
+    >>> with ckpt.name_scope("new"):
+    ...     w2 = ckpt.Variable([0.0, 0.0], name="w")
+    >>> [(key, v.name) for key, v in ckpt.init_from_checkpoint(path, {"old/": "new/"})]
+    [('old/w', 'new/w:0')]
+    >>> w2.numpy()
+    array([1., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from . import dtypes
+from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
+from .reader import open_checkpoint
+from .variables import Variable, global_variables
+
+__all__ = ["RestoreResult", "restore_variables", "init_from_checkpoint"]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore did.
+
+    Attributes:
+        path: the checkpoint file read.
+        restored: keys read into variables.
+        missing: requested keys the checkpoint lacks (only with ``strict=False``).
+        unexpected: keys in the checkpoint nobody asked for.
+    """
+
+    path: str
+    restored: list[str]
+    missing: list[str]
+    unexpected: list[str]
+
+
+def _describe(dtype: Any) -> str:
+    return dtypes.dt_name_or_none(dtype) or str(dtype)
+
+
+def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
+          ) -> tuple[list[tuple[str, Variable]], list[str]]:
+    """Return (pairs to read, missing keys); raise once listing every problem."""
+    name = os.path.basename(reader.path)
+    pairs, missing, problems = [], [], []
+    any_missing = False
+    for key, var in wanted:
+        info = reader.tensors.get(key)
+        if info is None:
+            missing.append(key)
+            if not allow_missing:
+                any_missing = True
+                problems.append(f"{key}: not found in {name}{closest_hint(key, reader.tensors)}")
+        elif info.shape != var.shape:
+            problems.append(f"{key}: shape {var.shape} in the model, {info.shape} in {name}")
+        elif info.dtype != var.dtype:
+            problems.append(f"{key}: dtype {_describe(var.dtype)} in the model, {_describe(info.dtype)} in {name}")
+        else:
+            pairs.append((key, var))
+    if problems:
+        error = KeyNotFoundError if any_missing else MismatchError
+        noun = "problem" if len(problems) == 1 else "problems"
+        raise error(f"cannot restore from {reader.path} ({len(problems)} {noun}; no variable was "
+                    "changed):\n  " + "\n  ".join(problems))
+    return pairs, missing
+
+
+def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]]) -> None:
+    """Read each tensor into its variable's buffer; on failure, uninitialize what was touched."""
+    touched: list[Variable] = []
+    try:
+        for key, var in pairs:
+            buffer = var._writable_buffer()
+            touched.append(var)
+            reader.read_into(key, buffer)
+    except BaseException as exc:
+        for var in touched:
+            var._mark_uninitialized()
+        if not isinstance(exc, CheckpointError):
+            raise
+        names = ", ".join(dict.fromkeys(v.name for v in touched))
+        raise CorruptCheckpointError(
+            f"{exc}\nrestore stopped; the variables it had already written are now uninitialized "
+            f"(restore them again or initialize them): {names}") from exc
+    for var in touched:
+        var._mark_restored()
+
+
+def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Variable],
+                      strict: bool = True) -> RestoreResult:
+    """Restore ``variables`` (checkpoint key -> Variable) from a file or a directory's latest.
+
+    With ``strict=False`` missing keys are skipped and reported instead of raising.
+    """
+    with open_checkpoint(path) as reader:
+        pairs, missing = _plan(reader, list(variables.items()), allow_missing=not strict)
+        _read_into_variables(reader, pairs)
+        unexpected = [k for k in reader.tensors if k not in variables]
+        return RestoreResult(reader.path, [k for k, _ in pairs], missing, unexpected)
+
+
+AssignmentTarget = Any  # a Variable, a list of Variables, a variable name, or a scope ("new/")
+
+
+def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
+                         assignment_map: Mapping[str, AssignmentTarget] | Sequence[tuple[str, AssignmentTarget]],
+                         ) -> list[tuple[str, Variable]]:
+    """Restore checkpoint tensors into existing variables, with TensorFlow's assignment maps.
+
+    Args:
+        ckpt_dir_or_file: a checkpoint file, or a directory (its latest checkpoint).
+        assignment_map: checkpoint key or scope -> target, as a dict or a list of pairs
+            (a list can map one tensor to several variables):
+
+            * ``"old_scope/": "new_scope/"`` maps every live variable under "new_scope/" to the
+              key with "old_scope/" in its place ("old_scope/" does not match "old_scope_1/");
+            * ``"/": "new_scope/"`` maps the checkpoint's root; ``"old/": "/"`` the model's;
+            * ``"key": variable`` (or a variable's name, or a list of variables) maps one tensor.
+
+    Returns:
+        The (checkpoint key, variable) pairs restored.
+
+    Raises:
+        ValueError: for a malformed map; KeyNotFoundError (also a ValueError) for keys missing
+        from the checkpoint; MismatchError (a ValueError) for shape or dtype mismatches.
+        Nothing is assigned when any entry fails.
+    """
+    items = list(assignment_map.items()) if isinstance(assignment_map, Mapping) else list(assignment_map)
+    by_name: dict[str, list[Variable]] = defaultdict(list)
+    live = global_variables()
+    for v in live:
+        by_name[v.key].append(v)
+    pairs: list[tuple[str, Variable]] = []
+    problems: list[str] = []
+    for ckpt_key, target in items:
+        if not isinstance(ckpt_key, str) or not ckpt_key:
+            problems.append(f"{ckpt_key!r}: checkpoint keys and scopes are non-empty strings")
+        elif isinstance(target, Variable) or (isinstance(target, (list, tuple)) and target
+                                              and all(isinstance(t, Variable) for t in target)):
+            if ckpt_key.endswith("/"):
+                problems.append(f"{ckpt_key!r} is a scope; map it to a scope such as 'new_scope/'")
+            pairs.extend((ckpt_key, v) for v in ([target] if isinstance(target, Variable) else target))
+        elif isinstance(target, str) and ckpt_key.endswith("/"):
+            if not target.endswith("/"):
+                problems.append(f"{ckpt_key!r} -> {target!r}: a scope maps to a scope ending in '/'")
+                continue
+            src, dst = ckpt_key.lstrip("/"), target.lstrip("/")
+            matched = [v for v in live if v.key.startswith(dst)]
+            if not matched:
+                problems.append(f"{ckpt_key!r} -> {target!r}: no variables in scope {target!r}")
+            pairs.extend((src + v.key[len(dst):], v) for v in matched)
+        elif isinstance(target, str):
+            if target.endswith("/"):
+                problems.append(f"{ckpt_key!r} -> {target!r}: a single tensor maps to a variable, "
+                                "not a scope")
+                continue
+            name = target[:-2] if target.endswith(":0") else target
+            found = by_name.get(name, [])
+            if len(found) != 1:
+                why = "no variable" if not found else f"{len(found)} variables"
+                problems.append(f"{ckpt_key!r} -> {target!r}: {why} named {name!r}; pass the Variable")
+            else:
+                pairs.append((ckpt_key, found[0]))
+        else:
+            problems.append(f"{ckpt_key!r} -> {target!r}: the target must be a Variable, a list of "
+                            "Variables, a variable name or a scope")
+    seen: dict[int, str] = {}
+    for key, var in pairs:
+        if id(var) in seen and seen[id(var)] != key:
+            problems.append(f"variable {var.name} is assigned twice: from {seen[id(var)]!r} and {key!r}")
+        seen[id(var)] = key
+    if problems:
+        raise ValueError("invalid assignment map:\n  " + "\n  ".join(problems))
+    unique = {(key, id(var)): (key, var) for key, var in pairs}  # the same pair twice is one assignment
+    pairs = list(unique.values())
+    with open_checkpoint(ckpt_dir_or_file) as reader:
+        checked, _ = _plan(reader, pairs, allow_missing=False)
+        _read_into_variables(reader, checked)
+    return checked

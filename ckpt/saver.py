@@ -1,0 +1,221 @@
+"""ckpt.Saver: tf.train.Saver's semantics for numpy variables, in HDF5 or msgpack files.
+
+Example:
+    >>> import ckpt, tempfile, os
+    >>> directory = tempfile.mkdtemp()
+    >>> v1 = ckpt.Variable([1.0, 2.0], name="v1")
+    >>> v2 = ckpt.Variable(3, name="v2")
+    >>> saver = ckpt.Saver({"my_v2": v2}, max_to_keep=2)
+    >>> path = saver.save(os.path.join(directory, "model.h5"), global_step=10)
+    >>> os.path.basename(path)
+    'model-10.h5'
+    >>> _ = v2.assign(0)
+    >>> saver.restore(directory).restored
+    ['my_v2']
+    >>> int(v2)
+    3
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any, Union
+
+from .atomic import clean_stale_temporaries, replace_atomically
+from .errors import UninitializedVariableError
+from .module import Module
+from .restore import RestoreResult, restore_variables
+from .state import CheckpointEntry, CheckpointState, read_state, state_lock, write_state
+from .variables import Variable, global_variables
+
+__all__ = ["Saver"]
+
+VarList = Union[None, Module, Mapping[str, Variable], Iterable[Variable]]
+
+
+def _registry() -> Any:
+    from .formats import base  # the format registry; importing it registers the built-ins
+
+    return base
+
+
+def _key_map(var_list: VarList) -> dict[str, Variable]:
+    """Turn a var_list into an ordered {checkpoint key: Variable} map, refusing ambiguity."""
+    if var_list is None:
+        pairs = [(v.key, v) for v in global_variables()]
+    elif isinstance(var_list, Module):
+        pairs = var_list.named_variables()
+    elif isinstance(var_list, Mapping):
+        pairs = list(var_list.items())
+    elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):
+        unique = {id(v): v for v in var_list}  # the same variable listed twice is listed once
+        pairs = [(v.key if isinstance(v, Variable) else v, v) for v in unique.values()]
+    else:
+        raise TypeError(f"var_list must be None, a Module, a dict or a list of Variables, "
+                        f"got {type(var_list).__name__}")
+    keys: dict[str, Variable] = {}
+    owner: dict[int, str] = {}
+    for key, var in pairs:
+        if not isinstance(var, Variable):
+            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}, not a ckpt.Variable")
+        if not isinstance(key, str):
+            raise TypeError(f"checkpoint keys are strings, got {key!r} for {var.name}")
+        if key in keys:
+            raise ValueError(f"two variables would be saved under the key {key!r}: {keys[key].name} "
+                             f"and {var.name}; give them distinct names or pass a dict")
+        if id(var) in owner:
+            raise ValueError(f"variable {var.name} would be saved under two keys: {owner[id(var)]!r} "
+                             f"and {key!r}")
+        keys[key] = var
+        owner[id(var)] = key
+    if not keys:
+        raise ValueError("there are no variables to save (empty var_list)")
+    _registry().validate_keys(keys, "Saver")
+    return keys
+
+
+class Saver:
+    """Saves variables to checkpoint files and restores them.
+
+    Args:
+        var_list: what to save. None: every live variable, keyed by name (without ":0").
+            A list: those variables, keyed by name. A dict: its keys are the names in the
+            file (``Saver({"my_v2": v2})``). A Module: keyed by its attribute paths
+            ("layers/0/kernel").
+        max_to_keep: keep the newest N checkpoints of the directory, delete older ones
+            (None keeps all).
+        keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
+        format: the format for paths without a known extension ("hdf5" or "msgpack").
+
+    Raises:
+        ValueError: two variables under one key, one variable under two keys, an invalid
+            key, or nothing to save.
+    """
+
+    def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5") -> None:
+        self._vars = _key_map(var_list)
+        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
+            raise ValueError(f"max_to_keep must be a positive int or None (keep all), got {max_to_keep!r}")
+        if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
+            raise ValueError("keep_checkpoint_every_n_hours must be positive or None")
+        fmt = _registry().get_format(format)
+        if not fmt.can_write:
+            raise ValueError(f"format {format!r} can be read but not written")
+        self._format = fmt
+        self._max_to_keep = max_to_keep
+        self._keep_hours = keep_checkpoint_every_n_hours
+        self._last_checkpoints: list[str] = []
+
+    @property
+    def var_list(self) -> dict[str, Variable]:
+        """The {checkpoint key: Variable} map this Saver saves and restores."""
+        return dict(self._vars)
+
+    @property
+    def last_checkpoints(self) -> list[str]:
+        """The kept checkpoints of the directory last saved to, oldest first."""
+        return list(self._last_checkpoints)
+
+    def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
+        path = os.fspath(path)
+        fmt = _registry().format_for_path(path)
+        if fmt is None or not fmt.can_write:
+            fmt = self._format
+            path += fmt.extensions[0]
+        ext = next(e for e in fmt.extensions if path.lower().endswith(e))
+        if global_step is not None:
+            step = operator.index(global_step)
+            path = f"{path[:len(path) - len(ext)]}-{step}{path[len(path) - len(ext):]}"
+        return path, fmt
+
+    def save(self, path: str | os.PathLike[str], global_step: Any = None,
+             metadata: Mapping[str, Any] | None = None) -> str:
+        """Write a checkpoint atomically and record it in the directory's state file.
+
+        Args:
+            path: the file; its extension (.h5, .hdf5, .msgpack) picks the format, a path
+                without one gets the Saver's format and its extension.
+            global_step: an int (or int Variable) appended to the name: "model-1000.h5".
+            metadata: a JSON-like dict stored with the tensors.
+
+        Returns:
+            The path written.
+
+        Raises:
+            CheckpointNotFoundError: the parent directory does not exist.
+            CheckpointWriteError: the disk is full or unwritable; the previous checkpoint and
+                the state file are untouched.
+            UninitializedVariableError: a variable has no value yet.
+        """
+        path, fmt = self._target(path, global_step)
+        step = None if global_step is None else operator.index(global_step)
+        tensors = []
+        for key, var in self._vars.items():
+            try:
+                tensors.append((key, var._read()))
+            except UninitializedVariableError as exc:
+                raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
+        metadata = _registry().normalize_metadata(metadata, path)
+        directory = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(directory):
+            clean_stale_temporaries(directory)
+        with replace_atomically(path) as tmp:
+            fmt.write(tmp, tensors, metadata)
+        self._record(path, step)
+        return path
+
+    def _record(self, path: str, step: int | None) -> None:
+        """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours."""
+        directory = os.path.dirname(os.path.abspath(path))
+        name = os.path.basename(path)
+        now = time.time()
+        doomed: list[CheckpointEntry] = []
+        with state_lock(directory):
+            state = read_state(directory) or CheckpointState()
+            state.checkpoints = [e for e in state.checkpoints if e.path != name]
+            state.preserved = [e for e in state.preserved if e.path != name]
+            state.checkpoints.append(CheckpointEntry(name, now, step))
+            if state.last_preserved_time is None:
+                state.last_preserved_time = now
+            while self._max_to_keep is not None and len(state.checkpoints) > self._max_to_keep:
+                old = state.checkpoints.pop(0)
+                if self._keep_hours and old.time - self._keep_hours * 3600 >= state.last_preserved_time:
+                    state.preserved.append(old)
+                    state.last_preserved_time = old.time
+                else:
+                    doomed.append(old)
+            write_state(directory, state)
+            kept = [e.path for e in state.checkpoints]
+        for old in doomed:
+            try:
+                os.unlink(os.path.join(directory, old.path))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                warnings.warn(f"could not delete old checkpoint {old.path}: {exc}", stacklevel=3)
+        self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
+
+    def restore(self, path: str | os.PathLike[str], strict: bool = True) -> RestoreResult:
+        """Restore this Saver's variables from a checkpoint file or a directory's latest.
+
+        Everything is checked before any variable changes: missing keys (a KeyError, with the
+        closest keys in the file), shape and dtype mismatches (a ValueError), all reported
+        in one error. Data is read straight into the variables' buffers and verified.
+
+        Args:
+            path: a checkpoint file, or a directory (its latest checkpoint).
+            strict: with False, keys missing from the file are skipped and listed in the
+                result's ``missing`` instead of raising (mismatched shapes still raise).
+
+        Returns:
+            A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
+        """
+        return restore_variables(path, self._vars, strict=strict)
+
+    def __repr__(self) -> str:
+        return f"<ckpt.Saver {len(self._vars)} variables format={self._format.name}>"

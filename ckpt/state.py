@@ -1,0 +1,177 @@
+"""The directory's state file ("checkpoint"): which checkpoints exist, which is the latest.
+
+The state file is JSON, written atomically, with paths relative to its directory (plain
+file names), so a moved or copied directory still works:
+
+    {"format": "ckpt-state", "version": 1, "latest": "model-2000.h5",
+     "checkpoints": [{"path": "model-1000.h5", "time": 1763740000.5, "step": 1000}, ...],
+     "preserved": [...], "last_preserved_time": 1763740000.5}
+
+``checkpoints`` are managed by ``max_to_keep`` (oldest first, the last one is the latest);
+``preserved`` ones were kept by ``keep_checkpoint_every_n_hours`` and are never deleted.
+Read-modify-write cycles hold an ``flock`` on ".checkpoint.lock", so Savers in several
+threads or processes never lose each other's entries.
+
+Example:
+    >>> import ckpt, tempfile
+    >>> ckpt.latest_checkpoint(tempfile.mkdtemp()) is None
+    True
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .atomic import replace_atomically
+from .errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+
+__all__ = ["STATE_FILE", "CheckpointEntry", "CheckpointState", "read_state", "write_state",
+           "state_lock", "latest_checkpoint", "resolve_checkpoint"]
+
+STATE_FILE = "checkpoint"
+LOCK_FILE = ".checkpoint.lock"
+_FORMAT, _VERSION = "ckpt-state", 1
+
+
+@dataclass
+class CheckpointEntry:
+    """One checkpoint in a state file."""
+
+    path: str  # a file name in the state file's directory
+    time: float  # seconds since the epoch when it was saved
+    step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "time": self.time, "step": self.step}
+
+
+@dataclass
+class CheckpointState:
+    """The parsed state file."""
+
+    checkpoints: list[CheckpointEntry] = field(default_factory=list)
+    preserved: list[CheckpointEntry] = field(default_factory=list)
+    last_preserved_time: float | None = None
+
+    @property
+    def latest(self) -> CheckpointEntry | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    def all_entries(self) -> list[CheckpointEntry]:
+        """Managed and preserved entries, oldest first."""
+        return sorted(self.checkpoints + self.preserved, key=lambda e: e.time)
+
+
+def _parse_entry(item: Any, path: str) -> CheckpointEntry:
+    if not isinstance(item, dict) or not isinstance(item.get("path"), str) or \
+            not isinstance(item.get("time"), (int, float)) or \
+            not (item.get("step") is None or isinstance(item.get("step"), int)):
+        raise CorruptCheckpointError(f"{path}: malformed checkpoint entry {item!r}")
+    name = item["path"]
+    # a plain file name: a hostile state file must not point retention at other directories
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise CorruptCheckpointError(f"{path}: checkpoint entry {name!r} is not a file name in "
+                                     "this directory")
+    return CheckpointEntry(name, float(item["time"]), item.get("step"))
+
+
+def read_state(directory: str) -> CheckpointState | None:
+    """Return the directory's state, or None when it has no state file.
+
+    Raises:
+        CorruptCheckpointError: the state file is not valid.
+        UnsupportedCheckpointError: it was written by something else (e.g. TensorFlow).
+    """
+    path = os.path.join(directory, STATE_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(16 << 20)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        if raw.lstrip().startswith(b"model_checkpoint_path"):
+            raise UnsupportedCheckpointError(f"{path}: this is TensorFlow's state file, not ckpt's") from None
+        raise CorruptCheckpointError(f"{path}: the state file is not valid JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+        raise CorruptCheckpointError(f"{path}: not a ckpt state file")
+    if not isinstance(doc.get("version"), int) or doc["version"] > _VERSION:
+        raise UnsupportedCheckpointError(f"{path}: state file version {doc.get('version')!r} is newer "
+                                         f"than this ckpt reads ({_VERSION})")
+    checkpoints, preserved = doc.get("checkpoints"), doc.get("preserved", [])
+    last = doc.get("last_preserved_time")
+    if not isinstance(checkpoints, list) or not isinstance(preserved, list) or \
+            not (last is None or isinstance(last, (int, float))):
+        raise CorruptCheckpointError(f"{path}: malformed state file")
+    return CheckpointState([_parse_entry(x, path) for x in checkpoints],
+                           [_parse_entry(x, path) for x in preserved],
+                           None if last is None else float(last))
+
+
+def write_state(directory: str, state: CheckpointState) -> None:
+    """Write the state file atomically."""
+    latest = state.latest
+    doc = {"format": _FORMAT, "version": _VERSION, "latest": latest.path if latest else None,
+           "checkpoints": [e.to_json() for e in state.checkpoints],
+           "preserved": [e.to_json() for e in state.preserved],
+           "last_preserved_time": state.last_preserved_time}
+    with replace_atomically(os.path.join(directory, STATE_FILE)) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+
+
+@contextmanager
+def state_lock(directory: str) -> Iterator[None]:
+    """Hold the directory's state lock (threads and processes) for a read-modify-write."""
+    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:
+    """Return the path of the newest checkpoint in ``directory`` that exists, or None.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> saver = ckpt.Saver({"v": ckpt.Variable(1.0)})
+        >>> path = saver.save(os.path.join(d, "model.h5"), global_step=7)
+        >>> ckpt.latest_checkpoint(d) == path
+        True
+    """
+    directory = os.fspath(directory)
+    state = read_state(directory)
+    if state is None:
+        return None
+    for entry in reversed(state.all_entries()):
+        candidate = os.path.join(directory, entry.path)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
+    """A checkpoint file as is; a directory -> its latest checkpoint.
+
+    Raises:
+        CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory (no '{STATE_FILE}' "
+                                          "state file naming an existing checkpoint)")
+        return latest
+    return path

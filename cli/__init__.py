@@ -1,0 +1,3 @@
+"""The ``ckpt`` command line, installed as ``ckpt.cli``."""
+
+from .main import main as main

@@ -1,0 +1,340 @@
+"""The Reader/Format protocol every checkpoint format implements, and the format registry.
+
+A format knows how to recognise its files (``sniff``), open them (``open`` -> a Reader that
+has read only the index) and, optionally, write them. The built-in formats register
+themselves with :func:`register_format`, the same function a user calls for their own.
+
+Example:
+    >>> from ckpt.formats import base
+    >>> base.format_for_path("model.msgpack").name
+    'msgpack'
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
+                         MismatchError, UnsupportedCheckpointError, closest_hint)
+
+__all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "get_format",
+           "formats", "format_for_path", "open_reader", "validate_keys", "SNIFF_BYTES"]
+
+#: How many bytes from the start of a file ``Format.sniff`` is shown.
+SNIFF_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a checkpoint says about one tensor, known without reading its data."""
+
+    key: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    #: Bytes the tensor's data occupies in the file.
+    nbytes: int
+    #: Format-specific location details (offsets, checksums); opaque to callers.
+    extra: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def size(self) -> int:
+        """Number of elements (1 for a scalar)."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """An open checkpoint. Opening reads the index only; data is read on request."""
+
+    path: str
+    format_name: str
+    checksummed: bool
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+    @property
+    def tensors(self) -> Mapping[str, TensorInfo]: ...
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """Read one tensor into ``out`` (C-contiguous, its exact shape and dtype), verifying it."""
+
+    def read(self, key: str) -> np.ndarray:
+        """Read one tensor into a new array."""
+
+    def verify(self) -> list[str]:
+        """Check the whole file; return one line per problem found (empty when sound)."""
+
+    def close(self) -> None: ...
+
+
+class BaseReader:
+    """Shared behaviour for readers: key lookup with clear errors, ``read``, context manager.
+
+    Subclasses set ``path``, ``format_name``, ``_tensors`` and ``_metadata`` and implement
+    ``_read_into(info, out)``.
+    """
+
+    path: str = ""
+    format_name: str = ""
+    #: False for files whose data carries no checksums (foreign files): verify() cannot vouch for them.
+    checksummed: bool = True
+    _tensors: dict[str, TensorInfo]
+    _metadata: dict[str, Any]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata
+
+    @property
+    def tensors(self) -> Mapping[str, TensorInfo]:
+        return self._tensors
+
+    def info(self, key: str) -> TensorInfo:
+        """Return the TensorInfo for ``key`` or raise KeyNotFoundError naming the closest keys."""
+        try:
+            return self._tensors[key]
+        except KeyError:
+            raise KeyNotFoundError(
+                f"{self.path}: tensor {key!r} not found in checkpoint{closest_hint(key, self._tensors)}"
+            ) from None
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        info = self.info(key)
+        if out.shape != info.shape or out.dtype != info.dtype or not out.flags.c_contiguous \
+                or not out.flags.writeable:
+            raise MismatchError(f"{self.path}: tensor {key!r} is {info.dtype} {list(info.shape)}; "
+                                f"cannot read it into a {out.dtype} {list(out.shape)} array")
+        self._read_into(info, out)
+
+    def read(self, key: str) -> np.ndarray:
+        info = self.info(key)
+        out = np.empty(info.shape, dtype=info.dtype)
+        self._read_into(info, out)
+        return out
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def verify(self) -> list[str]:
+        problems = []
+        for key in self._tensors:
+            try:
+                self.read(key)
+            except CorruptCheckpointError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> BaseReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} format={self.format_name} tensors={len(self._tensors)}>"
+
+
+class Format(Protocol):
+    """A checkpoint format: a name, file extensions, content sniffing, a reader, maybe a writer."""
+
+    name: str
+    #: Lower-case extensions with the dot, first is the default: (".h5", ".hdf5").
+    extensions: tuple[str, ...]
+    #: Whether ``write`` is implemented (foreign formats may be read-only).
+    can_write: bool
+
+    def sniff(self, head: bytes) -> bool:
+        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format."""
+
+    def open(self, path: str) -> Reader:
+        """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
+
+    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
+              metadata: Mapping[str, Any]) -> None:
+        """Write a complete checkpoint to ``path`` (an existing, empty temporary file)."""
+
+
+_registry: dict[str, Format] = {}
+_lock = threading.Lock()
+
+
+def register_format(fmt: Format, *, replace: bool = False) -> None:
+    """Make a format available to ``Saver``, ``load_checkpoint`` and the CLI.
+
+    Args:
+        fmt: an object with the Format protocol's attributes and methods.
+        replace: allow replacing a registered format of the same name.
+
+    Example:
+        >>> from ckpt.formats import base
+        >>> class Nothing:
+        ...     name, extensions, can_write = "nothing", (".nothing",), False
+        ...     def sniff(self, head): return head.startswith(b"NOTHING")
+        ...     def open(self, path): raise NotImplementedError
+        >>> base.register_format(Nothing())
+        >>> base.format_for_path("x.nothing").name
+        'nothing'
+        >>> base.unregister_format("nothing")
+    """
+    for attr in ("name", "extensions", "can_write", "sniff", "open"):
+        if not hasattr(fmt, attr):
+            raise TypeError(f"{fmt!r} is not a Format: it has no {attr!r}")
+    with _lock:
+        if fmt.name in _registry and not replace:
+            raise ValueError(f"a format named {fmt.name!r} is already registered")
+        _registry[fmt.name] = fmt
+
+
+def unregister_format(name: str) -> None:
+    """Remove a registered format (mainly for tests and plugins)."""
+    with _lock:
+        _registry.pop(name, None)
+
+
+def formats() -> list[Format]:
+    """Return the registered formats, built-ins first."""
+    with _lock:
+        return list(_registry.values())
+
+
+def get_format(name: str) -> Format:
+    """Return the registered format called ``name``."""
+    for fmt in formats():
+        if fmt.name == name:
+            return fmt
+    raise ValueError(f"unknown checkpoint format {name!r}; known: {', '.join(f.name for f in formats())}")
+
+
+def format_for_path(path: str | os.PathLike[str]) -> Format | None:
+    """Return the writable format whose extension ``path`` ends with, or None."""
+    lower = os.fspath(path).lower()
+    for fmt in formats():
+        if any(lower.endswith(ext) for ext in fmt.extensions):
+            return fmt
+    return None
+
+
+def open_reader(path: str | os.PathLike[str]) -> Reader:
+    """Open a checkpoint file, recognising its format from its content.
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        UnsupportedCheckpointError: no registered format recognises it.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file") from None
+    except IsADirectoryError:
+        raise CheckpointNotFoundError(f"{path}: is a directory, not a checkpoint file") from None
+    except OSError as exc:
+        raise CheckpointNotFoundError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+    for fmt in formats():
+        if fmt.sniff(head):
+            return fmt.open(path)
+    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
+    what = "an empty file" if not head else "not a checkpoint in any supported format"
+    raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
+
+
+def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
+    """Raise ValueError unless every key follows ckpt's key rules.
+
+    Keys are "/"-separated, with no empty, "." or ".." parts, no NUL, valid UTF-8, unique,
+    and no key may also be a prefix of another ("a" and "a/b"), so any checkpoint can be
+    converted to any format.
+    """
+    seen: set[str] = set()
+    for key in keys:
+        problem = key_problem(key)
+        if problem:
+            raise ValueError(f"{where}: invalid key {key!r}: {problem}")
+        if key in seen:
+            raise ValueError(f"{where}: duplicate key {key!r}")
+        seen.add(key)
+    prefixes = {key[:i] for key in seen for i, ch in enumerate(key) if ch == "/"}
+    clash = sorted(seen & prefixes)
+    if clash:
+        child = next(k for k in sorted(seen) if k.startswith(clash[0] + "/"))
+        raise ValueError(f"{where}: key {clash[0]!r} is both a tensor and a scope of {child!r}")
+
+
+def key_problem(key: object) -> str:
+    """Return why ``key`` breaks the key rules, or "" when it is valid."""
+    if not isinstance(key, str):
+        return f"keys are strings, got {type(key).__name__}"
+    if not key:
+        return "empty key"
+    if "\x00" in key:
+        return "contains NUL"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "empty, '.' or '..' part (keys are '/'-separated names)"
+    return ""
+
+
+def dtype_or_raise(name: Any, path: str, key: str) -> np.dtype:
+    """Resolve a canonical dtype name read from a file, or raise CorruptCheckpointError."""
+    if isinstance(name, str) and name in dtypes.NAMES:
+        return dtypes.as_dtype(name)
+    raise CorruptCheckpointError(f"{path}: tensor {key!r} has unknown dtype {name!r}")
+
+
+def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
+    """Validate a shape read from a file: a list of non-negative ints of sane rank."""
+    if not isinstance(shape, (list, tuple)) or len(shape) > 64 or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 63 for d in shape):
+        raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
+    return tuple(shape)
+
+
+def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
+    """Return ``metadata`` as plain JSON-like data both formats store, or raise ValueError.
+
+    Keys are strings; values are None, bool, int (64-bit), float, str, lists and maps of
+    these. numpy scalars and arrays are converted with ``tolist()``.
+    """
+
+    def convert(value: Any, where: str, depth: int) -> Any:
+        if depth > 32:
+            raise ValueError(f"{path}: metadata {where} is nested too deeply")
+        if isinstance(value, (np.generic, np.ndarray)) and value.dtype.kind in "biufc":
+            value = value.tolist()
+        if value is None or isinstance(value, (bool, float, str)):
+            return value
+        if isinstance(value, int):
+            if not -(2 ** 63) <= value < 2 ** 64:
+                raise ValueError(f"{path}: metadata {where} = {value} does not fit in 64 bits")
+            return value
+        if isinstance(value, (list, tuple)):
+            return [convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            out = {}
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise ValueError(f"{path}: metadata keys must be strings, got {k!r} in {where}")
+                out[k] = convert(v, f"{where}.{k}" if where else k, depth + 1)
+            return out
+        raise ValueError(f"{path}: metadata {where or 'value'} is a {type(value).__name__}; use None, "
+                         "bool, int, float, str, lists and dicts")
+
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise ValueError(f"{path}: metadata must be a dict, got {type(metadata).__name__}")
+    return convert(metadata, "", 0)

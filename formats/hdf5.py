@@ -1,0 +1,467 @@
+"""ckpt's HDF5 checkpoint format (.h5, .hdf5), and a guarded reader for other HDF5 files.
+
+A ckpt HDF5 file is a standard HDF5 file (plain h5py shows every value):
+
+* one contiguous, uncompressed dataset per tensor at the path of its key
+  ("encoder/dense/kernel" -> groups encoder/dense, dataset kernel);
+* bfloat16 as an HDF5 16-bit float type with bfloat16's bit layout, byte strings as
+  fixed-width NUL-padded strings; both also carry a ``ckpt_dtype`` attribute;
+* root attributes ``ckpt_format``, ``ckpt_version`` and ``ckpt_metadata`` (JSON);
+* an HDF5 *user block* (bytes HDF5 skips) that starts with ckpt's header and index: each
+  tensor's dtype, shape, byte offset, size and crc32c, the file size, and one crc32c over
+  every byte that is not tensor data.
+
+ckpt reads its own files through that index with positioned reads straight into the
+caller's buffers, so damaged bytes never reach libhdf5. HDF5 files without the index
+(written by other tools, or repacked) are read through h5py after refusing external links,
+external storage and virtual datasets. docs/formats.md specifies the layout byte for byte.
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from ckpt.formats.hdf5 import Hdf5Format
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.h5")
+    >>> Hdf5Format().write(path, [("enc/w", np.ones((2, 2), np.float32))], {"step": 3})
+    >>> with Hdf5Format().open(path) as r:
+    ...     r.read("enc/w").sum(), r.metadata
+    (np.float32(4.0), {'step': 3})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+
+from . import _io
+from .base import (BaseReader, TensorInfo, check_shape, dtype_or_raise, key_problem,
+                   normalize_metadata, validate_keys)
+
+FORMAT_NAME = "ckpt-hdf5"
+VERSION = 1
+MAGIC = b"\x89CKPTH5\n"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# magic, layout version, reserved, index length, index crc32c, crc32c of the preceding 28 bytes
+_HEADER = struct.Struct("<8sIIQII")
+_MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
+#: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
+LIBVER = ("v110", "v110")
+
+
+def _packb(obj: Any) -> bytes:
+    import msgpack
+
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _encode_strings(arr: np.ndarray) -> tuple[np.ndarray, list[int] | None]:
+    """Fixed-width bytes for a string tensor, plus exact lengths when padding would hide NULs."""
+    items = [bytes(x) for x in arr.reshape(-1)]
+    width = max((len(x) for x in items), default=1) or 1
+    fixed = np.array(items, dtype=f"S{width}").reshape(arr.shape) if items else np.empty(arr.shape, f"S{width}")
+    lengths = [len(x) for x in items] if any(x.endswith(b"\x00") for x in items) else None
+    return _io.c_contiguous(fixed), lengths
+
+
+def _decode_strings(raw: np.ndarray, lengths: list[int] | None) -> list[bytes]:
+    """Inverse of _encode_strings; ``raw`` is the fixed-width array."""
+    width = raw.dtype.itemsize
+    flat = raw.reshape(-1)
+    if lengths is None:
+        return [bytes(x) for x in flat]  # numpy strips the NUL padding
+    data = flat.view(np.uint8).reshape(len(flat), width) if len(flat) else np.empty((0, width), np.uint8)
+    return [data[i, :n].tobytes() for i, n in enumerate(lengths)]
+
+
+def _h5_type(dtype: np.dtype) -> Any:
+    """The HDF5 file type for a tensor dtype (little-endian; bfloat16 as a custom float)."""
+    from h5py import h5t
+
+    if dtype == dtypes.bfloat16:
+        tid = h5t.IEEE_F32LE.copy()
+        tid.set_fields(15, 7, 8, 0, 7)  # sign bit, exponent at bit 7 (8 bits), mantissa (7 bits)
+        tid.set_size(2)
+        tid.set_precision(16)
+        tid.set_ebias(127)
+        return tid
+    return h5t.py_create(dtype.newbyteorder("<") if dtype.kind not in "bS" else dtype, logical=True)
+
+
+class Hdf5Format:
+    """The ckpt HDF5 format; also reads HDF5 files other tools wrote."""
+
+    name = "hdf5"
+    extensions = (".h5", ".hdf5")
+    can_write = True
+
+    def sniff(self, head: bytes) -> bool:
+        if head.startswith(MAGIC):
+            return True
+        # HDF5 looks for its signature at 0, 512, 1024, 2048, ... (after a user block)
+        offset = 0
+        while offset + 8 <= len(head):
+            if head[offset:offset + 8] == HDF5_SIGNATURE:
+                return True
+            offset = 512 if offset == 0 else offset * 2
+        return False
+
+    def open(self, path: str) -> BaseReader:
+        with open(path, "rb") as f:
+            magic = f.read(len(MAGIC))
+        return Hdf5Reader(path) if magic == MAGIC else H5pyReader(path)
+
+    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
+              metadata: Mapping[str, Any]) -> None:
+        """Write with h5py (structure), then the tensor bytes and the index ourselves."""
+        validate_keys((key for key, _ in tensors), path)
+        metadata = normalize_metadata(metadata, path)
+        plans = []
+        for key, arr in tensors:
+            if dtypes.is_string(arr.dtype):
+                fixed, lengths = _encode_strings(arr)
+                plans.append((key, arr.dtype, arr.shape, fixed, lengths))
+            else:
+                plans.append((key, arr.dtype, arr.shape, _io.c_contiguous(arr), None))
+        placeholder = [_entry(key, dt, shape, data, lengths, _MAX_U64, _MAX_U32)
+                       for key, dt, shape, data, lengths in plans]
+        bound = _HEADER.size + len(_index_bytes(placeholder, metadata, _MAX_U64, _MAX_U32))
+        userblock = max(512, 1 << (bound - 1).bit_length())
+        offsets = self._write_structure(path, plans, metadata, userblock)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            entries, extents = [], []
+            for (key, dt, shape, data, lengths), offset in zip(plans, offsets):
+                view = _io.byte_view(data)
+                if len(view):
+                    _io.pwrite_all(fd, view, offset)
+                    extents.append((offset, len(view)))
+                entries.append(_entry(key, dt, shape, data, lengths, offset or 0, _io.crc32c(view)))
+            size = _io.file_size(fd)
+            meta_crc = _metadata_crc(fd, userblock, size, extents, path)
+            index = _index_bytes(entries, metadata, size, meta_crc)
+            head = _HEADER.pack(MAGIC, VERSION, 0, len(index), _io.crc32c(index), 0)
+            head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))
+            _io.pwrite_all(fd, head + index, 0)
+        finally:
+            os.close(fd)
+
+    def _write_structure(self, path: str, plans: list[Any], metadata: dict[str, Any],
+                         userblock: int) -> list[int | None]:
+        """Create the file's groups and datasets (space allocated, no data); return data offsets."""
+        import h5py
+        from h5py import h5d, h5p, h5s
+
+        lcpl = h5p.create(h5p.LINK_CREATE)
+        lcpl.set_create_intermediate_group(True)
+        offsets = []
+        try:
+            with h5py.File(path, "w", libver=LIBVER, userblock_size=userblock, locking=False) as f:
+                f.attrs["ckpt_format"] = FORMAT_NAME
+                f.attrs["ckpt_version"] = VERSION
+                f.attrs["ckpt_metadata"] = json.dumps(metadata)
+                for key, dt, shape, data, lengths in plans:
+                    dcpl = h5p.create(h5p.DATASET_CREATE)
+                    dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)  # fixed offsets before data is written
+                    dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+                    dcpl.set_obj_track_times(False)  # no timestamps: same tensors, same bytes
+                    space = h5s.create_simple(shape) if shape else h5s.create(h5s.SCALAR)
+                    dsid = h5d.create(f.id, key.encode("utf-8"), _h5_type(data.dtype), space,
+                                      dcpl=dcpl, lcpl=lcpl)
+                    if dtypes.is_string(dt) or dt == dtypes.bfloat16:
+                        attrs = h5py.Dataset(dsid).attrs
+                        attrs["ckpt_dtype"] = dtypes.dtype_name(dt)
+                        if lengths is not None:
+                            attrs["ckpt_lengths"] = np.asarray(lengths, dtype=np.uint64)
+                    offsets.append(dsid.get_offset() if data.nbytes else None)
+        except OSError:
+            raise
+        except Exception as exc:  # h5py reports some failures as RuntimeError/ValueError
+            raise CheckpointWriteError(f"{path}: HDF5 could not write the file: {exc}") from exc
+        return offsets
+
+
+def _entry(key: str, dt: np.dtype, shape: tuple[int, ...], data: np.ndarray, lengths: list[int] | None,
+           offset: int, crc: int) -> list[Any]:
+    entry = [key, dtypes.dtype_name(dt), list(shape), offset, data.nbytes, crc]
+    if dtypes.is_string(dt):
+        entry += [data.dtype.itemsize, lengths]
+    return entry
+
+
+def _index_bytes(entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int) -> bytes:
+    return _packb({"format": FORMAT_NAME, "version": VERSION, "file_size": size,
+                   "metadata_crc32c": meta_crc, "metadata": metadata, "tensors": entries})
+
+
+def _metadata_crc(fd: int, start: int, size: int, extents: list[tuple[int, int]], path: str) -> int:
+    """crc32c over every byte in [start, size) that is not tensor data, in file order."""
+    crc, pos = 0, start
+    for offset, n in sorted(extents):
+        crc = _io.checksum_range(fd, pos, offset - pos, path, "HDF5 metadata", crc)
+        pos = offset + n
+    return _io.checksum_range(fd, pos, size - pos, path, "HDF5 metadata", crc)
+
+
+class Hdf5Reader(BaseReader):
+    """Reads a ckpt HDF5 file through its user-block index, without libhdf5."""
+
+    format_name = "hdf5"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "rb", buffering=0)
+        try:
+            self._fd = self._file.fileno()
+            self._open()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _open(self) -> None:
+        path, fd = self.path, self._fd
+        size = _io.file_size(fd)
+        if size < _HEADER.size:
+            raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt HDF5 file: "
+                                         "it is truncated")
+        head = _io.pread(fd, 0, _HEADER.size, path, "the header")
+        magic, version, _, index_len, index_crc, head_crc = _HEADER.unpack(head)
+        if _io.crc32c(head[:-4]) != head_crc:
+            raise CorruptCheckpointError(f"{path}: the ckpt header in the HDF5 user block is damaged")
+        _check_version(version, path)
+        if _HEADER.size + index_len > size:
+            raise CorruptCheckpointError(f"{path}: the header claims a {index_len}-byte index in a "
+                                         f"{size}-byte file: it is truncated or damaged")
+        raw = _io.pread(fd, _HEADER.size, index_len, path, "the index")
+        if _io.crc32c(raw) != index_crc:
+            raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
+        index = _unpack_index(raw, path)
+        if index.get("format") != FORMAT_NAME:
+            raise CorruptCheckpointError(f"{path}: the user block does not hold a ckpt HDF5 index")
+        _check_version(index.get("version"), path)
+        file_size, metadata = index.get("file_size"), index.get("metadata")
+        self._meta_crc = index.get("metadata_crc32c")
+        entries = index.get("tensors")
+        if not isinstance(metadata, dict) or not isinstance(entries, list) or \
+                not isinstance(file_size, int) or not isinstance(self._meta_crc, int):
+            raise CorruptCheckpointError(f"{path}: the index lacks its metadata, tensors or sizes")
+        if file_size != size:
+            raise CorruptCheckpointError(
+                f"{path}: the file is {size} bytes but was written as {file_size} bytes: it was "
+                "truncated or modified after ckpt saved it")
+        data_start = _HEADER.size + index_len
+        self._metadata = metadata
+        self._tensors = {}
+        for entry in entries:
+            info = _parse_entry(entry, path, data_start, size)
+            if info.key in self._tensors:
+                raise CorruptCheckpointError(f"{path}: tensor {info.key!r} appears twice in the index")
+            self._tensors[info.key] = info
+        self._extents = sorted((i.extra[0], i.nbytes, k) for k, i in self._tensors.items() if i.nbytes)
+        for (a_off, a_n, a_key), (b_off, _, b_key) in zip(self._extents, self._extents[1:]):
+            if a_off + a_n > b_off:
+                raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
+        self._userblock = _userblock_of(data_start)
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        offset, crc, itemsize, lengths = info.extra
+        if dtypes.is_string(info.dtype):
+            raw = np.empty(info.shape, dtype=f"S{itemsize}")
+            self._read_raw(info, _io.byte_view(raw), offset, crc)
+            flat = out.reshape(-1)
+            for i, item in enumerate(_decode_strings(raw, lengths)):
+                flat[i] = item
+        else:
+            self._read_raw(info, _io.byte_view(out), offset, crc)
+
+    def _read_raw(self, info: TensorInfo, view: memoryview, offset: int, expected: int) -> None:
+        _io.pread_into(self._fd, view, offset, self.path, f"tensor {info.key!r}")
+        got = _io.crc32c(view)
+        if got != expected:
+            raise CorruptCheckpointError(
+                f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {got:#010x}, expected "
+                f"{expected:#010x}): the file is damaged")
+
+    def verify(self) -> list[str]:
+        problems = []
+        for key, info in self._tensors.items():
+            offset, expected = info.extra[0], info.extra[1]
+            got = _io.checksum_range(self._fd, offset, info.nbytes, self.path, f"tensor {key!r}")
+            if got != expected:
+                problems.append(f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, "
+                                f"expected {expected:#010x}): the file is damaged")
+        size = _io.file_size(self._fd)
+        extents = [(off, n) for off, n, _ in self._extents]
+        if _metadata_crc(self._fd, self._userblock, size, extents, self.path) != self._meta_crc:
+            problems.append(f"{self.path}: the HDF5 structure (groups, dataset headers, attributes) "
+                            "fails its checksum: the file is damaged")
+        return problems
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _userblock_of(data_start: int) -> int:
+    return max(512, 1 << (data_start - 1).bit_length())
+
+
+def _check_version(version: Any, path: str) -> None:
+    if not isinstance(version, int) or version < 1:
+        raise CorruptCheckpointError(f"{path}: invalid format version {version!r}")
+    if version > VERSION:
+        raise UnsupportedCheckpointError(
+            f"{path}: written by a newer ckpt (HDF5 format version {version}; this version of ckpt "
+            f"reads up to {VERSION}): upgrade ckpt to read it")
+
+
+def _unpack_index(raw: bytes, path: str) -> dict[str, Any]:
+    from .msgpack import _unpack
+
+    index = _unpack(raw, path, "the index")
+    if not isinstance(index, dict):
+        raise CorruptCheckpointError(f"{path}: the index is not a map")
+    return index
+
+
+def _parse_entry(entry: Any, path: str, data_start: int, size: int) -> TensorInfo:
+    if not isinstance(entry, list) or len(entry) not in (6, 8):
+        raise CorruptCheckpointError(f"{path}: malformed index entry {str(entry)[:80]}")
+    key = entry[0]
+    problem = key_problem(key)
+    if problem:
+        raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
+    dtype = dtype_or_raise(entry[1], path, key)
+    shape = check_shape(entry[2], path, key)
+    offset, nbytes, crc = entry[3:6]
+    if not all(isinstance(x, int) and x >= 0 for x in (offset, nbytes, crc)) or crc > _MAX_U32:
+        raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed offset, size or checksum")
+    itemsize, lengths = None, None
+    if dtypes.is_string(dtype):
+        if len(entry) != 8:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: a string entry needs a width")
+        itemsize, lengths = entry[6], entry[7]
+        count = _io.expected_nbytes(np.dtype(np.uint8), shape)
+        if not isinstance(itemsize, int) or itemsize < 1 or nbytes != itemsize * count or (
+                lengths is not None and (not isinstance(lengths, list) or len(lengths) != count or not all(
+                    isinstance(n, int) and 0 <= n <= itemsize for n in lengths))):
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed string layout")
+    elif nbytes != _io.expected_nbytes(dtype, shape):
+        raise CorruptCheckpointError(
+            f"{path}: tensor {key!r}: {dtypes.dtype_name(dtype)} {list(shape)} needs "
+            f"{_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
+    if nbytes and (offset < data_start or offset + nbytes > size):
+        raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset} (+{nbytes} bytes) lies "
+                                     f"outside the file's data area [{data_start}, {size})")
+    return TensorInfo(key, dtype, shape, nbytes, (offset, crc, itemsize, lengths))
+
+
+class H5pyReader(BaseReader):
+    """Reads an HDF5 file without ckpt's index (other tools, repacked files) through h5py.
+
+    libhdf5 is not safe on damaged input, and such files carry no checksums: reading them is
+    at the user's own risk. External links, external storage and virtual datasets are refused.
+    """
+
+    format_name = "hdf5"
+    checksummed = False
+
+    def __init__(self, path: str) -> None:
+        import h5py
+
+        self.path = path
+        try:
+            self._h5 = h5py.File(path, "r")
+        except OSError as exc:
+            raise CorruptCheckpointError(f"{path}: HDF5 cannot open the file: {exc}") from exc
+        try:
+            self._open()
+        except BaseException:
+            self._h5.close()
+            raise
+
+    def _open(self) -> None:
+        import h5py
+
+        path, f = self.path, self._h5
+        version = f.attrs.get("ckpt_version")
+        if version is not None:
+            _check_version(int(version), path)
+        try:
+            self._metadata = json.loads(f.attrs.get("ckpt_metadata", "{}"))
+        except (TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
+        self._tensors = {}
+        self._datasets: dict[str, Any] = {}
+
+        def visit(group: Any, prefix: str) -> None:
+            for name in group:
+                link = group.get(name, getlink=True)
+                key = prefix + name
+                if isinstance(link, h5py.ExternalLink):
+                    raise UnsupportedCheckpointError(f"{path}: {key!r} is an external link to "
+                                                     f"{link.filename}; ckpt refuses external links")
+                if isinstance(link, h5py.SoftLink):
+                    raise UnsupportedCheckpointError(f"{path}: {key!r} is a soft link; ckpt reads "
+                                                     "only plain groups and datasets")
+                obj = group[name]
+                if isinstance(obj, h5py.Group):
+                    visit(obj, key + "/")
+                elif isinstance(obj, h5py.Dataset):
+                    self._add(key, obj)
+
+        try:
+            visit(f, "")
+        except (OSError, RuntimeError, KeyError) as exc:
+            raise CorruptCheckpointError(f"{path}: HDF5 cannot read the file's structure: {exc}") from exc
+
+    def _add(self, key: str, ds: Any) -> None:
+        if ds.is_virtual:
+            raise UnsupportedCheckpointError(f"{self.path}: {key!r} is a virtual dataset; ckpt refuses them")
+        if ds.id.get_create_plist().get_external_count():
+            raise UnsupportedCheckpointError(f"{self.path}: {key!r} stores its data in external files; "
+                                             "ckpt refuses external storage")
+        tag = ds.attrs.get("ckpt_dtype")
+        tag = tag.decode() if isinstance(tag, bytes) else tag
+        if tag == "bfloat16":
+            dtype = dtypes.bfloat16
+        elif tag == "string" or ds.dtype.kind in "SO":
+            dtype = dtypes.string
+        else:
+            dtype = ds.dtype
+        shape = tuple(ds.shape) if ds.shape is not None else ()
+        self._tensors[key] = TensorInfo(key, dtype, shape, int(ds.id.get_storage_size()))
+        self._datasets[key] = ds
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        ds = self._datasets[info.key]
+        try:
+            if info.dtype == dtypes.bfloat16:
+                ds.id.read(_all(), _all(), out.view(np.uint16), mtype=ds.id.get_type())
+            elif dtypes.is_string(info.dtype):
+                lengths = ds.attrs.get("ckpt_lengths")
+                raw = ds[()]
+                if raw.dtype.kind == "O":  # variable-length strings
+                    items = [x if isinstance(x, bytes) else str(x).encode() for x in np.asarray(raw).reshape(-1)]
+                else:
+                    items = _decode_strings(np.asarray(raw), None if lengths is None else
+                                            [int(n) for n in lengths])
+                flat = out.reshape(-1)
+                for i, item in enumerate(items):
+                    flat[i] = item
+            elif out.size:
+                ds.read_direct(out)
+        except (OSError, RuntimeError, ValueError, TypeError) as exc:
+            raise CorruptCheckpointError(f"{self.path}: HDF5 cannot read tensor {info.key!r}: {exc}") from exc
+
+    def close(self) -> None:
+        self._h5.close()
+
+
+def _all() -> Any:
+    from h5py import h5s
+
+    return h5s.ALL

@@ -1,0 +1,284 @@
+"""ckpt's msgpack checkpoint format (.msgpack).
+
+The file is a valid msgpack stream that any msgpack library decodes without ckpt:
+
+    header   {"format": "ckpt-msgpack", "version": 1}
+    payload  one bin object per tensor (several bin32 objects above 4 GiB - 1 bytes);
+             a byte-string tensor is one array of bin objects
+    index    {"format", "version", "metadata": {...},
+              "tensors": {key: [dtype, shape, [[offset, nbytes], ...], crc32c]}}
+    footer   [b"ckpt-idx", index offset (uint64), index length (uint64), index crc32c (uint32)]
+
+The footer has a fixed size (34 bytes), so a reader finds the index from the end of the
+file and then reads only the tensors it is asked for. docs/formats.md specifies every byte.
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from ckpt.formats.msgpack import MsgpackFormat
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.msgpack")
+    >>> MsgpackFormat().write(path, [("w", np.arange(3, dtype=np.float32))], {"step": 1})
+    >>> with MsgpackFormat().open(path) as r:
+    ...     r.read("w"), r.metadata
+    (array([0., 1., 2.], dtype=float32), {'step': 1})
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+
+from . import _io
+from .base import (BaseReader, TensorInfo, normalize_metadata, check_shape, dtype_or_raise, key_problem,
+                   validate_keys)
+
+FORMAT_NAME = "ckpt-msgpack"
+VERSION = 1
+HEADER_PREFIX = b"\x82\xa6format\xac" + FORMAT_NAME.encode() + b"\xa7version"
+HEADER = HEADER_PREFIX + bytes([VERSION])
+FOOTER_MAGIC = b"ckpt-idx"
+_FOOTER = struct.Struct(">B2s8sBQBQBI")
+FOOTER_SIZE = _FOOTER.size  # 34
+#: Largest bin object msgpack allows; bigger tensors are split (tests shrink it).
+MAX_BIN = 2 ** 32 - 1
+
+
+def _bin_header(n: int) -> bytes:
+    if n < 1 << 8:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 1 << 16:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+def _packb(obj: Any) -> bytes:
+    import msgpack
+
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+class MsgpackFormat:
+    """The ckpt msgpack format; see the module docstring for the layout."""
+
+    name = "msgpack"
+    extensions = (".msgpack",)
+    can_write = True
+
+    def sniff(self, head: bytes) -> bool:
+        return head.startswith(HEADER_PREFIX)
+
+    def open(self, path: str) -> MsgpackReader:
+        return MsgpackReader(path)
+
+    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
+              metadata: Mapping[str, Any]) -> None:
+        """Stream every tensor's buffer to ``path``, then the index and the footer."""
+        validate_keys((key for key, _ in tensors), path)
+        metadata = normalize_metadata(metadata, path)
+        entries: dict[str, list[Any]] = {}
+        with open(path, "wb", buffering=1 << 20) as f:
+            f.write(HEADER)
+            pos = len(HEADER)
+            for key, arr in tensors:
+                if dtypes.is_string(arr.dtype):
+                    payload = _packb([bytes(x) for x in arr.reshape(-1)])
+                    f.write(payload)
+                    extents, crc = [[pos, len(payload)]], _io.crc32c(payload)
+                    pos += len(payload)
+                else:
+                    arr = _io.c_contiguous(arr)
+                    view, extents, crc, start = _io.byte_view(arr), [], 0, 0
+                    while True:  # one bin object per MAX_BIN bytes; an empty tensor gets one empty bin
+                        piece = view[start:start + MAX_BIN]
+                        header = _bin_header(len(piece))
+                        f.write(header)
+                        pos += len(header)
+                        extents.append([pos, len(piece)])
+                        crc = _io.crc32c(piece, crc)
+                        f.write(piece)
+                        pos += len(piece)
+                        start += len(piece)
+                        if start >= len(view):
+                            break
+                entries[key] = [dtypes.dtype_name(arr.dtype), list(arr.shape), extents, crc]
+            index = _packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
+                            "tensors": entries})
+            f.write(index)
+            f.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
+                                 _io.crc32c(index)))
+
+
+class MsgpackReader(BaseReader):
+    """Reads the footer and index on open; tensors on request, straight into caller buffers."""
+
+    format_name = "msgpack"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "rb", buffering=0)
+        try:
+            self._fd = self._file.fileno()
+            self._open()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _open(self) -> None:
+        path, fd = self.path, self._fd
+        size = _io.file_size(fd)
+        if size < len(HEADER) + FOOTER_SIZE:
+            raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt msgpack "
+                                         "checkpoint: it is truncated")
+        head = _io.pread(fd, 0, len(HEADER), path, "the header")
+        if not head.startswith(HEADER_PREFIX):
+            raise CorruptCheckpointError(f"{path}: not a ckpt msgpack checkpoint (bad header)")
+        _check_version(head[-1], path)
+        footer = _io.pread(fd, size - FOOTER_SIZE, FOOTER_SIZE, path, "the footer")
+        fields = _FOOTER.unpack(footer)
+        if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[5] != 0xCF or fields[7] != 0xCE:
+            raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated "
+                                         "(no index found at its end)")
+        index_offset, index_len, index_crc = fields[4], fields[6], fields[8]
+        if index_offset < len(HEADER) or index_offset + index_len + FOOTER_SIZE != size:
+            raise CorruptCheckpointError(f"{path}: the footer points to an index at {index_offset} "
+                                         f"(+{index_len} bytes) in a {size}-byte file")
+        raw = _io.pread(fd, index_offset, index_len, path, "the index")
+        if _io.crc32c(raw) != index_crc:
+            raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
+        index = _unpack(raw, path, "the index")
+        if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
+            raise CorruptCheckpointError(f"{path}: the index is not a ckpt msgpack index")
+        _check_version(index.get("version"), path)
+        metadata, tensors = index.get("metadata"), index.get("tensors")
+        if not isinstance(metadata, dict) or not isinstance(tensors, dict):
+            raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
+        self._metadata = metadata
+        self._tensors = {}
+        spans: list[tuple[int, int, str]] = []
+        for key, entry in tensors.items():
+            info = _parse_entry(key, entry, path, index_offset)
+            self._tensors[key] = info
+            spans.extend((off, n, key) for off, n in info.extra[0])
+        _check_disjoint(spans, path)
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        extents, expected = info.extra
+        if dtypes.is_string(info.dtype):
+            (offset, n), = extents
+            raw = _io.pread(self._fd, offset, n, self.path, f"tensor {info.key!r}")
+            self._check_crc(info, _io.crc32c(raw), expected)
+            items = _unpack(raw, self.path, f"tensor {info.key!r}", max_items=info.size)
+            if not isinstance(items, list) or len(items) != info.size or \
+                    not all(isinstance(x, bytes) for x in items):
+                raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r} should hold {info.size} "
+                                             "byte strings")
+            flat = out.reshape(-1)
+            for i, item in enumerate(items):
+                flat[i] = item
+            return
+        view, pos, crc = _io.byte_view(out), 0, 0
+        for offset, n in extents:
+            piece = view[pos:pos + n]
+            _io.pread_into(self._fd, piece, offset, self.path, f"tensor {info.key!r}")
+            crc = _io.crc32c(piece, crc)
+            pos += n
+        self._check_crc(info, crc, expected)
+
+    def _check_crc(self, info: TensorInfo, got: int, expected: int) -> None:
+        if got != expected:
+            raise CorruptCheckpointError(
+                f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {got:#010x}, expected "
+                f"{expected:#010x}): the file is damaged")
+
+    def verify(self) -> list[str]:
+        problems = []
+        for key, info in self._tensors.items():
+            extents, expected = info.extra
+            crc = 0
+            try:
+                for offset, n in extents:
+                    crc = _io.checksum_range(self._fd, offset, n, self.path, f"tensor {key!r}", crc)
+                self._check_crc(info, crc, expected)
+            except CorruptCheckpointError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _check_version(version: Any, path: str) -> None:
+    if not isinstance(version, int) or version < 1:
+        raise CorruptCheckpointError(f"{path}: invalid format version {version!r}")
+    if version > VERSION:
+        raise UnsupportedCheckpointError(
+            f"{path}: written by a newer ckpt (msgpack format version {version}; this version of "
+            f"ckpt reads up to {VERSION}): upgrade ckpt to read it")
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not part of the ckpt format")
+
+
+def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        keys = [k for k, _ in pairs]
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"duplicate map key {dup!r}")
+    return out
+
+
+def _unpack(raw: bytes, path: str, what: str, max_items: int | None = None) -> Any:
+    """Decode one msgpack object with every size limit set from what the file can hold."""
+    import msgpack
+
+    n = len(raw)
+    try:
+        return msgpack.unpackb(
+            raw, raw=False, use_list=True, strict_map_key=True, object_pairs_hook=_pairs,
+            ext_hook=_no_ext, max_str_len=n, max_bin_len=n,
+            max_array_len=n if max_items is None else min(n, max_items), max_map_len=n, max_ext_len=n)
+    except (ValueError, msgpack.UnpackException) as exc:  # FormatError, StackError, ExtraData, UTF-8...
+        raise CorruptCheckpointError(f"{path}: {what} is not valid msgpack ({type(exc).__name__}: "
+                                     f"{exc})") from exc
+
+
+def _parse_entry(key: Any, entry: Any, path: str, data_end: int) -> TensorInfo:
+    problem = key_problem(key)
+    if problem:
+        raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
+    if not isinstance(entry, list) or len(entry) != 4:
+        raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed index entry")
+    dtype = dtype_or_raise(entry[0], path, key)
+    shape = check_shape(entry[1], path, key)
+    extents, crc = entry[2], entry[3]
+    if not isinstance(crc, int) or not 0 <= crc < 2 ** 32 or not isinstance(extents, list) or not extents \
+            or not all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e)
+                       for e in extents):
+        raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
+    for offset, n in extents:
+        if offset < len(HEADER) or n < 0 or offset + n > data_end:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset} (+{n} bytes) lies "
+                                         f"outside the payload area [{len(HEADER)}, {data_end})")
+    nbytes = sum(n for _, n in extents)
+    if dtypes.is_string(dtype):
+        if len(extents) != 1:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: a string tensor has one extent")
+    elif nbytes != _io.expected_nbytes(dtype, shape):
+        raise CorruptCheckpointError(
+            f"{path}: tensor {key!r}: {dtypes.dtype_name(dtype)} {list(shape)} needs "
+            f"{_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
+    return TensorInfo(key, dtype, shape, nbytes, (tuple((o, n) for o, n in extents), crc))
+
+
+def _check_disjoint(spans: list[tuple[int, int, str]], path: str) -> None:
+    spans.sort()
+    for (a_off, a_n, a_key), (b_off, _, b_key) in zip(spans, spans[1:]):
+        if a_off + a_n > b_off:
+            raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")

@@ -46,7 +46,7 @@ FORMAT_NAME = "ckpt-hdf5"
 VERSION = 1
 MAGIC = b"\x89CKPTH5\n"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-# magic, layout version, reserved, index length, index crc32c, crc32c of the preceding 28 bytes
+# magic, layout version, user block size, index length, index crc32c, crc32c of the preceding 28 bytes
 _HEADER = struct.Struct("<8sIIQII")
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
@@ -144,7 +144,7 @@ class Hdf5Format:
             size = _io.file_size(fd)
             meta_crc = _metadata_crc(fd, userblock, size, extents, path)
             index = _index_bytes(entries, metadata, size, meta_crc)
-            head = _HEADER.pack(MAGIC, VERSION, 0, len(index), _io.crc32c(index), 0)
+            head = _HEADER.pack(MAGIC, VERSION, userblock, len(index), _io.crc32c(index), 0)
             head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))
             _io.pwrite_all(fd, head + index, 0)
         finally:
@@ -229,13 +229,15 @@ class Hdf5Reader(BaseReader):
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt HDF5 file: "
                                          "it is truncated")
         head = _io.pread(fd, 0, _HEADER.size, path, "the header")
-        magic, version, _, index_len, index_crc, head_crc = _HEADER.unpack(head)
+        magic, version, userblock, index_len, index_crc, head_crc = _HEADER.unpack(head)
         if _io.crc32c(head[:-4]) != head_crc:
             raise CorruptCheckpointError(f"{path}: the ckpt header in the HDF5 user block is damaged")
         _check_version(version, path)
-        if _HEADER.size + index_len > size:
-            raise CorruptCheckpointError(f"{path}: the header claims a {index_len}-byte index in a "
-                                         f"{size}-byte file: it is truncated or damaged")
+        if userblock < 512 or userblock & (userblock - 1) or _HEADER.size + index_len > userblock \
+                or userblock > size:
+            raise CorruptCheckpointError(f"{path}: the header describes a {userblock}-byte user block "
+                                         f"with a {index_len}-byte index in a {size}-byte file: it is "
+                                         "truncated or damaged")
         raw = _io.pread(fd, _HEADER.size, index_len, path, "the index")
         if _io.crc32c(raw) != index_crc:
             raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
@@ -253,7 +255,7 @@ class Hdf5Reader(BaseReader):
             raise CorruptCheckpointError(
                 f"{path}: the file is {size} bytes but was written as {file_size} bytes: it was "
                 "truncated or modified after ckpt saved it")
-        data_start = _HEADER.size + index_len
+        data_start = self._userblock = userblock
         self._metadata = metadata
         self._tensors = {}
         for entry in entries:
@@ -265,7 +267,6 @@ class Hdf5Reader(BaseReader):
         for (a_off, a_n, a_key), (b_off, _, b_key) in zip(self._extents, self._extents[1:]):
             if a_off + a_n > b_off:
                 raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
-        self._userblock = _userblock_of(data_start)
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         offset, crc, itemsize, lengths = info.extra
@@ -303,10 +304,6 @@ class Hdf5Reader(BaseReader):
 
     def close(self) -> None:
         self._file.close()
-
-
-def _userblock_of(data_start: int) -> int:
-    return max(512, 1 << (data_start - 1).bit_length())
 
 
 def _check_version(version: Any, path: str) -> None:

@@ -1,0 +1,119 @@
+"""ckpt end to end: build a model from Modules, train it with numpy, save, restore, inspect,
+then grow it by a layer and restore the pretrained layers into the bigger model.
+
+Run:  python examples/quickstart.py [--dir DIRECTORY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import numpy as np
+
+import ckpt
+
+
+class Dense(ckpt.Module):
+    """y = x @ kernel + bias, with Glorot-uniform kernels and zero biases."""
+
+    def __init__(self, n_in: int, n_out: int, name: str | None = None) -> None:
+        super().__init__(name=name)
+        with self.name_scope:
+            self.kernel = ckpt.Variable(ckpt.initializers.GlorotUniform(), shape=(n_in, n_out), name="kernel")
+            self.bias = ckpt.Variable(ckpt.initializers.Zeros(), shape=(n_out,), name="bias")
+
+
+class MLP(ckpt.Module):
+    """Dense layers with tanh between them."""
+
+    def __init__(self, sizes: list[int], name: str | None = None) -> None:
+        super().__init__(name=name)
+        with self.name_scope:
+            self.layers = [Dense(a, b, name=f"dense_{i}") for i, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        for layer in self.layers[:-1]:
+            x = np.tanh(x @ layer.kernel + layer.bias)
+        return x @ self.layers[-1].kernel + self.layers[-1].bias
+
+
+def train_step(model: MLP, x: np.ndarray, y: np.ndarray, lr: float = 0.05) -> float:
+    """One step of gradient descent on the mean squared error; returns the loss before it."""
+    acts = [x]
+    for layer in model.layers[:-1]:
+        acts.append(np.tanh(acts[-1] @ layer.kernel + layer.bias))
+    out = acts[-1] @ model.layers[-1].kernel + model.layers[-1].bias
+    grad = 2 * (out - y) / len(x)
+    for i in reversed(range(len(model.layers))):
+        layer = model.layers[i]
+        grad_kernel, grad_bias = acts[i].T @ grad, grad.sum(0)
+        if i:
+            grad = (grad @ layer.kernel.numpy().T) * (1 - acts[i] ** 2)
+        layer.kernel.assign_sub(lr * grad_kernel)  # in place: the variable's buffer never moves
+        layer.bias.assign_sub(lr * grad_bias)
+    return float(((out - y) ** 2).mean())
+
+
+def make_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    y = np.stack([np.sin(x[:, :4].sum(1)), np.cos(x[:, 4:].sum(1)), x[:, 0] * x[:, 1], np.tanh(x[:, 2])], 1)
+    return x, y.astype(np.float32)
+
+
+def main(directory: str) -> None:
+    ckpt.random.set_seed(0)  # unseeded initializers become reproducible
+    x, y = make_data()
+
+    print("== 1. build and train a 5-layer MLP")
+    model = MLP([8, 32, 32, 32, 32, 4], name="mlp")
+    print(f"   {len(model.variables)} variables, e.g. {model.variables[1].name} {model.variables[1].shape}")
+    saver = ckpt.Saver(model, max_to_keep=3)
+    for step in range(1, 301):
+        loss = train_step(model, x, y)
+        if step % 100 == 0:
+            path = saver.save(os.path.join(directory, "mlp.h5"), global_step=step, metadata={"loss": loss})
+            print(f"   step {step}: loss {loss:.4f} -> saved {os.path.basename(path)}")
+    print(f"   kept: {[os.path.basename(p) for p in saver.last_checkpoints]}")
+
+    print("== 2. restore into a fresh model (deferred init: no random initialization is paid for)")
+    with ckpt.deferred_init():
+        fresh = MLP([8, 32, 32, 32, 32, 4], name="mlp")
+    result = ckpt.Saver(fresh).restore(directory)  # a directory means its latest checkpoint
+    same = np.array_equal(fresh(x), model(x))
+    print(f"   restored {len(result.restored)} tensors from {os.path.basename(result.path)}; "
+          f"predictions identical: {same}")
+
+    print("== 3. inspect the checkpoint without a model")
+    with ckpt.load_checkpoint(directory) as reader:
+        print(f"   {reader.format} file, metadata {reader.metadata}")
+        for key, shape in sorted(reader.get_variable_to_shape_map().items())[:4]:
+            print(f"   tensor: {key} ({reader.get_variable_to_dtype_map()[key]}) {shape}")
+        print(f"   ... {len(reader.tensors)} tensors in all")
+
+    print("== 4. grow the model to 6 layers and restore the pretrained five")
+    with ckpt.deferred_init():
+        bigger = MLP([8, 32, 32, 32, 32, 4, 1], name="bigger")
+    result = ckpt.Saver(bigger).restore(directory, strict=False)
+    print(f"   restored {len(result.restored)} tensors; missing (new layer): {result.missing}")
+    ckpt.initialize_variables([v for v in bigger.variables if not v.is_initialized()])
+    print(f"   uninitialized after initializing the new layer: {ckpt.report_uninitialized_variables(bigger.variables)}")
+    target = y.sum(1, keepdims=True)
+    first = train_step(bigger, x, target, lr=0.01)
+    for _ in range(99):
+        last = train_step(bigger, x, target, lr=0.01)
+    path = ckpt.Saver(bigger, format="msgpack").save(os.path.join(directory, "bigger"), global_step=100)
+    print(f"   trained on: loss {first:.4f} -> {last:.4f}; saved {os.path.basename(path)}")
+    print(f"   latest checkpoint in the directory: {os.path.basename(ckpt.latest_checkpoint(directory))}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", help="where to write checkpoints (default: a new temporary directory)")
+    args = parser.parse_args()
+    target_dir = args.dir or tempfile.mkdtemp(prefix="ckpt-quickstart-")
+    os.makedirs(target_dir, exist_ok=True)
+    main(target_dir)
+    print(f"checkpoints are in {target_dir}")

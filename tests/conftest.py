@@ -1,0 +1,61 @@
+"""Shared fixtures: sample tensors of every dtype and bit-exact comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ckpt
+
+
+def every_dtype_tensors() -> list[tuple[str, np.ndarray]]:
+    """One tensor per supported dtype, plus 0-d, empty and awkward values."""
+    rng = np.random.default_rng(0)
+    out = []
+    for name in ckpt.dtypes.NAMES:
+        dtype = ckpt.dtypes.as_dtype(name)
+        if name == "string":
+            value = np.array([[b"abc", b"", b"nul\x00"], [b"\x00\x00", b"\xff\xfe", b"x" * 40]], dtype=object)
+        elif name == "bool":
+            value = rng.random((2, 3)) > 0.5
+        elif name.startswith("complex"):
+            value = (rng.standard_normal((2, 3)) + 1j * rng.standard_normal((2, 3))).astype(dtype)
+        elif name.startswith(("int", "uint")):
+            info = np.iinfo(dtype)
+            value = np.array([[info.min, info.max, 0], [1, 2, 3]], dtype=dtype)
+        else:
+            value = rng.standard_normal((2, 3)).astype(dtype)
+        out.append((f"dtypes/{name}", value))
+    nan_payload = np.array([0x7FC00001, 0xFF800000, 0x00000001], dtype=np.uint32).view(np.float32)
+    out += [
+        ("shapes/scalar", np.array(3.5, dtype=np.float32)),
+        ("shapes/scalar_string", np.array(b"only", dtype=object)),
+        ("shapes/empty", np.zeros((0, 4), dtype=np.float64)),
+        ("shapes/empty_string", np.empty((0,), dtype=object)),
+        ("shapes/rank4", np.arange(2 * 3 * 4 * 5, dtype=np.int16).reshape(2, 3, 4, 5)),
+        ("values/nan_payloads", nan_payload),
+        ("values/bf16_specials", np.array([np.inf, -np.inf, np.nan, -0.0], dtype=ckpt.dtypes.bfloat16)),
+    ]
+    return out
+
+
+def assert_bit_exact(expected: np.ndarray, actual: np.ndarray) -> None:
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if expected.dtype.kind == "O":
+        assert actual.tolist() == expected.tolist()
+        assert all(type(x) is bytes for x in actual.reshape(-1))
+    else:
+        assert expected.tobytes() == actual.tobytes()
+
+
+@pytest.fixture
+def tensors() -> list[tuple[str, np.ndarray]]:
+    return every_dtype_tensors()
+
+
+@pytest.fixture(params=["hdf5", "msgpack"])
+def fmt(request):
+    from ckpt.formats import base
+
+    return base.get_format(request.param)

@@ -1,0 +1,315 @@
+"""The built-in formats: round trips, plain h5py / msgpack as independent oracles, damage."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import h5py
+import msgpack
+import numpy as np
+import pytest
+from conftest import assert_bit_exact, every_dtype_tensors
+
+import ckpt
+from ckpt.formats import base
+from ckpt.formats import hdf5 as h5fmt
+from ckpt.formats import msgpack as mpfmt
+
+
+def write(fmt, path, tensors, metadata=None):
+    fmt.write(str(path), tensors, metadata or {})
+    return str(path)
+
+
+def test_every_dtype_round_trips_bit_exactly(tmp_path, fmt, tensors):
+    path = write(fmt, tmp_path / f"all{fmt.extensions[0]}", tensors, {"step": 7, "nested": {"a": [1, 2.5]}})
+    with base.open_reader(path) as reader:
+        assert reader.format_name == fmt.name
+        assert list(reader.tensors) == [k for k, _ in tensors]  # file order = write order
+        assert reader.metadata == {"step": 7, "nested": {"a": [1, 2.5]}}
+        for key, value in tensors:
+            info = reader.tensors[key]
+            assert info.shape == value.shape and info.dtype == value.dtype
+            assert_bit_exact(value, reader.read(key))
+        assert reader.verify() == []
+
+
+def test_read_into_existing_buffer(tmp_path, fmt):
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    path = write(fmt, tmp_path / f"x{fmt.extensions[0]}", [("w", value)])
+    out = np.zeros((3, 4), np.float32)
+    with base.open_reader(path) as reader:
+        reader.read_into("w", out)
+        np.testing.assert_array_equal(out, value)
+        with pytest.raises(ckpt.MismatchError):
+            reader.read_into("w", np.zeros((4, 3), np.float32))
+        with pytest.raises(ckpt.KeyNotFoundError, match="closest keys: w"):
+            reader.read("ww")
+
+
+# --- plain h5py as an oracle ----------------------------------------------------------------
+def test_plain_h5py_sees_the_real_values(tmp_path, tensors):
+    path = write(base.get_format("hdf5"), tmp_path / "oracle.h5", tensors, {"lr": 0.5})
+    with h5py.File(path, "r") as f:
+        assert f.attrs["ckpt_format"] == "ckpt-hdf5"
+        assert int(f.attrs["ckpt_version"]) == 1
+        assert json.loads(f.attrs["ckpt_metadata"]) == {"lr": 0.5}
+        for key, value in tensors:
+            ds = f[key]
+            assert ds.shape == value.shape
+            assert ds.chunks is None and ds.compression is None  # contiguous, uncompressed
+            got = ds[()]
+            if value.dtype == ckpt.dtypes.bfloat16:
+                assert ds.attrs["ckpt_dtype"] == "bfloat16"
+                np.testing.assert_array_equal(got, value.astype(np.float32))
+            elif value.dtype.kind == "O":
+                assert ds.attrs["ckpt_dtype"] == "string"
+                # fixed-width strings: numpy strips trailing NULs; ckpt_lengths restores them
+                assert [bytes(x) for x in np.asarray(got).reshape(-1)] == \
+                    [x.rstrip(b"\x00") for x in value.reshape(-1)]
+            else:
+                assert got.dtype == value.dtype
+                assert np.asarray(got).tobytes() == value.tobytes()
+        assert "encoder" not in f  # groups only where keys put them
+        assert isinstance(f["dtypes"], h5py.Group)
+
+
+def test_hdf5_groups_follow_key_paths(tmp_path):
+    path = write(base.get_format("hdf5"), tmp_path / "g.h5",
+                 [("encoder/dense/kernel", np.ones((2, 3), np.float32)), ("encoder/dense/bias", np.zeros(3))])
+    with h5py.File(path, "r") as f:
+        assert list(f) == ["encoder"] and list(f["encoder"]) == ["dense"]
+        assert sorted(f["encoder/dense"]) == ["bias", "kernel"]
+
+
+def test_h5py_reader_reads_files_without_ckpt_index(tmp_path):
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f["a/b"] = np.arange(6.0).reshape(2, 3)
+        f["s"] = np.array([b"x", b"yz"])
+        f.create_dataset("v", data=np.array(["p", "qq"], dtype=object), dtype=h5py.string_dtype())
+        f["scalar"] = np.int8(4)
+    with ckpt.load_checkpoint(path) as reader:
+        assert sorted(reader.get_variable_to_shape_map()) == ["a/b", "s", "scalar", "v"]
+        np.testing.assert_array_equal(reader.get_tensor("a/b"), np.arange(6.0).reshape(2, 3))
+        assert reader.get_tensor("s").tolist() == [b"x", b"yz"]
+        assert reader.get_tensor("v").tolist() == [b"p", b"qq"]
+        assert reader.get_tensor("scalar") == 4
+
+
+def test_repacked_ckpt_file_is_read_through_its_attributes(tmp_path, tensors):
+    """A ckpt file copied by h5py (no user block) still gives exact values."""
+    path = write(base.get_format("hdf5"), tmp_path / "orig.h5", tensors)
+    copy = tmp_path / "copy.h5"
+    with h5py.File(path, "r") as src, h5py.File(copy, "w") as dst:
+        for name in src:
+            src.copy(src[name], dst, name=name)
+        for k, v in src.attrs.items():
+            dst.attrs[k] = v
+    with base.open_reader(copy) as reader:
+        assert isinstance(reader, h5fmt.H5pyReader) and not reader.checksummed
+        for key, value in tensors:
+            assert_bit_exact(value, reader.read(key))
+
+
+@pytest.mark.parametrize("kind", ["external_link", "soft_link", "external_storage", "virtual"])
+def test_h5py_reader_refuses_links_and_foreign_storage(tmp_path, kind):
+    path = tmp_path / "bad.h5"
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.arange(3.0)
+    (tmp_path / "raw.bin").write_bytes(np.arange(3.0).tobytes())
+    with h5py.File(path, "w") as f:
+        f["ok"] = np.zeros(2)
+        if kind == "external_link":
+            f["link"] = h5py.ExternalLink(str(other), "x")
+        elif kind == "soft_link":
+            f["link"] = h5py.SoftLink("/ok")
+        elif kind == "external_storage":
+            f.create_dataset("ext", shape=(3,), dtype="f8", external=[(str(tmp_path / "raw.bin"), 0, 24)])
+        else:
+            layout = h5py.VirtualLayout(shape=(3,), dtype="f8")
+            layout[:] = h5py.VirtualSource(str(other), "x", shape=(3,))
+            f.create_virtual_dataset("virt", layout)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=r"bad\.h5"):
+        ckpt.load_checkpoint(path)
+
+
+# --- plain msgpack as an oracle ---------------------------------------------------------------
+def test_plain_msgpack_decodes_the_stream(tmp_path, tensors):
+    path = write(base.get_format("msgpack"), tmp_path / "oracle.msgpack", tensors, {"k": "v"})
+    with open(path, "rb") as f:
+        objects = list(msgpack.Unpacker(f, raw=False, max_buffer_size=1 << 20))
+    header, payloads, index, footer = objects[0], objects[1:-2], objects[-2], objects[-1]
+    assert header == {"format": "ckpt-msgpack", "version": 1}
+    assert index["format"] == "ckpt-msgpack" and index["metadata"] == {"k": "v"}
+    assert footer[0] == b"ckpt-idx"
+    assert len(payloads) == len(tensors)
+    for (key, value), payload in zip(tensors, payloads):
+        dtype, shape, extents, crc = index["tensors"][key]
+        assert dtype == ckpt.dtypes.dtype_name(value.dtype) and shape == list(value.shape)
+        if value.dtype.kind == "O":
+            assert payload == value.reshape(-1).tolist()
+        else:
+            assert payload == value.tobytes()
+    size = os.path.getsize(path)
+    raw = open(path, "rb").read()
+    assert footer[1] + footer[2] + mpfmt.FOOTER_SIZE == size
+    assert msgpack.unpackb(raw[footer[1]:footer[1] + footer[2]], raw=False) == index
+
+
+def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
+    monkeypatch.setattr(mpfmt, "MAX_BIN", 7)
+    value = np.arange(10, dtype=np.float32)  # 40 bytes -> 6 bin objects
+    path = write(base.get_format("msgpack"), tmp_path / "split.msgpack", [("v", value), ("w", np.ones(2))])
+    with open(path, "rb") as f:
+        objects = list(msgpack.Unpacker(f, raw=False))
+    extents = objects[-2]["tensors"]["v"][2]
+    assert [n for _, n in extents] == [7, 7, 7, 7, 7, 5]
+    assert b"".join(objects[1:7]) == value.tobytes()
+    with base.open_reader(path) as reader:
+        np.testing.assert_array_equal(reader.read("v"), value)
+        assert reader.verify() == []
+
+
+# --- versions, damage -------------------------------------------------------------------------
+def test_newer_msgpack_version_is_a_clear_error(tmp_path):
+    path = write(base.get_format("msgpack"), tmp_path / "v.msgpack", [("a", np.zeros(2))])
+    raw = bytearray(open(path, "rb").read())
+    raw[len(mpfmt.HEADER) - 1] = 2  # the header's version
+    open(path, "wb").write(raw)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 2"):
+        ckpt.load_checkpoint(path)
+
+
+def test_newer_hdf5_version_is_a_clear_error(tmp_path):
+    path = write(base.get_format("hdf5"), tmp_path / "v.h5", [("a", np.zeros(2))])
+    raw = bytearray(open(path, "rb").read())
+    raw[8:12] = struct.pack("<I", 2)
+    raw[28:32] = struct.pack("<I", ckpt.formats._io.crc32c(bytes(raw[:28])))
+    open(path, "wb").write(raw)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 2"):
+        ckpt.load_checkpoint(path)
+
+
+def _data_offset(path, key):
+    with base.open_reader(path) as reader:
+        extra = reader.tensors[key].extra
+    return extra[0][0][0] if isinstance(extra[0], tuple) else extra[0]
+
+
+def test_flipped_bit_in_tensor_data_is_caught_and_named(tmp_path, fmt):
+    path = write(fmt, tmp_path / f"flip{fmt.extensions[0]}",
+                 [("good", np.ones(8, np.float32)), ("bad", np.arange(8, dtype=np.float32))])
+    offset = _data_offset(path, "bad") + 5
+    raw = bytearray(open(path, "rb").read())
+    raw[offset] ^= 0x10
+    open(path, "wb").write(raw)
+    with ckpt.load_checkpoint(path) as reader:
+        np.testing.assert_array_equal(reader.get_tensor("good"), np.ones(8))
+        with pytest.raises(ckpt.CorruptCheckpointError, match=r"flip.*'bad'.*checksum"):
+            reader.get_tensor("bad")
+        problems = reader.verify()
+        assert len(problems) == 1 and "'bad'" in problems[0]
+
+
+def test_hdf5_verify_catches_damaged_structure(tmp_path):
+    path = write(base.get_format("hdf5"), tmp_path / "meta.h5", [("a", np.ones(4, np.float32))])
+    raw = bytearray(open(path, "rb").read())
+    userblock = struct.unpack_from("<I", raw, 12)[0]
+    raw[userblock + 20] ^= 0x01  # inside HDF5's superblock, which ckpt's reader never needs
+    open(path, "wb").write(raw)
+    with ckpt.load_checkpoint(path) as reader:
+        np.testing.assert_array_equal(reader.get_tensor("a"), np.ones(4))  # data is intact
+        assert any("HDF5 structure" in p for p in reader.verify())
+
+
+@pytest.mark.parametrize("cut", [1, 10, 33, 100])
+def test_truncated_files_are_corrupt(tmp_path, fmt, cut):
+    path = write(fmt, tmp_path / f"t{fmt.extensions[0]}", [("a", np.arange(64, dtype=np.float64))])
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[:-cut])
+    with pytest.raises(ckpt.CheckpointError, match=r"t\.(h5|msgpack)"):
+        with ckpt.load_checkpoint(path) as reader:
+            reader.get_tensor("a")
+
+
+def test_unknown_and_empty_files(tmp_path):
+    (tmp_path / "x.h5").write_bytes(b"")
+    (tmp_path / "y.bin").write_bytes(b"hello world, not a checkpoint")
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="empty file.*hdf5.*msgpack"):
+        ckpt.load_checkpoint(tmp_path / "x.h5")
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="supported formats"):
+        ckpt.load_checkpoint(tmp_path / "y.bin")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="nope.h5"):
+        ckpt.load_checkpoint(tmp_path / "nope.h5")
+
+
+def test_format_is_recognised_by_content_not_extension(tmp_path):
+    path = write(base.get_format("msgpack"), tmp_path / "misnamed.h5", [("a", np.ones(2))])
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.format == "msgpack"
+
+
+# --- reading only what is asked for --------------------------------------------------------------
+def test_single_tensor_read_touches_only_its_bytes(tmp_path, fmt, monkeypatch):
+    big = [(f"t{i}", np.full(1000, i, np.float64)) for i in range(5)]
+    path = write(fmt, tmp_path / f"sel{fmt.extensions[0]}", big)
+    reads = []
+    real = os.preadv
+
+    def spy(fd, buffers, offset):
+        n = real(fd, buffers, offset)
+        reads.append((offset, n))
+        return n
+
+    with base.open_reader(path) as reader:
+        monkeypatch.setattr(os, "preadv", spy)
+        value = reader.read("t3")
+        monkeypatch.undo()
+        start = _data_offset(path, "t3")
+    np.testing.assert_array_equal(value, np.full(1000, 3.0))
+    assert reads == [(start, 8000)]
+
+
+# --- registry and keys -----------------------------------------------------------------------
+def test_registry_lookup_and_plugins():
+    assert base.format_for_path("a/b.HDF5").name == "hdf5"
+    assert base.format_for_path("a/b.msgpack").name == "msgpack"
+    assert base.format_for_path("a/b.pt") is None
+    with pytest.raises(ValueError, match="unknown checkpoint format"):
+        base.get_format("zip")
+    with pytest.raises(ValueError, match="already registered"):
+        base.register_format(base.get_format("hdf5"))
+    with pytest.raises(TypeError):
+        base.register_format(object())
+
+
+@pytest.mark.parametrize("keys, message", [
+    (["a", "a/b"], "both a tensor and a scope"),
+    (["x//y"], "empty"), (["/x"], "empty"), (["x/"], "empty"), (["a/../b"], r"'\.\.'"),
+    (["."], r"'\.'"), (["a\x00b"], "NUL"), (["\udcff"], "UTF-8"), (["a", "a"], "duplicate"), ([""], "empty"),
+])
+def test_key_rules(tmp_path, fmt, keys, message):
+    with pytest.raises(ValueError, match=message):
+        fmt.write(str(tmp_path / "k"), [(k, np.zeros(1)) for k in keys], {})
+
+
+def test_metadata_is_normalized_and_validated():
+    assert base.normalize_metadata({"a": np.float32(1.5), "b": (1, 2), "c": np.arange(2)}, "p") == \
+        {"a": 1.5, "b": [1, 2], "c": [0, 1]}
+    with pytest.raises(ValueError, match="metadata keys must be strings"):
+        base.normalize_metadata({1: 2}, "p")
+    with pytest.raises(ValueError, match="object"):
+        base.normalize_metadata({"x": object()}, "p")
+    with pytest.raises(ValueError, match="dict"):
+        base.normalize_metadata([1], "p")
+
+
+def test_hdf5_files_are_deterministic(tmp_path):
+    tensors = every_dtype_tensors()
+    a = write(base.get_format("hdf5"), tmp_path / "a.h5", tensors, {"x": 1})
+    b = write(base.get_format("hdf5"), tmp_path / "b.h5", tensors, {"x": 1})
+    assert open(a, "rb").read() == open(b, "rb").read()

@@ -1,0 +1,412 @@
+"""ckpt.Saver: the TF1 guide's save/restore examples, var_lists, paths, retention, restore rules."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from conftest import assert_bit_exact, every_dtype_tensors
+
+import ckpt
+from ckpt import saver as saver_module
+
+FORMATS = ["h5", "msgpack"]
+
+
+@pytest.fixture(params=FORMATS)
+def ext(request):
+    return request.param
+
+
+# --- the TF1 guide -------------------------------------------------------------------------
+def test_guide_save_and_restore_all_variables(tmp_path, ext):
+    gc.collect()
+    v1 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(3,), name="guide_v1")
+    v2 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(5,), name="guide_v2")
+    v1.assign(v1 + 1)
+    v2.assign(v2 - 1)
+    saver = ckpt.Saver([v1, v2])
+    save_path = saver.save(str(tmp_path / f"model.{ext}"))
+    assert save_path == str(tmp_path / f"model.{ext}")
+
+    with ckpt.deferred_init():
+        r1 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(3,), name="guide_v1")
+        r2 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(5,), name="guide_v2")
+    ckpt.Saver([r1, r2]).restore(save_path)
+    np.testing.assert_array_equal(r1.numpy(), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(r2.numpy(), [-1.0] * 5)
+
+
+def test_guide_choose_variables_to_save_and_restore(tmp_path, ext):
+    v1 = ckpt.Variable(np.zeros(3, np.float32), name="v1")
+    v2 = ckpt.Variable(np.full(5, -1.0, np.float32), name="v2")
+    path = ckpt.Saver({"my_v2": v2, "v1": v1}).save(str(tmp_path / f"model.{ext}"))
+
+    with ckpt.deferred_init():
+        n1 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(3,), name="v1")
+        n2 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(5,), name="v2")
+    result = ckpt.Saver({"my_v2": n2}).restore(path)
+    assert result.restored == ["my_v2"] and result.unexpected == ["v1"]
+    assert ckpt.report_uninitialized_variables([n1, n2]) == ["v1"]
+    ckpt.initialize_variables([n1])
+    assert ckpt.report_uninitialized_variables([n1, n2]) == []
+    np.testing.assert_array_equal(n1.numpy(), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(n2.numpy(), [-1.0] * 5)
+
+
+def test_saver_none_saves_every_live_variable(tmp_path):
+    gc.collect()
+    a = ckpt.Variable(1.0, name="none_case/a")
+    b = ckpt.Variable([2, 3], name="none_case/b", trainable=False)
+    saver = ckpt.Saver()
+    assert saver.var_list["none_case/a"] is a and saver.var_list["none_case/b"] is b
+    path = saver.save(str(tmp_path / "all.h5"))
+    assert ("none_case/b", [2]) in ckpt.list_variables(path)
+
+
+def test_every_dtype_through_the_saver(tmp_path, ext):
+    variables = {key: ckpt.Variable(value) for key, value in every_dtype_tensors()}
+    path = ckpt.Saver(variables).save(str(tmp_path / f"all.{ext}"))
+    fresh = {key: ckpt.Variable(np.zeros_like(v.numpy()) if v.dtype.kind != "O" else
+                                np.full(v.shape, b"", dtype=object)) for key, v in variables.items()}
+    ckpt.Saver(fresh).restore(path)
+    for key, var in variables.items():
+        assert_bit_exact(var.numpy() if var.ndim else np.asarray(var.value()), np.asarray(fresh[key].value()))
+
+
+# --- var_list forms and errors ----------------------------------------------------------------
+def test_module_var_list_uses_attribute_paths(tmp_path):
+    class Net(ckpt.Module):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope:
+                self.layers = [ckpt.Variable(np.ones(2), name="w0"), ckpt.Variable(np.ones(3), name="w1")]
+                self.head = {"bias": ckpt.Variable(0.5, name="b")}
+
+    net = Net()
+    saver = ckpt.Saver(net)
+    assert list(saver.var_list) == ["head/bias", "layers/0", "layers/1"]
+    path = saver.save(str(tmp_path / "net.h5"))
+    assert [k for k, _ in ckpt.list_variables(path)] == ["head/bias", "layers/0", "layers/1"]
+
+
+def test_var_list_errors():
+    a = ckpt.Variable(1.0, name="same")
+    b = ckpt.Variable(2.0, name="same")
+    with pytest.raises(ValueError, match="two variables.*'same'.*same:0 and same:0"):
+        ckpt.Saver([a, b])
+    with pytest.raises(ValueError, match="under two keys: 'x' and 'y'"):
+        ckpt.Saver({"x": a, "y": a})
+    with pytest.raises(ValueError, match="no variables"):
+        ckpt.Saver([])
+    with pytest.raises(ValueError, match="invalid key"):
+        ckpt.Saver({"a//b": a})
+    with pytest.raises(ValueError, match="both a tensor and a scope"):
+        ckpt.Saver({"a": a, "a/b": b})
+    with pytest.raises(TypeError, match="not a ckpt.Variable"):
+        ckpt.Saver({"a": np.zeros(2)})
+    assert list(ckpt.Saver([a, a]).var_list) == ["same"]  # listed twice, saved once
+    with pytest.raises(ValueError):
+        ckpt.Saver([a], max_to_keep=0)
+    with pytest.raises(ValueError, match="unknown checkpoint format"):
+        ckpt.Saver([a], format="zip")
+
+
+# --- paths --------------------------------------------------------------------------------
+@pytest.mark.parametrize("given, fmt, step, expected, kind", [
+    ("model.h5", "hdf5", None, "model.h5", "hdf5"),
+    ("model.h5", "msgpack", 1000, "model-1000.h5", "hdf5"),
+    ("model.hdf5", "hdf5", 3, "model-3.hdf5", "hdf5"),
+    ("model.msgpack", "hdf5", 5, "model-5.msgpack", "msgpack"),
+    ("model", "msgpack", 7, "model-7.msgpack", "msgpack"),
+    ("model", "hdf5", None, "model.h5", "hdf5"),
+    ("model.ckpt", "hdf5", 2, "model.ckpt-2.h5", "hdf5"),
+])
+def test_save_path_rules(tmp_path, given, fmt, step, expected, kind):
+    v = ckpt.Variable(1.0)
+    path = ckpt.Saver([v], format=fmt).save(str(tmp_path / given), global_step=step)
+    assert path == str(tmp_path / expected)
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.format == kind
+
+
+def test_global_step_may_be_a_variable(tmp_path):
+    step = ckpt.Variable(42, trainable=False)
+    path = ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / "m.h5"), global_step=step)
+    assert path.endswith("m-42.h5")
+    with pytest.raises(TypeError):
+        ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / "m.h5"), global_step=1.5)
+
+
+def test_missing_parent_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="does not exist"):
+        ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / "no" / "such" / "model.h5"))
+
+
+def test_saving_uninitialized_variables_is_refused(tmp_path):
+    with ckpt.deferred_init():
+        v = ckpt.Variable(ckpt.initializers.Zeros(), shape=(2,), name="pending")
+    with pytest.raises(ckpt.UninitializedVariableError, match="pending:0"):
+        ckpt.Saver([v]).save(str(tmp_path / "m.h5"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_metadata_round_trips(tmp_path, ext):
+    path = ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / f"m.{ext}"),
+                                                 metadata={"step": 3, "loss": np.float32(0.25)})
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.metadata == {"step": 3, "loss": 0.25}
+    with pytest.raises(ValueError, match="metadata"):
+        ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / f"n.{ext}"), metadata={"x": {1, 2}})
+    assert not os.path.exists(tmp_path / f"n.{ext}")
+
+
+# --- state file and retention --------------------------------------------------------------
+def _state(directory):
+    return json.loads((directory / "checkpoint").read_text())
+
+
+def test_max_to_keep_and_state_file(tmp_path, ext):
+    v = ckpt.Variable(0.0)
+    saver = ckpt.Saver([v], max_to_keep=2)
+    paths = [saver.save(str(tmp_path / f"model.{ext}"), global_step=s) for s in range(4)]
+    assert saver.last_checkpoints == paths[2:]
+    assert sorted(os.listdir(tmp_path)) == sorted([".checkpoint.lock", "checkpoint",
+                                                   f"model-2.{ext}", f"model-3.{ext}"])
+    state = _state(tmp_path)
+    assert state["latest"] == f"model-3.{ext}"
+    assert [e["path"] for e in state["checkpoints"]] == [f"model-2.{ext}", f"model-3.{ext}"]
+    assert [e["step"] for e in state["checkpoints"]] == [2, 3]
+    assert all(isinstance(e["time"], float) for e in state["checkpoints"])
+    assert ckpt.latest_checkpoint(tmp_path) == paths[3]
+
+
+def test_max_to_keep_none_keeps_all_and_resave_moves_to_end(tmp_path):
+    saver = ckpt.Saver([ckpt.Variable(0.0)], max_to_keep=None)
+    for s in range(3):
+        saver.save(str(tmp_path / "m.h5"), global_step=s)
+    saver.save(str(tmp_path / "m.h5"), global_step=0)
+    assert [os.path.basename(p) for p in saver.last_checkpoints] == ["m-1.h5", "m-2.h5", "m-0.h5"]
+    assert ckpt.latest_checkpoint(tmp_path).endswith("m-0.h5")
+
+
+def test_a_later_saver_continues_the_directory_list(tmp_path):
+    first = ckpt.Saver([ckpt.Variable(0.0)], max_to_keep=3)
+    for s in range(3):
+        first.save(str(tmp_path / "m.h5"), global_step=s)
+    second = ckpt.Saver([ckpt.Variable(1.0)], max_to_keep=3)
+    second.save(str(tmp_path / "m.h5"), global_step=3)
+    assert [os.path.basename(p) for p in second.last_checkpoints] == ["m-1.h5", "m-2.h5", "m-3.h5"]
+    assert not (tmp_path / "m-0.h5").exists()
+
+
+def test_keep_checkpoint_every_n_hours(tmp_path, monkeypatch):
+    clock = [1_000_000.0]
+    monkeypatch.setattr(saver_module.time, "time", lambda: clock[0])
+    saver = ckpt.Saver([ckpt.Variable(0.0)], max_to_keep=2, keep_checkpoint_every_n_hours=1)
+    for step in range(8):  # one save every 20 minutes
+        saver.save(str(tmp_path / "m.h5"), global_step=step)
+        clock[0] += 1200
+    state = _state(tmp_path)
+    assert [e["path"] for e in state["checkpoints"]] == ["m-6.h5", "m-7.h5"]
+    # saved at 0, 20, 40, 60, ... minutes: the first one an hour after the start is kept, then hourly
+    assert [e["path"] for e in state["preserved"]] == ["m-3.h5"]
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".h5")) == ["m-3.h5", "m-6.h5", "m-7.h5"]
+    clock[0] += 3600 * 2
+    saver.save(str(tmp_path / "m.h5"), global_step=8)
+    saver.save(str(tmp_path / "m.h5"), global_step=9)
+    # m-6 was saved exactly an hour after m-3, so it is preserved when it falls off the list
+    assert [e["path"] for e in _state(tmp_path)["preserved"]] == ["m-3.h5", "m-6.h5"]
+
+
+def test_state_file_uses_relative_paths_so_directories_move(tmp_path):
+    src = tmp_path / "run1"
+    src.mkdir()
+    v = ckpt.Variable([1.0, 2.0])
+    ckpt.Saver([v]).save(str(src / "m.h5"), global_step=1)
+    moved = tmp_path / "moved"
+    os.rename(src, moved)
+    assert ckpt.latest_checkpoint(moved) == str(moved / "m-1.h5")
+    v.assign([0, 0])
+    ckpt.Saver([v]).restore(moved)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
+def test_latest_checkpoint_skips_deleted_files_and_handles_empty_dirs(tmp_path):
+    assert ckpt.latest_checkpoint(tmp_path) is None
+    assert ckpt.latest_checkpoint(tmp_path / "missing") is None
+    saver = ckpt.Saver([ckpt.Variable(0.0)])
+    a = saver.save(str(tmp_path / "m.h5"), global_step=1)
+    b = saver.save(str(tmp_path / "m.h5"), global_step=2)
+    os.unlink(b)
+    assert ckpt.latest_checkpoint(tmp_path) == a
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="no such checkpoint file"):
+        ckpt.Saver([ckpt.Variable(0.0)]).restore(str(tmp_path / "does_not_exist"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="no checkpoint in this directory"):
+        ckpt.Saver([ckpt.Variable(0.0)]).restore(empty)
+
+
+@pytest.mark.parametrize("content, error", [
+    (b"not json", ckpt.CorruptCheckpointError),
+    (b'{"format": "ckpt-state", "version": 1, "checkpoints": [{"path": "../../etc/x", "time": 1}]}',
+     ckpt.CorruptCheckpointError),
+    (b'{"format": "ckpt-state", "version": 99, "checkpoints": []}', ckpt.UnsupportedCheckpointError),
+    (b'model_checkpoint_path: "model.ckpt-7"\n', ckpt.UnsupportedCheckpointError),
+])
+def test_bad_state_files_are_clear_errors(tmp_path, content, error):
+    (tmp_path / "checkpoint").write_bytes(content)
+    with pytest.raises(error, match="checkpoint"):
+        ckpt.latest_checkpoint(tmp_path)
+    with pytest.raises(error):
+        ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "m.h5"))
+
+
+def test_leftover_temporary_files_are_ignored_and_cleaned(tmp_path):
+    saver = ckpt.Saver([ckpt.Variable(0.0)])
+    good = saver.save(str(tmp_path / "m.h5"), global_step=1)
+    leftover = tmp_path / ".m-2.h5.ckpt-tmp-0123456789ab"
+    leftover.write_bytes(b"half a checkpoint")
+    assert ckpt.latest_checkpoint(tmp_path) == good
+    saver.save(str(tmp_path / "m.h5"), global_step=3)
+    assert not leftover.exists()
+
+
+def test_a_temporary_file_being_written_is_not_cleaned(tmp_path):
+    import fcntl
+
+    busy = tmp_path / ".m-9.h5.ckpt-tmp-aaaaaaaaaaaa"
+    fd = os.open(busy, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a live save in another process holds it
+    try:
+        ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "m.h5"), global_step=1)
+        assert busy.exists()
+    finally:
+        os.close(fd)
+
+
+def test_failed_write_leaves_previous_checkpoint_and_no_temp(tmp_path, monkeypatch):
+    v = ckpt.Variable([1.0, 2.0])
+    saver = ckpt.Saver([v])
+    first = saver.save(str(tmp_path / "m.h5"))
+    before = open(first, "rb").read()
+    from ckpt.formats import _io
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_io, "pwrite_all", full_disk)
+    v.assign([3.0, 4.0])
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"m\.h5.*No space left"):
+        saver.save(str(tmp_path / "m.h5"))
+    assert open(first, "rb").read() == before
+    assert sorted(os.listdir(tmp_path)) == [".checkpoint.lock", "checkpoint", "m.h5"]
+
+
+# --- restore rules --------------------------------------------------------------------------
+def test_restore_reads_into_the_existing_buffer(tmp_path, ext):
+    v = ckpt.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))
+    path = ckpt.Saver({"v": v}).save(str(tmp_path / f"m.{ext}"))
+    buffer = v._value
+    v.assign(np.zeros((2, 3)))
+    ckpt.Saver({"v": v}).restore(path)
+    assert v._value is buffer
+    np.testing.assert_array_equal(v.numpy(), np.arange(6).reshape(2, 3))
+
+
+def test_restore_reports_every_problem_at_once_and_changes_nothing(tmp_path, ext):
+    a = ckpt.Variable(np.ones((784, 100), np.float32))
+    b = ckpt.Variable(np.ones(3, np.float32))
+    c = ckpt.Variable(np.ones(2, np.int32))
+    path = ckpt.Saver({"layer1/kernel": a, "layer1/bias": b, "layer2/b": c}).save(str(tmp_path / f"model-1000.{ext}"))
+    x = ckpt.Variable(np.zeros((784, 200), np.float32))
+    y = ckpt.Variable(np.zeros(3, np.float32))
+    z = ckpt.Variable(np.zeros(2, np.float32))
+    w = ckpt.Variable(np.zeros(2, np.float32))
+    saver = ckpt.Saver({"layer1/kernel": x, "layer1/bias": y, "layer2/b": z, "layer2/bias": w})
+    with pytest.raises(ckpt.CheckpointError) as info:
+        saver.restore(path)
+    message = str(info.value)
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
+    assert f"layer1/kernel: shape (784, 200) in the model, (784, 100) in model-1000.{ext}" in message
+    assert "layer2/b: dtype float32 in the model, int32 in" in message
+    assert "layer2/bias: not found in" in message and "closest keys: layer1/bias, layer2/b" in message
+    assert "\n  layer1/bias:" not in message  # the one that matched is not a problem
+    for var in (x, y, z, w):
+        assert not var.numpy().any()  # nothing changed, not even the variable that matched
+
+
+def test_shape_mismatch_alone_is_a_value_error_not_a_key_error(tmp_path):
+    path = ckpt.Saver({"w": ckpt.Variable(np.ones(3))}).save(str(tmp_path / "m.h5"))
+    with pytest.raises(ckpt.MismatchError) as info:
+        ckpt.Saver({"w": ckpt.Variable(np.ones(4))}).restore(path)
+    assert not isinstance(info.value, KeyError)
+
+
+def test_strict_false_restores_what_matches(tmp_path, ext):
+    path = ckpt.Saver({"a": ckpt.Variable(1.0), "extra": ckpt.Variable(2.0)}).save(str(tmp_path / f"m.{ext}"))
+    a, b = ckpt.Variable(0.0), ckpt.Variable(0.0)
+    result = ckpt.Saver({"a": a, "b": b}).restore(path, strict=False)
+    assert (result.restored, result.missing, result.unexpected) == (["a"], ["b"], ["extra"])
+    assert float(a) == 1.0 and float(b) == 0.0
+    with pytest.raises(ckpt.MismatchError):
+        ckpt.Saver({"a": ckpt.Variable([0.0, 0.0])}).restore(path, strict=False)
+
+
+def test_checksum_failure_midway_uninitializes_touched_variables(tmp_path, ext):
+    first, second, third = (ckpt.Variable(np.full(4, i, np.float32)) for i in (1, 2, 3))
+    path = ckpt.Saver({"a": first, "b": second, "c": third}).save(str(tmp_path / f"m.{ext}"))
+    with ckpt.load_checkpoint(path) as reader:
+        extra = reader.tensors["b"].extra
+    offset = extra[0][0][0] if isinstance(extra[0], tuple) else extra[0]
+    raw = bytearray(open(path, "rb").read())
+    raw[offset] ^= 0xFF
+    open(path, "wb").write(raw)
+    x, y, z = (ckpt.Variable(np.full(4, 9, np.float32), name=n) for n in ("x", "y", "z"))
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"(?s)'b'.*checksum.*uninitialized.*x:0, y:0"):
+        ckpt.Saver({"a": x, "b": y, "c": z}).restore(path)
+    assert not x.is_initialized() and not y.is_initialized()
+    np.testing.assert_array_equal(z.numpy(), np.full(4, 9))  # never touched
+    with pytest.raises(ckpt.UninitializedVariableError):
+        y.numpy()
+
+
+def test_restore_initializes_deferred_variables(tmp_path):
+    path = ckpt.Saver({"w": ckpt.Variable(np.arange(4.0))}).save(str(tmp_path / "m.h5"))
+    with ckpt.deferred_init():
+        w = ckpt.Variable(ckpt.initializers.GlorotUniform(), shape=(4,), dtype=np.float64)
+    assert w._value is None
+    ckpt.Saver({"w": w}).restore(path)
+    assert w.is_initialized()
+    np.testing.assert_array_equal(w.numpy(), np.arange(4.0))
+
+
+# --- reading without a model ------------------------------------------------------------------
+def test_load_checkpoint_api(tmp_path, ext):
+    with ckpt.name_scope("enc"):
+        k = ckpt.Variable(np.ones((2, 3), np.float32), name="kernel")
+        b = ckpt.Variable(np.zeros(3, np.float64), name="bias")
+    path = ckpt.Saver([k, b]).save(str(tmp_path / f"m.{ext}"))
+    with ckpt.load_checkpoint(tmp_path) as reader:
+        assert reader.path == path
+        assert reader.get_variable_to_shape_map() == {"enc/kernel": [2, 3], "enc/bias": [3]}
+        assert reader.get_variable_to_dtype_map() == {"enc/kernel": np.float32, "enc/bias": np.float64}
+        assert reader.has_tensor("enc/bias") and not reader.has_tensor("enc/nope")
+        np.testing.assert_array_equal(reader.get_tensor("enc/kernel"), np.ones((2, 3)))
+        with pytest.raises(ckpt.KeyNotFoundError, match="'enc/kernle'.*closest keys: enc/kernel"):
+            reader.get_tensor("enc/kernle")
+    assert ckpt.list_variables(path) == [("enc/bias", [3]), ("enc/kernel", [2, 3])]
+    np.testing.assert_array_equal(ckpt.load_variable(path, "enc/bias:0"), np.zeros(3))
+    with pytest.raises(KeyError):
+        ckpt.load_variable(path, "nope")
+
+
+def test_restore_time_is_recorded_in_state(tmp_path):
+    t0 = time.time()
+    ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "m.h5"))
+    assert _state(tmp_path)["checkpoints"][0]["time"] >= t0 - 1

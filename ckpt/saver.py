@@ -26,10 +26,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 from .atomic import clean_stale_temporaries, replace_atomically
-from .errors import UninitializedVariableError
+from .errors import CheckpointWriteError, UninitializedVariableError
 from .module import Module
 from .restore import RestoreResult, restore_variables
-from .state import CheckpointEntry, CheckpointState, read_state, state_lock, write_state
+from .state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock, write_state
 from .variables import Variable, global_variables
 
 __all__ = ["Saver"]
@@ -163,11 +163,22 @@ class Saver:
         metadata = _registry().normalize_metadata(metadata, path)
         directory = os.path.dirname(os.path.abspath(path))
         if os.path.isdir(directory):
+            self._check_state_owner(directory, path)
             clean_stale_temporaries(directory)
         with replace_atomically(path) as tmp:
             fmt.write(tmp, tensors, metadata)
         self._record(path, step)
         return path
+
+    @staticmethod
+    def _check_state_owner(directory: str, path: str) -> CheckpointState | None:
+        """Read the directory's state; refuse to take over another program's state file."""
+        state = read_state(directory)
+        if state is not None and state.written_by != "ckpt":
+            raise CheckpointWriteError(
+                f"{path}: {directory} holds a {state.written_by} '{STATE_FILE}' state file; save ckpt "
+                "checkpoints into another directory (ckpt will not rewrite it)")
+        return state
 
     def _record(self, path: str, step: int | None) -> None:
         """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours."""
@@ -176,7 +187,7 @@ class Saver:
         now = time.time()
         doomed: list[CheckpointEntry] = []
         with state_lock(directory):
-            state = read_state(directory) or CheckpointState()
+            state = self._check_state_owner(directory, path) or CheckpointState()
             state.checkpoints = [e for e in state.checkpoints if e.path != name]
             state.preserved = [e for e in state.preserved if e.path != name]
             state.checkpoints.append(CheckpointEntry(name, now, step))

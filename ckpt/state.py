@@ -57,6 +57,8 @@ class CheckpointState:
     checkpoints: list[CheckpointEntry] = field(default_factory=list)
     preserved: list[CheckpointEntry] = field(default_factory=list)
     last_preserved_time: float | None = None
+    #: "tensorflow" for TensorFlow's text state file: readable, never rewritten by ckpt.
+    written_by: str = "ckpt"
 
     @property
     def latest(self) -> CheckpointEntry | None:
@@ -93,11 +95,11 @@ def read_state(directory: str) -> CheckpointState | None:
             raw = f.read(16 << 20)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    if raw.lstrip().startswith((b"model_checkpoint_path", b"all_model_checkpoint_paths")):
+        return _read_tensorflow_state(raw, path)
     try:
         doc = json.loads(raw)
     except ValueError:
-        if raw.lstrip().startswith(b"model_checkpoint_path"):
-            raise UnsupportedCheckpointError(f"{path}: this is TensorFlow's state file, not ckpt's") from None
         raise CorruptCheckpointError(f"{path}: the state file is not valid JSON") from None
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise CorruptCheckpointError(f"{path}: not a ckpt state file")
@@ -112,6 +114,31 @@ def read_state(directory: str) -> CheckpointState | None:
     return CheckpointState([_parse_entry(x, path) for x in checkpoints],
                            [_parse_entry(x, path) for x in preserved],
                            None if last is None else float(last))
+
+
+def _read_tensorflow_state(raw: bytes, path: str) -> CheckpointState:
+    """Parse TensorFlow's text-format CheckpointState (model_checkpoint_path: "...")."""
+    fields: dict[str, list[str]] = {}
+    for line in raw.decode("utf-8", "replace").splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip():
+            fields.setdefault(name.strip(), []).append(value.strip())
+
+    def unquote(value: str) -> str:
+        if len(value) < 2 or value[0] != '"' or value[-1] != '"':
+            raise CorruptCheckpointError(f"{path}: malformed TensorFlow state file line {value!r}")
+        return value[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+    paths = [unquote(v) for v in fields.get("all_model_checkpoint_paths", [])]
+    latest = [unquote(v) for v in fields.get("model_checkpoint_path", [])]
+    if latest and (not paths or paths[-1] != latest[-1]):
+        paths = [p for p in paths if p != latest[-1]] + latest[-1:]
+    try:
+        times = [float(v) for v in fields.get("all_model_checkpoint_timestamps", [])]
+    except ValueError:
+        raise CorruptCheckpointError(f"{path}: malformed TensorFlow checkpoint timestamps") from None
+    times = times if len(times) == len(paths) else [0.0] * len(paths)
+    return CheckpointState([CheckpointEntry(p, t) for p, t in zip(paths, times)], written_by="tensorflow")
 
 
 def write_state(directory: str, state: CheckpointState) -> None:
@@ -154,9 +181,11 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:
     state = read_state(directory)
     if state is None:
         return None
+    from .formats.base import checkpoint_exists
+
     for entry in reversed(state.all_entries()):
-        candidate = os.path.join(directory, entry.path)
-        if os.path.isfile(candidate):
+        candidate = os.path.join(directory, entry.path)  # TensorFlow may record absolute paths
+        if checkpoint_exists(candidate):
             return candidate
     return None
 

@@ -23,8 +23,9 @@ from ckpt import dtypes
 from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
                          MismatchError, UnsupportedCheckpointError, closest_hint)
 
-__all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "get_format",
-           "formats", "format_for_path", "open_reader", "validate_keys", "SNIFF_BYTES"]
+__all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "unregister_format",
+           "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
+           "key_problem", "normalize_metadata", "SNIFF_BYTES"]
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -154,7 +155,12 @@ class Format(Protocol):
     can_write: bool
 
     def sniff(self, head: bytes) -> bool:
-        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format."""
+        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format.
+
+        A format whose checkpoints are not single files (TensorFlow's "model.ckpt-7" prefix
+        with .index and .data files) may also define ``claims(path: str) -> bool``; it is
+        asked first, for every path, before any file is opened.
+        """
 
     def open(self, path: str) -> Reader:
         """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
@@ -232,6 +238,10 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
         UnsupportedCheckpointError: no registered format recognises it.
     """
     path = os.fspath(path)
+    for fmt in formats():
+        claims = getattr(fmt, "claims", None)
+        if claims is not None and claims(path):
+            return fmt.open(path)
     try:
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
@@ -247,6 +257,12 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
     known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty file" if not head else "not a checkpoint in any supported format"
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
+
+
+def checkpoint_exists(path: str) -> bool:
+    """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix)."""
+    return os.path.isfile(path) or any(getattr(f, "claims", None) is not None and f.claims(path)
+                                       for f in formats())
 
 
 def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:

@@ -257,7 +257,6 @@ def test_latest_checkpoint_skips_deleted_files_and_handles_empty_dirs(tmp_path):
     (b'{"format": "ckpt-state", "version": 1, "checkpoints": [{"path": "../../etc/x", "time": 1}]}',
      ckpt.CorruptCheckpointError),
     (b'{"format": "ckpt-state", "version": 99, "checkpoints": []}', ckpt.UnsupportedCheckpointError),
-    (b'model_checkpoint_path: "model.ckpt-7"\n', ckpt.UnsupportedCheckpointError),
 ])
 def test_bad_state_files_are_clear_errors(tmp_path, content, error):
     (tmp_path / "checkpoint").write_bytes(content)
@@ -265,6 +264,17 @@ def test_bad_state_files_are_clear_errors(tmp_path, content, error):
         ckpt.latest_checkpoint(tmp_path)
     with pytest.raises(error):
         ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "m.h5"))
+
+
+def test_tensorflow_state_files_are_read_but_never_rewritten(tmp_path):
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.h5"\n'
+                                         'all_model_checkpoint_paths: "model.h5"\n')
+    assert ckpt.latest_checkpoint(tmp_path) is None  # names a file that does not exist
+    with pytest.raises(ckpt.CheckpointWriteError, match="tensorflow 'checkpoint' state file"):
+        ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "model.h5"))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"]  # refused before writing anything
+    (tmp_path / "model.h5").write_bytes(b"")
+    assert ckpt.latest_checkpoint(tmp_path) == str(tmp_path / "model.h5")
 
 
 def test_leftover_temporary_files_are_ignored_and_cleaned(tmp_path):

@@ -32,6 +32,7 @@ from .errors import KeyNotFoundError as KeyNotFoundError
 from .errors import MismatchError as MismatchError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
+from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
 from .module import Module as Module
 from .reader import CheckpointReader as CheckpointReader
 from .reader import list_variables as list_variables

@@ -1,13 +1,82 @@
-"""The ``ckpt`` command: a thin click shell over ckpt's public Python API."""
+"""The ``ckpt`` command: a thin click shell over ckpt's public Python API.
+
+Every failure is one "Error: ..." line on stderr (plus an indented "closest keys:" line for
+a key that was not found), never a traceback: exit 1 for a checkpoint problem, 2 for a
+usage error.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+from typing import Any
 
 import click
 
 import ckpt
 
+from .convert_cmd import convert
+from .diff_cmd import diff
+from .errors import error_lines
+from .inspect_cmd import inspect
+from .ls_cmd import ls
+from .verify_cmd import verify
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: What a process killed by SIGPIPE reports; ``ckpt inspect ... | head`` ends this way.
+EXIT_BROKEN_PIPE = 141
+# click >= 8.2 raises this for a bare "ckpt" (older versions print the help and exit 0)
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class _Shell(click.Group):
+    """A click group whose errors, usage errors included, are single "Error:" lines."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # bare "ckpt": help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            message = exc.format_message()
+            ctx = getattr(exc, "ctx", None)
+            if isinstance(exc, click.UsageError) and ctx is not None:
+                message += f" (see '{ctx.command_path} --help')"
+            for line in error_lines(message):
+                click.echo(line, err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except BrokenPipeError:
+            _silence_stdout()
+            sys.exit(EXIT_BROKEN_PIPE)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test runner's buffer): nothing is flushed at exit
+
+
+@click.group(cls=_Shell, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(ckpt.__version__, prog_name="ckpt")
 def main() -> None:
-    """Look inside, compare, convert and verify checkpoints."""
+    """Look inside, compare, convert and verify checkpoints.
+
+    PATH is a checkpoint file (HDF5 or msgpack, or any registered format) or a directory,
+    meaning its latest checkpoint. Exit status: 0 success, 1 a checkpoint problem (missing,
+    unreadable, corrupted, key not found), 2 a usage error; ckpt diff: 0 same, 1 different,
+    2 trouble.
+    """
+
+
+for _command in (inspect, diff, convert, verify, ls):
+    main.add_command(_command)

@@ -1,0 +1,403 @@
+"""What is inside a checkpoint, as text or JSON: the views behind ``ckpt inspect``.
+
+The listing reads a checkpoint's index only; values and statistics read just the tensors
+they show. ``print_tensors_in_checkpoint_file`` is TensorFlow's function of that name.
+
+Example:
+    >>> import ckpt, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.h5")
+    >>> with ckpt.name_scope("enc"):
+    ...     k = ckpt.Variable([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], name="kernel")
+    >>> _ = ckpt.Saver([k]).save(path)
+    >>> ckpt.print_tensors_in_checkpoint_file(path, tensor_name="", all_tensors=False)
+    tensor: enc/kernel (float32) [2, 3]
+    # Total number of params: 6
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import dtypes
+from .errors import KeyNotFoundError, closest_hint
+from .reader import CheckpointReader, load_checkpoint
+
+__all__ = ["ParamCount", "TensorStats", "dtype_label", "describe", "count_params", "tensor_stats",
+           "inspect_lines", "inspect_report", "print_tensors_in_checkpoint_file"]
+
+#: Elements handled per step when computing statistics: bounds the temporaries for huge tensors.
+CHUNK = 1 << 20
+HISTOGRAM_BINS = 16
+_BARS = "▁▂▃▄▅▆▇█"
+
+#: Wraps the iteration over the tensors being read (the CLI passes a progress bar).
+Progress = Callable[[Sequence[Any]], Iterable[Any]]
+
+
+def dtype_label(dtype: np.dtype) -> str:
+    """ckpt's name for ``dtype`` ("float32", "bfloat16", "string"), numpy's for others."""
+    try:
+        return dtypes.dtype_name(dtype)
+    except TypeError:  # a foreign format may hold dtypes ckpt variables cannot (float8, ...)
+        return str(dtype)
+
+
+def describe(info: Any) -> str:
+    """One tensor's listing line, from its TensorInfo.
+
+    Example:
+        >>> from ckpt.formats.base import TensorInfo
+        >>> describe(TensorInfo("enc/kernel", np.dtype("float32"), (2, 3), 24))
+        'tensor: enc/kernel (float32) [2, 3]'
+    """
+    return f"tensor: {info.key} ({dtype_label(info.dtype)}) {list(info.shape)}"
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """How many parameters (elements) a checkpoint holds, and how many were left out."""
+
+    total: int
+    excluded_tensors: int = 0
+    excluded_params: int = 0
+
+
+def count_params(tensors: Mapping[str, Any], exclude: str = "") -> ParamCount:
+    """Count the elements of every tensor whose key does not match the regex ``exclude``.
+
+    A scalar counts 1; a string tensor counts its elements.
+
+    Raises:
+        re.error: ``exclude`` is not a valid regular expression.
+
+    Example:
+        >>> from ckpt.formats.base import TensorInfo
+        >>> f32 = np.dtype("float32")
+        >>> infos = {"w": TensorInfo("w", f32, (2, 3), 24), "step": TensorInfo("step", f32, (), 4)}
+        >>> count_params(infos), count_params(infos, exclude="^step$")
+        (ParamCount(total=7, excluded_tensors=0, excluded_params=0), ParamCount(total=6, excluded_tensors=1, excluded_params=1))
+    """
+    pattern = re.compile(exclude) if exclude else None
+    total = skipped = skipped_params = 0
+    for key, info in tensors.items():
+        size = math.prod(info.shape)
+        if pattern is not None and pattern.search(key):
+            skipped, skipped_params = skipped + 1, skipped_params + size
+        else:
+            total += size
+    return ParamCount(total, skipped, skipped_params)
+
+
+def _count_lines(count: ParamCount, exclude: str) -> list[str]:
+    lines = [f"# Excluding {count.excluded_tensors} tensors ({count.excluded_params} params) that match "
+             f"{exclude} when counting."] if exclude else []
+    return lines + [f"# Total number of params: {count.total}"]
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Summary statistics of one tensor.
+
+    ``kind`` is "float", "int", "bool", "complex" (summarised by magnitude) or "string"
+    (summarised by length in bytes; no mean). min, max, mean, std and the histogram cover
+    the finite values; ``nan`` and ``inf`` count the others; ``zeros`` counts zeros, False
+    or empty strings.
+    """
+
+    kind: str
+    count: int
+    zeros: int
+    nan: int
+    inf: int
+    min: float | int | None
+    max: float | int | None
+    mean: float | None
+    std: float | None
+    histogram: tuple[int, ...]
+
+    @property
+    def nonfinite(self) -> bool:
+        """True when the tensor holds a NaN or an infinity."""
+        return bool(self.nan or self.inf)
+
+    def lines(self) -> list[str]:
+        """The text view: a line of numbers, then a histogram line between min and max."""
+        if not self.count:
+            return ["  empty: no values"]
+
+        def share(n: int) -> str:
+            return f"{100 * n / self.count:.1f}%"
+
+        if self.kind == "bool":
+            return [f"  true {share(self.count - self.zeros)}  false {share(self.zeros)}"]
+        parts = ["no finite values"] if self.min is None else [f"min {_num(self.min)}", f"max {_num(self.max)}"]
+        if self.mean is not None:
+            parts += [f"mean {_num(self.mean)}", f"std {_num(self.std)}"]
+        parts.append(f"{'empty' if self.kind == 'string' else 'zeros'} {share(self.zeros)}")
+        if self.kind in ("float", "complex"):
+            parts += [f"nan {self.nan}", f"inf {self.inf}"] + (["<- NaN/Inf"] if self.nonfinite else [])
+        of = {"complex": "magnitudes: ", "string": "lengths: "}.get(self.kind, "")
+        head = f"  {of}{'  '.join(parts)}"
+        if self.min is None:
+            return [head]
+        return [head, f"  histogram {_num(self.min)} |{_bars(self.histogram)}| {_num(self.max)}"]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view (non-finite floats as the strings "NaN", "Infinity", "-Infinity")."""
+        return {"kind": self.kind, "count": self.count, "zeros": self.zeros, "nan": self.nan, "inf": self.inf,
+                "min": jsonable(self.min), "max": jsonable(self.max), "mean": jsonable(self.mean),
+                "std": jsonable(self.std), "histogram": list(self.histogram)}
+
+
+def _num(x: float | int | None) -> str:
+    return str(x) if isinstance(x, int) else f"{x:.6g}"
+
+
+def _bars(counts: Sequence[int]) -> str:
+    """Counts as block characters; an empty bin is a space, any non-empty bin is visible."""
+    top = max(counts, default=0)
+    return "".join(" " if not c else _BARS[min(len(_BARS) - 1, (len(_BARS) * c - 1) // top)] for c in counts)
+
+
+def tensor_stats(arr: np.ndarray) -> TensorStats:
+    """Compute a tensor's statistics in chunks of CHUNK elements (bounded extra memory).
+
+    Example:
+        >>> s = tensor_stats(np.array([0.0, 1.0, np.nan], dtype=np.float32))
+        >>> s.min, s.max, s.mean, s.nan, s.zeros
+        (0.0, 1.0, 0.5, 1, 1)
+    """
+    flat = arr.reshape(-1)
+    if dtypes.is_string(arr.dtype):
+        lengths = np.fromiter((len(x) for x in flat), dtype=np.int64, count=flat.size)
+        return replace(_numeric_stats(lengths, "string"), mean=None, std=None)  # no mean of strings
+    kind = {"c": "complex", "b": "bool", "i": "int", "u": "int"}.get(arr.dtype.kind, "float")
+    return _numeric_stats(flat, kind)
+
+
+def _chunks(flat: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Yield (raw chunk, its values as float64, finite mask) for each chunk of ``flat``."""
+    for start in range(0, flat.size, CHUNK):
+        raw = flat[start:start + CHUNK]
+        x = np.abs(raw) if raw.dtype.kind == "c" else raw.astype(np.float64)
+        finite = np.isfinite(raw) if raw.dtype.kind == "c" else np.isfinite(x)
+        yield raw, x, finite
+
+
+def _numeric_stats(flat: np.ndarray, kind: str) -> TensorStats:
+    exact = flat.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
+    count, zeros, nan, n = flat.size, 0, 0, 0
+    lo: Any = None
+    hi: Any = None
+    mean = m2 = 0.0
+    for raw, x, finite in _chunks(flat):
+        zeros += int(np.count_nonzero(x == 0))
+        if not exact:
+            nan += int(np.count_nonzero(np.isnan(raw if raw.dtype.kind == "c" else x)))
+        if not finite.all():
+            raw, x = raw[finite], x[finite]
+        if not x.size:
+            continue
+        c_lo, c_hi = (int(raw.min()), int(raw.max())) if exact else (float(x.min()), float(x.max()))
+        lo = c_lo if lo is None else min(lo, c_lo)
+        hi = c_hi if hi is None else max(hi, c_hi)
+        # merge this chunk's mean and sum of squared deviations into the running ones (Chan et al.)
+        c_mean = float(x.mean())
+        c_m2 = float(np.square(x - c_mean).sum())
+        total = n + x.size
+        delta = c_mean - mean
+        mean += delta * x.size / total
+        m2 += c_m2 + delta * delta * n * x.size / total
+        n = total
+    inf = count - n - nan
+    if lo is None:
+        return TensorStats(kind, count, zeros, nan, inf, None, None, None, None, ())
+    hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
+    for _, x, finite in _chunks(flat):
+        hist += np.histogram(x[finite], bins=HISTOGRAM_BINS, range=(float(lo), float(hi)))[0]
+    return TensorStats(kind, count, zeros, nan, inf, lo, hi, mean, math.sqrt(m2 / n), tuple(int(c) for c in hist))
+
+
+def jsonable(value: Any) -> Any:
+    """Turn numpy values into JSON-ready data: lists, ints, floats, strings.
+
+    Non-finite floats become "NaN", "Infinity" and "-Infinity"; complex numbers [real, imag]
+    pairs; byte strings text (UTF-8, other bytes as \\xNN escapes).
+    """
+    if isinstance(value, np.ndarray):
+        if value.dtype == dtypes.bfloat16:
+            value = value.astype(np.float32)
+        return jsonable(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, complex):
+        return [jsonable(value.real), jsonable(value.imag)]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def _selected_keys(reader: CheckpointReader, tensor_name: str | None) -> list[str]:
+    if not tensor_name:
+        return sorted(reader.tensors)
+    if reader.has_tensor(tensor_name):
+        return [tensor_name]
+    if tensor_name.endswith(":0") and reader.has_tensor(tensor_name[:-2]):  # a variable's name
+        return [tensor_name[:-2]]
+    raise KeyNotFoundError(f"Tensor {tensor_name} not found in checkpoint {reader.path}"
+                           f"{closest_hint(tensor_name, reader.tensors)}")
+
+
+def _records(reader: CheckpointReader, keys: list[str], values: bool, stats: bool,
+             progress: Progress | None) -> Iterator[tuple[Any, np.ndarray | None, TensorStats | None]]:
+    """Yield (info, value or None, stats or None) for each key, reading only what is shown."""
+    infos = [reader.tensors[k] for k in keys]
+    if values or stats:
+        for info in (progress(infos) if progress is not None else infos):
+            arr = reader.get_tensor(info.key)
+            yield info, arr if values else None, tensor_stats(arr) if stats else None
+    else:
+        for info in infos:
+            yield info, None, None
+
+
+def _check_views(tensor_name: str | None, all_tensors: bool, names_only: bool, stats: bool) -> None:
+    if sum([bool(tensor_name), all_tensors, names_only]) > 1:
+        raise ValueError("choose one of tensor_name, all_tensors and names_only")
+    if names_only and stats:
+        raise ValueError("names_only lists keys only; it cannot show stats")
+
+
+def inspect_lines(reader: CheckpointReader, *, tensor_name: str | None = None, all_tensors: bool = False,
+                  names_only: bool = False, stats: bool = False, exclude: str = "",
+                  progress: Progress | None = None) -> Iterator[str]:
+    """Yield the text view of a checkpoint, line by line (what ``ckpt inspect`` prints).
+
+    Args:
+        reader: an open checkpoint.
+        tensor_name: show this tensor's values (a trailing ":0" is ignored).
+        all_tensors: show every tensor's values.
+        names_only: the keys alone, one per line.
+        stats: add each shown tensor's statistics, and how many tensors hold NaN or Inf.
+        exclude: a regex; matching keys are left out of the parameter count.
+        progress: wraps the iteration over the TensorInfos whose data is read.
+
+    Raises:
+        KeyNotFoundError: ``tensor_name`` is not in the checkpoint (names the closest keys).
+        ValueError: conflicting views were asked for.
+        re.error: ``exclude`` is not a valid regular expression.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.msgpack")
+        >>> _ = ckpt.Saver({"w": ckpt.Variable([1, 2, 3])}).save(path)
+        >>> with ckpt.load_checkpoint(path) as reader:
+        ...     print("\\n".join(inspect_lines(reader, tensor_name="w")))
+        tensor: w (int32) [3]
+        [1 2 3]
+        # Total number of params: 3
+    """
+    _check_views(tensor_name, all_tensors, names_only, stats)
+    count = count_params(reader.tensors, exclude)
+    keys = _selected_keys(reader, tensor_name)
+    if names_only:
+        yield from keys
+        return
+    flagged = []
+    for info, value, st in _records(reader, keys, bool(tensor_name) or all_tensors, stats, progress):
+        yield describe(info)
+        if value is not None:
+            yield str(value)
+        if st is not None:
+            yield from st.lines()
+            if st.nonfinite:
+                flagged.append(info.key)
+    if stats:
+        yield f"# Tensors with NaN or Inf: {len(flagged)}" + (f" ({', '.join(flagged)})" if flagged else "")
+    yield from _count_lines(count, exclude)
+
+
+def inspect_report(reader: CheckpointReader, *, tensor_name: str | None = None, all_tensors: bool = False,
+                   names_only: bool = False, stats: bool = False, exclude: str = "",
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """Return the JSON view of a checkpoint: the same information as ``inspect_lines``.
+
+    The document holds "path", "format", "metadata", "tensors" (each with "key", "dtype",
+    "shape", "size", "nbytes", and "values" and "stats" when asked for) and "params";
+    with ``names_only``, "path", "format" and "keys". Values follow :func:`jsonable`.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.h5")
+        >>> _ = ckpt.Saver({"w": ckpt.Variable([1.5, 2.5])}).save(path)
+        >>> with ckpt.load_checkpoint(path) as reader:
+        ...     inspect_report(reader, all_tensors=True)["tensors"]
+        [{'key': 'w', 'dtype': 'float32', 'shape': [2], 'size': 2, 'nbytes': 8, 'values': [1.5, 2.5]}]
+    """
+    _check_views(tensor_name, all_tensors, names_only, stats)
+    count = count_params(reader.tensors, exclude)
+    keys = _selected_keys(reader, tensor_name)
+    doc: dict[str, Any] = {"path": reader.path, "format": reader.format}
+    if names_only:
+        return {**doc, "keys": keys}
+    tensors = []
+    for info, value, st in _records(reader, keys, bool(tensor_name) or all_tensors, stats, progress):
+        entry: dict[str, Any] = {"key": info.key, "dtype": dtype_label(info.dtype), "shape": list(info.shape),
+                                 "size": math.prod(info.shape), "nbytes": info.nbytes}
+        if value is not None:
+            entry["values"] = jsonable(value)
+        if st is not None:
+            entry["stats"] = st.to_json()
+        tensors.append(entry)
+    doc.update(metadata=jsonable(reader.metadata), tensors=tensors,
+               params={"total": count.total, "excluded_tensors": count.excluded_tensors,
+                       "excluded_params": count.excluded_params, "exclude": exclude or None})
+    if stats:
+        doc["nonfinite_tensors"] = [t["key"] for t in tensors if t["stats"]["nan"] or t["stats"]["inf"]]
+    return doc
+
+
+def print_tensors_in_checkpoint_file(file_name: str | os.PathLike[str], tensor_name: str | None,
+                                     all_tensors: bool, all_tensor_names: bool = False,
+                                     count_exclude_pattern: str = "") -> None:
+    """Print what ``ckpt inspect`` prints: TensorFlow's inspect_checkpoint, for any checkpoint.
+
+    Args:
+        file_name: a checkpoint file, or a directory (its latest checkpoint).
+        tensor_name: print this tensor's values ("" or None: list every tensor).
+        all_tensors: print every tensor with its values.
+        all_tensor_names: print the keys alone.
+        count_exclude_pattern: a regex; matching keys are left out of the parameter count.
+
+    Raises:
+        KeyNotFoundError: ``tensor_name`` is not in the checkpoint (names the closest keys).
+        CheckpointError: the checkpoint is missing or unreadable.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.h5")
+        >>> _ = ckpt.Saver({"b": ckpt.Variable([0.5]), "step": ckpt.Variable(7)}).save(path)
+        >>> print_tensors_in_checkpoint_file(path, "", all_tensors=True, count_exclude_pattern="step")
+        tensor: b (float32) [1]
+        [0.5]
+        tensor: step (int32) []
+        7
+        # Excluding 1 tensors (1 params) that match step when counting.
+        # Total number of params: 1
+    """
+    with load_checkpoint(file_name) as reader:
+        for line in inspect_lines(reader, tensor_name=tensor_name, all_tensors=all_tensors,
+                                  names_only=all_tensor_names, exclude=count_exclude_pattern):
+            print(line)

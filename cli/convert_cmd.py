@@ -1,0 +1,194 @@
+"""``ckpt convert SRC DST``: rewrite a checkpoint in another format, a subset, or renamed.
+
+Everything is checked before anything is written (keys, dtypes, metadata); the new file is
+written to a temporary file, read back and compared with what was read from SRC, and only
+then renamed to DST, so a failure never leaves a half-written DST. The whole checkpoint is
+held in memory while it is written (the format writers take arrays).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+import numpy as np
+
+import ckpt
+from ckpt import dtypes
+from ckpt.atomic import replace_atomically
+from ckpt.errors import CheckpointWriteError, KeyNotFoundError, closest_hint
+from ckpt.formats import base
+
+from .errors import Failure, reports_errors
+from .progress import shows_progress, tracked
+
+__all__ = ["parse_renames", "plan_keys", "convert"]
+
+#: Bytes compared per step when checking the written file.
+CHUNK = 64 << 20
+
+
+def parse_renames(values: tuple[str, ...]) -> dict[str, str]:
+    """Parse "OLD=NEW" scope renames; a trailing "/" is optional and NEW may be empty.
+
+    Raises:
+        click.BadParameter: not in the form OLD=NEW, or an OLD given twice.
+
+    Example:
+        >>> parse_renames(("enc/=encoder", "model="))
+        {'enc': 'encoder', 'model': ''}
+    """
+    renames: dict[str, str] = {}
+    for value in values:
+        old, sep, new = value.partition("=")
+        old, new = old.rstrip("/"), new.rstrip("/")
+        if not sep or not old:
+            raise click.BadParameter(f"{value!r} is not in the form OLD=NEW", param_hint="--rename")
+        if old in renames:
+            raise click.BadParameter(f"{old!r} is renamed twice", param_hint="--rename")
+        renames[old] = new
+    return renames
+
+
+def _renamed(key: str, renames: dict[str, str]) -> tuple[str, str | None]:
+    """Apply the longest scope rename that covers ``key``; return (new key, the OLD used)."""
+    for old in sorted(renames, key=len, reverse=True):
+        if key == old or key.startswith(old + "/"):
+            rest = key[len(old):]
+            return (renames[old] + rest if renames[old] else rest.lstrip("/")), old
+    return key, None
+
+
+def plan_keys(keys: list[str], pattern: str | None, renames: dict[str, str], src: str) -> list[tuple[str, str]]:
+    """Return [(key in SRC, key in DST)] for the keys matching ``pattern``, renamed.
+
+    Raises:
+        KeyNotFoundError: nothing matches ``pattern``, or an OLD scope covers no key.
+        ValueError: two keys would get the same new key.
+
+    Example:
+        >>> plan_keys(["enc/w", "enc/b", "head/w"], "^enc/", {"enc": "encoder"}, "m.h5")
+        [('enc/w', 'encoder/w'), ('enc/b', 'encoder/b')]
+    """
+    chosen = [k for k in keys if pattern is None or re.search(pattern, k)]
+    if not chosen:
+        raise KeyNotFoundError(f"{src}: no tensor key matches --keys {pattern!r}")
+    plan, used, source = [], set(), {}
+    for key in chosen:
+        new, old = _renamed(key, renames)
+        if new in source:
+            raise ValueError(f"{source[new]!r} and {key!r} would both become {new!r}")
+        plan.append((key, new))
+        used.add(old)
+        source[new] = key
+    for old in renames:
+        if old not in used:
+            raise KeyNotFoundError(f"{src}: --rename {old}=...: no tensor key is {old!r} or under "
+                                   f"{old + '/'!r}{closest_hint(old, {k.split('/')[0] for k in chosen})}")
+    return plan
+
+
+def _writable_format(dst: str) -> Any:
+    fmt = base.format_for_path(dst)
+    writable = ", ".join(f"{'/'.join(f.extensions)} ({f.name})" for f in base.formats() if f.can_write)
+    if fmt is None:
+        raise click.BadParameter(f"cannot tell a checkpoint format from the extension of {dst!r}; use "
+                                 f"one of {writable}", param_hint="DST")
+    if not fmt.can_write:
+        raise click.BadParameter(f"the {fmt.name} format can be read but not written; write one of "
+                                 f"{writable}", param_hint="DST")
+    return fmt
+
+
+def _same_data(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-for-bit equality (NaN payloads included), compared in bounded chunks."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if dtypes.is_string(a.dtype):
+        return a.reshape(-1).tolist() == b.reshape(-1).tolist()
+    va, vb = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    return all(np.array_equal(va[i:i + CHUNK], vb[i:i + CHUNK]) for i in range(0, va.size, CHUNK))
+
+
+def _check_written(fmt: Any, tmp: str, dst: str, tensors: list[tuple[str, np.ndarray]],
+                   metadata: dict[str, Any], progress: Any) -> None:
+    """Read the new file back; raise CheckpointWriteError unless it holds exactly ``tensors``."""
+
+    def fail(what: str) -> CheckpointWriteError:
+        return CheckpointWriteError(f"{dst}: the converted file does not read back as written ({what}); "
+                                    "DST was not replaced")
+
+    reader = fmt.open(tmp)
+    try:
+        if sorted(reader.tensors) != sorted(key for key, _ in tensors):
+            raise fail("its keys differ")
+        if reader.metadata != metadata:
+            raise fail("its metadata differs")
+        problems = reader.verify()
+        if problems:
+            raise fail(problems[0])
+        arrays = dict(tensors)
+        infos = [reader.tensors[key] for key, _ in tensors]
+        for info in (progress(infos) if progress is not None else infos):
+            if not _same_data(arrays[info.key], reader.read(info.key)):
+                raise fail(f"tensor {info.key!r} differs")
+    finally:
+        reader.close()
+
+
+@click.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--keys", "pattern", metavar="REGEX", help="Only the tensors whose key matches REGEX.")
+@click.option("--rename", multiple=True, metavar="OLD=NEW",
+              help="Rename the scope OLD to NEW (repeatable; NEW may be empty).")
+@reports_errors()
+def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) -> None:
+    """Convert a checkpoint between formats; extract or rename keys.
+
+    DST's extension names the format; SRC's tensors and metadata are written to it.
+
+    \b
+    ckpt convert model.h5 model.msgpack
+    ckpt convert run/ encoder.h5 --keys '^enc/' --rename enc=encoder
+    """
+    fmt = _writable_format(dst)
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint="--keys")
+    renames = parse_renames(rename)
+    with ckpt.load_checkpoint(src) as reader:
+        try:
+            plan = plan_keys(list(reader.tensors), pattern, renames, reader.path)
+            base.validate_keys((new for _, new in plan), dst)
+        except ckpt.KeyNotFoundError:
+            raise
+        except ValueError as exc:
+            if renames:
+                raise click.BadParameter(str(exc), param_hint="--rename") from exc
+            raise Failure(f"cannot convert {reader.path}: {exc}") from exc
+        for key, _ in plan:
+            try:
+                dtypes.dtype_name(reader.tensors[key].dtype)
+            except TypeError:
+                raise Failure(f"{reader.path}: tensor {key!r} is {reader.tensors[key].dtype}, which the "
+                              f"{fmt.name} format cannot store") from None
+        try:
+            metadata = base.normalize_metadata(reader.metadata, dst)
+        except ValueError as exc:
+            raise Failure(f"cannot convert {reader.path}: {exc}") from exc
+        infos = [reader.tensors[key] for key, _ in plan]
+        held = shows_progress(sum(info.nbytes for info in infos))
+        new_key = dict(plan)
+        tensors = [(new_key[info.key], reader.get_tensor(info.key))
+                   for info in (tracked("reading")(infos) if held else infos)]
+        source = f"{reader.path} ({reader.format})"
+    with replace_atomically(dst) as tmp:
+        fmt.write(tmp, tensors, metadata)
+        _check_written(fmt, tmp, dst, tensors, metadata, tracked("checking") if held else None)
+    renamed = sum(old != new for old, new in plan)
+    click.echo(f"{dst} ({fmt.name}): {len(tensors)} tensors from {source}"
+               + (f", {renamed} renamed" if renamed else "") + "; read back and checked")

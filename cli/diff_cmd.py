@@ -1,0 +1,149 @@
+"""``ckpt diff A B``: which keys, dtypes, shapes and values differ between two checkpoints.
+
+Values are compared in chunks, one pair of tensors in memory at a time. NaNs in the same
+place are equal. With ``--atol``/``--rtol``, an element is close when
+``|a - b| <= atol + rtol * |b|`` (numpy's isclose, B as the reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import click
+import numpy as np
+
+import ckpt
+from ckpt import dtypes
+from ckpt.inspect import dtype_label
+
+from .errors import reports_errors
+from .progress import emit, shows_progress, tracked
+
+__all__ = ["ValueDiff", "compare_values", "diff"]
+
+#: Elements compared per step: bounds the temporaries for huge tensors.
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ValueDiff:
+    """How two same-shape tensors differ."""
+
+    count: int  # elements compared
+    unequal: int  # elements not exactly equal
+    outside: int  # elements outside the tolerance
+    max_abs: float | None  # None for strings
+    max_rel: float | None
+
+
+def _as_number(raw: np.ndarray) -> np.ndarray:
+    return raw.astype(np.complex128 if raw.dtype.kind == "c" else np.float64)
+
+
+def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0) -> ValueDiff:
+    """Compare two tensors of one shape element by element (B is the reference for rtol).
+
+    Example:
+        >>> compare_values(np.array([1.0, 2.0, np.nan]), np.array([1.0, 2.5, np.nan]), atol=0.1)
+        ValueDiff(count=3, unequal=1, outside=1, max_abs=0.5, max_rel=0.2)
+    """
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    if dtypes.is_string(a.dtype) or dtypes.is_string(b.dtype):
+        unequal = sum(int(np.count_nonzero(fa[i:i + CHUNK] != fb[i:i + CHUNK])) for i in range(0, fa.size, CHUNK))
+        return ValueDiff(fa.size, unequal, unequal, None, None)
+    unequal = outside = 0
+    max_abs = max_rel = 0.0
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for i in range(0, fa.size, CHUNK):
+            ra, rb = fa[i:i + CHUNK], fb[i:i + CHUNK]
+            xa, xb = _as_number(ra), _as_number(rb)
+            both_nan = np.isnan(xa) & np.isnan(xb)
+            neq = ((ra != rb) if a.dtype == b.dtype else (xa != xb)) & ~both_nan
+            d = np.where(neq, np.abs(xa - xb), 0.0)
+            d[np.isnan(d)] = np.inf  # NaN against a number (or inf - inf of opposite signs)
+            ref = np.abs(xb)
+            rel = np.where(d == 0, 0.0, d / ref)
+            rel[np.isnan(rel)] = np.inf
+            close = ~neq | (np.isfinite(d) & (d <= atol + rtol * ref))
+            unequal += int(np.count_nonzero(neq))
+            outside += int(np.count_nonzero(~close))
+            if d.size:
+                max_abs, max_rel = max(max_abs, float(d.max())), max(max_rel, float(rel.max()))
+    return ValueDiff(fa.size, unequal, outside, max_abs, max_rel)
+
+
+def _label(info: Any) -> str:
+    return f"({dtype_label(info.dtype)}) {list(info.shape)}"
+
+
+def _numbers(vd: ValueDiff) -> str:
+    if vd.max_abs is None:
+        return ""
+    return f" (max abs diff {vd.max_abs:.6g}, max rel diff {vd.max_rel:.6g})"
+
+
+def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float, rtol: float,
+               counts: dict[str, int], progress: Any = None) -> Iterator[str]:
+    """Yield the report line by line, tallying each kind of difference into ``counts``."""
+    ta, tb = ra.tensors, rb.tensors
+    yield f"--- {ra.path}"
+    yield f"+++ {rb.path}"
+    common = [ta[k] for k in sorted(ta) if k in tb]
+    values = {info.key: None for info in common if info.shape == tb[info.key].shape and
+              dtypes.is_string(info.dtype) == dtypes.is_string(tb[info.key].dtype)}
+    readable = [info for info in common if info.key in values]
+    for info in (progress(readable) if progress is not None else readable):
+        values[info.key] = compare_values(ra.get_tensor(info.key), rb.get_tensor(info.key), atol, rtol)
+    for key in sorted(set(ta) | set(tb)):
+        if key not in tb:
+            counts["only in A"] += 1
+            yield f"- {key} {_label(ta[key])}"
+        elif key not in ta:
+            counts["only in B"] += 1
+            yield f"+ {key} {_label(tb[key])}"
+        else:
+            a, b, vd = ta[key], tb[key], values.get(key)
+            changed = a.dtype != b.dtype or a.shape != b.shape
+            if changed:
+                counts["changed dtype or shape"] += 1
+                detail = f"; {vd.unequal} of {vd.count} values differ{_numbers(vd)}" if vd and vd.unequal else ""
+                yield f"! {key}: {_label(a)} -> {_label(b)}{detail}"
+            elif vd.outside:
+                counts["differ"] += 1
+                yield f"! {key} {_label(a)}: {vd.unequal} of {vd.count} values differ{_numbers(vd)}"
+            elif vd.unequal:
+                counts["within tolerance"] += 1
+                yield f"~ {key} {_label(a)}: {vd.unequal} of {vd.count} values differ, within " \
+                      f"tolerance{_numbers(vd)}"
+            else:
+                counts["identical"] += 1
+
+
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Absolute tolerance for values.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Relative tolerance for values (relative to B).")
+@click.pass_context
+@reports_errors(exit_code=2)
+def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float) -> None:
+    """Compare two checkpoints: keys, dtypes, shapes and values.
+
+    \b
+    Lines: "- key" only in A, "+ key" only in B, "! key" a changed dtype or shape or values
+    outside the tolerance, "~ key" values that differ within the tolerance.
+    Exit status: 0 the same (within tolerance), 1 different, 2 trouble (as diff(1)).
+    """
+    with ckpt.load_checkpoint(a) as ra, ckpt.load_checkpoint(b) as rb:
+        counts = dict.fromkeys(["only in A", "only in B", "changed dtype or shape", "differ",
+                                "within tolerance", "identical"], 0)
+        held = shows_progress(sum(info.nbytes for info in ra.tensors.values()))
+        emit(diff_lines(ra, rb, atol, rtol, counts, tracked("comparing") if held else None), held)
+    different = sum(counts[k] for k in ("only in A", "only in B", "changed dtype or shape", "differ"))
+    tally = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+    click.echo(f"# {'different' if different else 'same'}: {tally or 'no tensors'}")
+    if different:
+        ctx.exit(1)

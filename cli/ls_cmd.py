@@ -1,0 +1,88 @@
+"""``ckpt ls DIR``: a directory's checkpoints, from its state file, and the files it does not know."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+import click
+
+import ckpt
+from ckpt.atomic import is_temporary
+from ckpt.errors import CheckpointNotFoundError
+from ckpt.formats import base
+from ckpt.state import STATE_FILE, read_state
+
+from .errors import reports_errors
+
+__all__ = ["ls", "human_size"]
+
+
+def human_size(nbytes: int) -> str:
+    """Bytes for people: "512 B", "4.1 KiB", "1.5 GiB".
+
+    Example:
+        >>> human_size(512), human_size(4200), human_size(3 << 30)
+        ('512 B', '4.1 KiB', '3.0 GiB')
+    """
+    size, unit = float(nbytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{nbytes} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
+def _when(seconds: float | None) -> str:
+    # TensorFlow state files without timestamps give 0
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) if seconds else "-"
+
+
+def _size(path: str) -> str:
+    return human_size(os.path.getsize(path)) if os.path.isfile(path) else "-"
+
+
+def _rows(directory: str) -> Iterator[tuple[str, str, str, str, str]]:
+    """(path, step, time, size, note) for each entry of the state file, then unknown files."""
+    state = read_state(directory)
+    latest = ckpt.latest_checkpoint(directory)
+    known = set()
+    if state is not None:
+        preserved = {e.path for e in state.preserved}
+        for entry in state.all_entries():
+            full = os.path.join(directory, entry.path)
+            known.add(os.path.basename(entry.path))
+            note = "latest" if full == latest else "missing" if not base.checkpoint_exists(full) else \
+                "preserved" if entry.path in preserved else ""
+            yield entry.path, "-" if entry.step is None else str(entry.step), _when(entry.time), _size(full), note
+    for name in sorted(os.listdir(directory)):
+        full = os.path.join(directory, name)
+        if name in known or name == STATE_FILE or is_temporary(name) or not os.path.isfile(full) or \
+                base.format_for_path(name) is None:
+            continue
+        yield name, "-", _when(os.path.getmtime(full)), _size(full), f"not in the '{STATE_FILE}' state file"
+
+
+@click.command()
+@click.argument("directory")
+@reports_errors()
+def ls(directory: str) -> None:
+    """List a directory's checkpoints.
+
+    From its state file: path, step, time (UTC), size, which is latest.
+
+    Checkpoint files the state file does not know are listed too, marked as such.
+    """
+    if not os.path.isdir(directory):
+        what = "not a directory" if os.path.exists(directory) else "no such directory"
+        raise CheckpointNotFoundError(f"{directory}: {what}")
+    rows = list(_rows(directory))
+    if not rows:
+        raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
+                                      "checkpoint files)")
+    table = [("path", "step", "saved (UTC)", "size", "")] + rows
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for path, step, when, size, note in table:
+        line = f"{path:<{widths[0]}}  {step:>{widths[1]}}  {when:<{widths[2]}}  {size:>{widths[3]}}  {note}"
+        click.echo(line.rstrip())

@@ -28,7 +28,8 @@ from typing import Iterator
 
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 
-__all__ = ["replace_atomically", "is_temporary", "clean_stale_temporaries", "fsync_directory"]
+__all__ = ["replace_atomically", "is_temporary", "clean_stale_temporaries", "fsync_directory",
+           "ReplacedWriteError"]
 
 _TEMP_MARK = ".ckpt-tmp-"
 
@@ -61,6 +62,10 @@ def _create_locked(directory: str, base: str) -> tuple[int, str]:
                 return fd, tmp
         except (BlockingIOError, FileNotFoundError):
             pass  # another save's cleanup claimed it between create and lock
+        except BaseException:  # e.g. no locks on this filesystem: leave no file behind
+            _unlink_quietly(tmp)
+            _close_quietly(fd)
+            raise
         os.close(fd)
     raise CheckpointWriteError(f"{directory}: could not create a temporary file")
 
@@ -69,12 +74,14 @@ def _create_locked(directory: str, base: str) -> tuple[int, str]:
 def replace_atomically(path: str) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it atomically becomes ``path``.
 
-    On any error the temporary file is removed, ``path`` is untouched and the error is
-    re-raised (OS errors as CheckpointWriteError naming the file).
+    On any error before the rename the temporary file is removed, ``path`` is untouched and
+    the error is re-raised (OS errors as CheckpointWriteError naming the file).
 
     Raises:
         CheckpointNotFoundError: the directory of ``path`` does not exist.
         CheckpointWriteError: the file could not be written (full disk, permissions, ...).
+        ReplacedWriteError: (a CheckpointWriteError) ``path`` was replaced, but closing the file
+            or flushing the directory failed afterwards.
     """
     path = os.path.abspath(path)
     directory, base = os.path.split(path)
@@ -88,22 +95,39 @@ def replace_atomically(path: str) -> Iterator[str]:
             raise
         raise CheckpointWriteError(f"{path}: cannot create a file in {directory}: "
                                    f"{exc.strerror or exc}") from exc
+    replaced = False
     try:
         try:
             yield tmp
             os.fsync(fd)
             os.replace(tmp, path)
+            replaced = True
         except BaseException:
             _unlink_quietly(tmp)
+            _close_quietly(fd)  # a failing close must not hide the error that stopped the write
             raise
-        finally:
-            os.close(fd)
+        os.close(fd)
         fsync_directory(directory)
     except OSError as exc:
         if isinstance(exc, CheckpointError):
             raise
+        if replaced:
+            raise ReplacedWriteError(f"{path}: the new file is complete and in place, but flushing it to "
+                                     f"disk failed: {exc.strerror or exc}; it may not survive a power "
+                                     "loss") from exc
         raise CheckpointWriteError(f"{path}: writing failed: {exc.strerror or exc}; the previous "
                                    "file, if any, is untouched") from exc
+
+
+class ReplacedWriteError(CheckpointWriteError):
+    """The new file replaced the old one, but closing it or flushing its directory failed."""
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _unlink_quietly(path: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointNotFoundError
+from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from .state import resolve_checkpoint
 
 __all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable"]
@@ -42,6 +42,11 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Any:
         except CheckpointNotFoundError:
             if not is_dir or attempt == 4:
                 raise
+        except OSError as exc:  # the state file or a format's own open() failing (EIO, EMFILE)
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CorruptCheckpointError(f"{exc.filename or os.fspath(path)}: cannot read: "
+                                         f"{exc.strerror or exc}") from exc
     raise AssertionError("unreachable")
 
 

@@ -25,8 +25,9 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
-from .atomic import clean_stale_temporaries, replace_atomically
-from .errors import CheckpointWriteError, UninitializedVariableError
+from .atomic import ReplacedWriteError, clean_stale_temporaries, replace_atomically
+from .gcpause import gc_paused
+from .errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError, UninitializedVariableError
 from .module import Module
 from .restore import RestoreResult, restore_variables
 from .state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock, write_state
@@ -162,12 +163,31 @@ class Saver:
                 raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
         metadata = _registry().normalize_metadata(metadata, path)
         directory = os.path.dirname(os.path.abspath(path))
+        listed_before = False
         if os.path.isdir(directory):
-            self._check_state_owner(directory, path)
+            try:
+                state = self._check_state_owner(directory, path)
+            except OSError as exc:
+                if isinstance(exc, CheckpointError):
+                    raise
+                raise CheckpointWriteError(f"{path}: cannot read the state file of {directory}: "
+                                           f"{exc.strerror or exc}; nothing was written") from exc
+            listed_before = state is not None and any(
+                e.path == os.path.basename(path) for e in state.all_entries())
             clean_stale_temporaries(directory)
-        with replace_atomically(path) as tmp:
-            fmt.write(tmp, tensors, metadata)
-        self._record(path, step)
+        flush_error: ReplacedWriteError | None = None
+        try:
+            with replace_atomically(path) as tmp:
+                try:
+                    fmt.write(tmp, tensors, metadata)
+                except CorruptCheckpointError as exc:  # a writer reading back its own file (EIO)
+                    raise CheckpointWriteError(f"{path}: writing failed: {exc}; the previous file, "
+                                               "if any, is untouched") from exc
+        except ReplacedWriteError as exc:
+            flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
+        self._record(path, step, listed_before)
+        if flush_error is not None:
+            raise flush_error
         return path
 
     @staticmethod
@@ -180,12 +200,43 @@ class Saver:
                 "checkpoints into another directory (ckpt will not rewrite it)")
         return state
 
-    def _record(self, path: str, step: int | None) -> None:
-        """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours."""
+    def _record(self, path: str, step: int | None, listed_before: bool) -> None:
+        """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours.
+
+        If the state file cannot be updated, a new checkpoint file is removed again (no orphan
+        the size of a model stays on a full disk); one that replaced a listed file is kept.
+        """
         directory = os.path.dirname(os.path.abspath(path))
+        try:
+            kept, doomed = self._update_state(directory, path, step)
+        except ReplacedWriteError:
+            raise  # the state file names the new checkpoint; only its durability is in doubt
+        except OSError as exc:  # CheckpointWriteError included
+            cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
+            if not listed_before:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            raise CheckpointWriteError(
+                f"{path}: the checkpoint was written but could not be recorded in the state file "
+                f"{os.path.join(directory, STATE_FILE)} ({cause}); "
+                f"{'it was removed, and ' if not listed_before else ''}the previous checkpoint is "
+                "still the latest") from exc
+        for old in doomed:
+            try:
+                os.unlink(os.path.join(directory, old))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                warnings.warn(f"could not delete old checkpoint {old}: {exc}", stacklevel=3)
+        self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
+
+    def _update_state(self, directory: str, path: str, step: int | None) -> tuple[list[str], list[str]]:
+        """Under the directory's lock, write the new state; return (kept names, names to delete)."""
         name = os.path.basename(path)
         now = time.time()
-        doomed: list[CheckpointEntry] = []
+        doomed: list[str] = []
         with state_lock(directory):
             state = self._check_state_owner(directory, path) or CheckpointState()
             state.checkpoints = [e for e in state.checkpoints if e.path != name]
@@ -199,17 +250,13 @@ class Saver:
                     state.preserved.append(old)
                     state.last_preserved_time = old.time
                 else:
-                    doomed.append(old)
+                    doomed.append(old.path)
+            # recorded before deleting: a save killed in between leaves the files to the next save
+            kept = {e.path for e in state.checkpoints + state.preserved}
+            leftover = [n for n in state.deleting if os.path.lexists(os.path.join(directory, n))]
+            state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
             write_state(directory, state)
-            kept = [e.path for e in state.checkpoints]
-        for old in doomed:
-            try:
-                os.unlink(os.path.join(directory, old.path))
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                warnings.warn(f"could not delete old checkpoint {old.path}: {exc}", stacklevel=3)
-        self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
+            return [e.path for e in state.checkpoints], list(state.deleting)
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True) -> RestoreResult:
         """Restore this Saver's variables from a checkpoint file or a directory's latest.

@@ -5,10 +5,12 @@ file names), so a moved or copied directory still works:
 
     {"format": "ckpt-state", "version": 1, "latest": "model-2000.h5",
      "checkpoints": [{"path": "model-1000.h5", "time": 1763740000.5, "step": 1000}, ...],
-     "preserved": [...], "last_preserved_time": 1763740000.5}
+     "preserved": [...], "last_preserved_time": 1763740000.5, "deleting": ["model-500.h5"]}
 
 ``checkpoints`` are managed by ``max_to_keep`` (oldest first, the last one is the latest);
 ``preserved`` ones were kept by ``keep_checkpoint_every_n_hours`` and are never deleted.
+``deleting`` names checkpoints dropped by ``max_to_keep`` whose files are deleted after the
+state file is written: a save killed in between leaves them to the next save to delete.
 Read-modify-write cycles hold an ``flock`` on ".checkpoint.lock", so Savers in several
 threads or processes never lose each other's entries.
 
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .atomic import replace_atomically
-from .errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+from .errors import (CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError,
+                     UnsupportedCheckpointError)
 
 __all__ = ["STATE_FILE", "CheckpointEntry", "CheckpointState", "read_state", "write_state",
            "state_lock", "latest_checkpoint", "resolve_checkpoint"]
@@ -57,6 +60,8 @@ class CheckpointState:
     checkpoints: list[CheckpointEntry] = field(default_factory=list)
     preserved: list[CheckpointEntry] = field(default_factory=list)
     last_preserved_time: float | None = None
+    #: Files dropped from the lists whose deletion may not have happened yet (a killed save).
+    deleting: list[str] = field(default_factory=list)
     #: "tensorflow" for TensorFlow's text state file: readable, never rewritten by ckpt.
     written_by: str = "ckpt"
 
@@ -74,12 +79,16 @@ def _parse_entry(item: Any, path: str) -> CheckpointEntry:
             not isinstance(item.get("time"), (int, float)) or \
             not (item.get("step") is None or isinstance(item.get("step"), int)):
         raise CorruptCheckpointError(f"{path}: malformed checkpoint entry {item!r}")
-    name = item["path"]
+    return CheckpointEntry(_check_name(item["path"], path), float(item["time"]), item.get("step"))
+
+
+def _check_name(name: Any, path: str) -> str:
     # a plain file name: a hostile state file must not point retention at other directories
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or "\x00" in name:
         raise CorruptCheckpointError(f"{path}: checkpoint entry {name!r} is not a file name in "
                                      "this directory")
-    return CheckpointEntry(name, float(item["time"]), item.get("step"))
+    return name
 
 
 def read_state(directory: str) -> CheckpointState | None:
@@ -107,13 +116,14 @@ def read_state(directory: str) -> CheckpointState | None:
         raise UnsupportedCheckpointError(f"{path}: state file version {doc.get('version')!r} is newer "
                                          f"than this ckpt reads ({_VERSION})")
     checkpoints, preserved = doc.get("checkpoints"), doc.get("preserved", [])
-    last = doc.get("last_preserved_time")
+    last, deleting = doc.get("last_preserved_time"), doc.get("deleting", [])
     if not isinstance(checkpoints, list) or not isinstance(preserved, list) or \
-            not (last is None or isinstance(last, (int, float))):
+            not (last is None or isinstance(last, (int, float))) or not isinstance(deleting, list):
         raise CorruptCheckpointError(f"{path}: malformed state file")
     return CheckpointState([_parse_entry(x, path) for x in checkpoints],
                            [_parse_entry(x, path) for x in preserved],
-                           None if last is None else float(last))
+                           None if last is None else float(last),
+                           [_check_name(x, path) for x in deleting])
 
 
 def _read_tensorflow_state(raw: bytes, path: str) -> CheckpointState:
@@ -147,7 +157,7 @@ def write_state(directory: str, state: CheckpointState) -> None:
     doc = {"format": _FORMAT, "version": _VERSION, "latest": latest.path if latest else None,
            "checkpoints": [e.to_json() for e in state.checkpoints],
            "preserved": [e.to_json() for e in state.preserved],
-           "last_preserved_time": state.last_preserved_time}
+           "last_preserved_time": state.last_preserved_time, "deleting": state.deleting}
     with replace_atomically(os.path.join(directory, STATE_FILE)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
@@ -157,13 +167,23 @@ def write_state(directory: str, state: CheckpointState) -> None:
 @contextmanager
 def state_lock(directory: str) -> Iterator[None]:
     """Hold the directory's state lock (threads and processes) for a read-modify-write."""
-    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-                 0o666)
+    path = os.path.join(directory, LOCK_FILE)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        raise CheckpointWriteError(f"{path}: cannot open the state file's lock: "
+                                   f"{exc.strerror or exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise CheckpointWriteError(f"{path}: cannot lock the state file: {exc.strerror or exc}") from exc
         yield
     finally:
-        os.close(fd)  # releases the lock
+        try:
+            os.close(fd)  # releases the lock, even when close reports an error
+        except OSError:
+            pass  # nothing was written through this descriptor: nothing can be lost
 
 
 def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:

@@ -1,0 +1,141 @@
+"""Child processes for the reliability tests; run as ``python tests/reliability_child.py MODE ...``.
+
+Modes:
+  zygote             import and warm up ckpt once, then fork one saving child per JSON
+                     command read from stdin, so a SIGKILL test pays for start-up only once.
+                     Protocol (one line each): parent sends {"dir", "ext", "start",
+                     "max_to_keep"}; zygote answers "pid <pid>", then "exit <pid> <code>" once
+                     the child is gone (code -9: killed by SIGKILL).
+  saver DIR WRITER EXT STEPS MAX_TO_KEEP
+                     save STEPS checkpoints "w<WRITER>-<step><EXT>" into DIR (concurrency tests).
+  cases JSON         read damaged files whose bytes may reach libhdf5 (which can crash or
+                     hang on them); JSON lists {"path", "pristine"}; print one JSON result per
+                     line, each preceded by a "start <i>" line so the parent can name a case
+                     that hangs or crashes the process.
+  fsize DIR EXT LIMITS_JSON
+                     for each byte limit, save with RLIMIT_FSIZE set to it (every write past
+                     the limit fails with EFBIG, including libhdf5's own writes) and print
+                     what happened as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import traceback
+from typing import Any
+
+import numpy as np
+
+import ckpt
+from ckpt.atomic import is_temporary
+from ckpt.state import read_state
+
+from reliability_support import read_outcome, restore_outcome, small_tensors, step_tensors
+
+
+def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,
+              stop: int | None = None) -> None:
+    """Save consecutive steps forever (or until ``stop``), every tensor encoding the step."""
+    variables = {key: ckpt.Variable(value) for key, value in step_tensors(start, writer).items()}
+    saver = ckpt.Saver(variables, max_to_keep=max_to_keep)
+    prefix = "model" if writer == 0 else f"w{writer}"
+    step = start
+    while stop is None or step < stop:
+        for key, value in step_tensors(step, writer).items():
+            variables[key].assign(value)
+        saver.save(os.path.join(directory, prefix + ext), global_step=step)
+        step += 1
+
+
+def zygote() -> None:
+    """Fork a saving child per command; report its pid and how it ended."""
+    with tempfile.TemporaryDirectory() as scratch:  # load every lazily imported module now
+        save_loop(scratch, ".h5", 0, 1, stop=1)
+        save_loop(scratch, ".msgpack", 0, 1, stop=1)
+        ckpt.Saver({"model/scale": ckpt.Variable(0.0, dtype=np.float64)}).restore(scratch, strict=False)
+    for line in sys.stdin:
+        command = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"])
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)  # never return into the zygote's loop
+        print(f"pid {pid}", flush=True)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        print(f"exit {pid} {code}", flush=True)
+
+
+def cases(spec_path: str) -> None:
+    """Classify each damaged file, as the in-process corruption tests do."""
+    with open(spec_path) as f:
+        specs = json.load(f)
+    pristine_cache: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for i, spec in enumerate(specs):
+        print(f"start {i}", flush=True)
+        expected = pristine_cache.get(spec["pristine"])
+        if expected is None:
+            with ckpt.load_checkpoint(spec["pristine"]) as reader:
+                expected = [(key, reader.get_tensor(key)) for key in reader.tensors]
+            pristine_cache[spec["pristine"]] = expected
+        try:
+            kind, detail = read_outcome(spec["path"], expected)
+            restored, why = restore_outcome(spec["path"], expected)
+        except BaseException as exc:  # the parent reports anything that is not a CheckpointError
+            kind, detail, restored, why = "EXCEPTION", f"{type(exc).__name__}: {exc}", "", ""
+        print(json.dumps({"i": i, "kind": kind, "detail": detail[:300], "restore": restored,
+                          "restore_detail": why[:300]}), flush=True)
+
+
+def fsize(directory: str, ext: str, limits_json: str) -> None:
+    """Save under each file-size limit; report the error and what the directory holds after."""
+    tensors = small_tensors()
+    variables = {key: ckpt.Variable(value) for key, value in tensors}
+    saver = ckpt.Saver(variables, max_to_keep=2)
+    unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
+    for step, limit in enumerate(json.loads(limits_json), start=1):
+        resource.setrlimit(resource.RLIMIT_FSIZE, unlimited if limit is None else (limit, unlimited[1]))
+        error: dict[str, Any] | None = None
+        try:
+            saver.save(os.path.join(directory, "model" + ext), global_step=step)
+        except ckpt.CheckpointError as exc:
+            error = {"type": type(exc).__name__, "message": str(exc)}
+        except BaseException as exc:
+            error = {"type": "NOT-A-CHECKPOINT-ERROR " + type(exc).__name__, "message": str(exc)}
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
+        state = read_state(directory)
+        print(json.dumps({
+            "limit": limit, "step": step, "error": error,
+            "latest": os.path.basename(ckpt.latest_checkpoint(directory) or ""),
+            "listed": [e.path for e in state.checkpoints] if state else [],
+            "temporaries": sorted(n for n in os.listdir(directory) if is_temporary(n)),
+        }), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    mode = argv[0]
+    if mode == "zygote":
+        zygote()
+    elif mode == "saver":
+        directory, writer, ext, steps, max_to_keep = argv[1:6]
+        keep = None if max_to_keep == "none" else int(max_to_keep)
+        save_loop(directory, ext, 1, keep, writer=int(writer), stop=1 + int(steps))
+    elif mode == "cases":
+        cases(argv[1])
+    elif mode == "fsize":
+        fsize(argv[1], argv[2], argv[3])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

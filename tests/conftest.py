@@ -59,3 +59,26 @@ def fmt(request):
     from ckpt.formats import base
 
     return base.get_format(request.param)
+
+
+# --- reliability suite (tests/test_reliability_*.py): count multiplier for long runs -------------
+def pytest_addoption(parser):
+    parser.addoption("--reliability-scale", type=int, default=None, metavar="N",
+                     help="multiply the reliability tests' counts (kills, bit flips, fuzz examples) "
+                          "by N; also read from the CKPT_FUZZ_SCALE environment variable")
+
+
+def pytest_configure(config):
+    import os
+
+    value = config.getoption("--reliability-scale", default=None)
+    if value is not None:
+        os.environ["CKPT_FUZZ_SCALE"] = str(max(1, value))  # child processes inherit it
+
+
+@pytest.fixture
+def reliability_scale() -> int:
+    """The reliability tests' count multiplier (1 by default)."""
+    from reliability_support import scale
+
+    return scale()

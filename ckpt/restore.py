@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from . import dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
+from .gcpause import gc_paused
 from .reader import open_checkpoint
 from .variables import Variable, global_variables
 
@@ -83,14 +84,25 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
     return pairs, missing
 
 
+_BATCH_BYTES = 64 << 20  # small tensors are read in batches (one syscall for many)
+
+
 def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]]) -> None:
     """Read each tensor into its variable's buffer; on failure, uninitialize what was touched."""
     touched: list[Variable] = []
     try:
+        batch: list[tuple[str, Any]] = []
+        size = 0
         for key, var in pairs:
             buffer = var._writable_buffer()
-            touched.append(var)
-            reader.read_into(key, buffer)
+            touched.append(var)  # before the read: a failed read may have written part of it
+            batch.append((key, buffer))
+            size += buffer.nbytes
+            if size >= _BATCH_BYTES:
+                reader.read_into_many(batch)
+                batch, size = [], 0
+        if batch:
+            reader.read_into_many(batch)
     except BaseException as exc:
         for var in touched:
             var._mark_uninitialized()
@@ -110,7 +122,7 @@ def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Vari
 
     With ``strict=False`` missing keys are skipped and reported instead of raising.
     """
-    with open_checkpoint(path) as reader:
+    with open_checkpoint(path) as reader, gc_paused():
         pairs, missing = _plan(reader, list(variables.items()), allow_missing=not strict)
         _read_into_variables(reader, pairs)
         unexpected = [k for k in reader.tensors if k not in variables]
@@ -191,7 +203,7 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
         raise ValueError("invalid assignment map:\n  " + "\n  ".join(problems))
     unique = {(key, id(var)): (key, var) for key, var in pairs}  # the same pair twice is one assignment
     pairs = list(unique.values())
-    with open_checkpoint(ckpt_dir_or_file) as reader:
+    with open_checkpoint(ckpt_dir_or_file) as reader, gc_paused():
         checked, _ = _plan(reader, pairs, allow_missing=False)
         _read_into_variables(reader, checked)
     return checked

@@ -2,13 +2,19 @@
 writes of existing buffers, and crc32c checksums computed on the same bytes.
 
 Tensors move as ``memoryview``s of the arrays that hold them: nothing here copies a tensor.
+Checksums of large tensors run on a worker thread (crc32c releases the GIL) while the main
+thread writes or reads the next bytes, so they cost almost nothing in wall time; small
+tensors are checksummed inline, and runs of small tensors close together in the file are read
+with one ``preadv`` call.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -19,6 +25,12 @@ if sys.byteorder != "little":  # pragma: no cover - every supported platform is 
 
 #: Granularity of streamed checksums and of verification reads (bounded memory).
 CHUNK = 8 << 20
+#: Tensors at least this big are checksummed on the worker thread, overlapping I/O.
+BIG = 4 << 20
+#: Reads of nearby spans are merged when the gap between them is at most this many bytes.
+GAP = 4096
+_MAX_IOV = 512  # well under IOV_MAX (1024 on Linux); gap fillers count too
+_MAX_BATCH = 64 << 20
 
 _crc32c: Any = None
 
@@ -33,6 +45,35 @@ def crc32c(data: Any, value: int = 0) -> int:
     return int(_crc32c(data, value))
 
 
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _worker() -> ThreadPoolExecutor:
+    """The single checksum thread; one thread keeps chained crc jobs in order."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc32c")
+        return _executor
+
+
+def _forget_worker() -> None:
+    global _executor, _executor_lock
+    _executor, _executor_lock = None, threading.Lock()  # a forked child has no such thread
+
+
+os.register_at_fork(after_in_child=_forget_worker)
+
+
+def checksum_async(view: memoryview) -> Callable[[], int]:
+    """Start the crc32c of ``view``; return a function that waits for and returns it."""
+    if len(view) < BIG:
+        value = crc32c(view)
+        return lambda: value
+    return _worker().submit(crc32c, view).result
+
+
 def c_contiguous(arr: np.ndarray) -> np.ndarray:
     """``arr`` itself when C-contiguous, else a C-ordered copy (unlike np.ascontiguousarray, keeps 0-d)."""
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
@@ -40,6 +81,8 @@ def c_contiguous(arr: np.ndarray) -> np.ndarray:
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """A flat, writable-if-possible byte view of a C-contiguous array (0-d and empty included)."""
+    if arr.dtype.kind in "biufc" and arr.size:
+        return memoryview(arr).cast("B")  # the fast path: 3x cheaper than going through numpy views
     return memoryview(arr.reshape(-1).view(np.uint8))
 
 
@@ -55,6 +98,80 @@ def pread_into(fd: int, view: memoryview, offset: int, path: str, what: str) -> 
             raise CorruptCheckpointError(
                 f"{path}: file ends in the middle of {what} (offset {offset + done}): it is truncated")
         done += n
+
+
+def read_checked(fd: int, view: memoryview, offset: int, path: str, what: str) -> int:
+    """Fill ``view`` from ``offset`` and return its crc32c, checksumming chunk k while reading k+1."""
+    if len(view) < BIG:
+        pread_into(fd, view, offset, path, what)
+        return crc32c(view)
+    crc = [0]
+
+    def chain(chunk: memoryview) -> None:
+        crc[0] = crc32c(chunk, crc[0])  # the single worker runs these in submission order
+
+    pending = []
+    for start in range(0, len(view), CHUNK):
+        chunk = view[start:start + CHUNK]
+        pread_into(fd, chunk, offset + start, path, what)
+        pending.append(_worker().submit(chain, chunk))
+    for job in pending:
+        job.result()
+    return crc[0]
+
+
+def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
+               names: Sequence[str]) -> list[int]:
+    """Fill each ``(offset, view)`` from the file and return the views' crc32c values.
+
+    Spans within GAP bytes of each other are read by one ``preadv`` (the gaps land in a
+    scratch buffer); big spans stream through ``read_checked``. ``names`` label errors.
+    """
+    crcs = [0] * len(spans)
+    order = range(len(spans))
+    if any(spans[i][0] > spans[i + 1][0] for i in range(len(spans) - 1)):
+        order = sorted(order, key=lambda i: spans[i][0])
+    group: list[int] = []
+    iov: list[memoryview] = []
+    scratch = memoryview(bytearray(GAP))
+    start = end = 0
+
+    def flush() -> None:
+        if not group:
+            return
+        try:
+            n = os.preadv(fd, iov, start) if end > start else 0
+        except OSError as exc:
+            raise CorruptCheckpointError(f"{path}: cannot read {names[group[0]]}: {exc.strerror or exc}") from exc
+        if n != end - start:  # a short read: redo span by span, which names what is missing
+            for i in group:
+                pread_into(fd, spans[i][1], spans[i][0], path, names[i])
+        check = _crc32c or crc32c
+        for i in group:
+            crcs[i] = check(spans[i][1])
+        group.clear()
+        iov.clear()
+
+    for i in order:
+        offset, view = spans[i]
+        n = len(view)
+        if n >= BIG:
+            crcs[i] = read_checked(fd, view, offset, path, names[i])
+            continue
+        if group:
+            if offset < end or offset - end > GAP or len(iov) >= _MAX_IOV - 1 or end - start > _MAX_BATCH:
+                flush()
+                start = offset
+            elif offset > end:
+                iov.append(scratch[:offset - end])
+        else:
+            start = offset
+        if n:
+            iov.append(view)
+        group.append(i)
+        end = offset + n
+    flush()
+    return crcs
 
 
 def pread(fd: int, offset: int, size: int, path: str, what: str) -> bytes:

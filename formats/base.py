@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -31,8 +30,7 @@ __all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "u
 SNIFF_BYTES = 4096
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """What a checkpoint says about one tensor, known without reading its data."""
 
     key: str
@@ -41,12 +39,15 @@ class TensorInfo:
     #: Bytes the tensor's data occupies in the file.
     nbytes: int
     #: Format-specific location details (offsets, checksums); opaque to callers.
-    extra: Any = field(default=None, compare=False, repr=False)
+    extra: Any = None
 
     @property
     def size(self) -> int:
         """Number of elements (1 for a scalar)."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
 
 
 @runtime_checkable
@@ -65,6 +66,9 @@ class Reader(Protocol):
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Read one tensor into ``out`` (C-contiguous, its exact shape and dtype), verifying it."""
+
+    def read_into_many(self, items: Sequence[tuple[str, np.ndarray]]) -> None:
+        """``read_into`` for several tensors at once (lets a format merge nearby reads)."""
 
     def read(self, key: str) -> np.ndarray:
         """Read one tensor into a new array."""
@@ -107,18 +111,30 @@ class BaseReader:
             ) from None
 
     def read_into(self, key: str, out: np.ndarray) -> None:
-        info = self.info(key)
-        if out.shape != info.shape or out.dtype != info.dtype or not out.flags.c_contiguous \
-                or not out.flags.writeable:
-            raise MismatchError(f"{self.path}: tensor {key!r} is {info.dtype} {list(info.shape)}; "
-                                f"cannot read it into a {out.dtype} {list(out.shape)} array")
-        self._read_into(info, out)
+        self.read_into_many([(key, out)])
+
+    def read_into_many(self, items: Sequence[tuple[str, np.ndarray]]) -> None:
+        """Read several tensors into their buffers; formats batch nearby reads into one call."""
+        pairs = []
+        tensors = self._tensors
+        for key, out in items:
+            info = tensors.get(key) or self.info(key)  # info() raises the KeyNotFoundError
+            if out.shape != info.shape or out.dtype != info.dtype or not (
+                    out.flags.c_contiguous and out.flags.writeable):
+                raise MismatchError(f"{self.path}: tensor {key!r} is {info.dtype} {list(info.shape)}; "
+                                    f"cannot read it into a {out.dtype} {list(out.shape)} array")
+            pairs.append((info, out))
+        self._read_many(pairs)
 
     def read(self, key: str) -> np.ndarray:
         info = self.info(key)
         out = np.empty(info.shape, dtype=info.dtype)
-        self._read_into(info, out)
+        self._read_many([(info, out)])
         return out
+
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        for info, out in pairs:
+            self._read_into(info, out)
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         raise NotImplementedError
@@ -280,8 +296,13 @@ def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
         if key in seen:
             raise ValueError(f"{where}: duplicate key {key!r}")
         seen.add(key)
-    prefixes = {key[:i] for key in seen for i, ch in enumerate(key) if ch == "/"}
-    clash = sorted(seen & prefixes)
+    scopes: set[str] = set()
+    for key in seen:
+        scope = key.rpartition("/")[0]
+        while scope and scope not in scopes:  # siblings share their scopes: stop at a known one
+            scopes.add(scope)
+            scope = scope.rpartition("/")[0]
+    clash = sorted(seen & scopes)
     if clash:
         child = next(k for k in sorted(seen) if k.startswith(clash[0] + "/"))
         raise ValueError(f"{where}: key {clash[0]!r} is both a tensor and a scope of {child!r}")
@@ -289,33 +310,41 @@ def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
 
 def key_problem(key: object) -> str:
     """Return why ``key`` breaks the key rules, or "" when it is valid."""
-    if not isinstance(key, str):
+    if type(key) is not str:
         return f"keys are strings, got {type(key).__name__}"
     if not key:
         return "empty key"
     if "\x00" in key:
         return "contains NUL"
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return "not valid UTF-8"
-    if any(part in ("", ".", "..") for part in key.split("/")):
+    wrapped = f"/{key}/"
+    if "//" in wrapped or "/./" in wrapped or "/../" in wrapped:
         return "empty, '.' or '..' part (keys are '/'-separated names)"
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            return "not valid UTF-8"
     return ""
+
+
+_FILE_DTYPES = {name: dtypes.as_dtype(name) for name in dtypes.NAMES}
 
 
 def dtype_or_raise(name: Any, path: str, key: str) -> np.dtype:
     """Resolve a canonical dtype name read from a file, or raise CorruptCheckpointError."""
-    if isinstance(name, str) and name in dtypes.NAMES:
-        return dtypes.as_dtype(name)
-    raise CorruptCheckpointError(f"{path}: tensor {key!r} has unknown dtype {name!r}")
+    dtype = _FILE_DTYPES.get(name) if type(name) is str else None
+    if dtype is None:
+        raise CorruptCheckpointError(f"{path}: tensor {key!r} has unknown dtype {name!r}")
+    return dtype
 
 
 def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
     """Validate a shape read from a file: a list of non-negative ints of sane rank."""
-    if not isinstance(shape, (list, tuple)) or len(shape) > 64 or \
-            not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 63 for d in shape):
+    if type(shape) is not list or len(shape) > 64:
         raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
+    for d in shape:
+        if type(d) is not int or not 0 <= d < 2 ** 63:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
     return tuple(shape)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.gcpause import gc_paused
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
@@ -134,13 +135,16 @@ class Hdf5Format:
         offsets = self._write_structure(path, plans, metadata, userblock)
         fd = os.open(path, os.O_RDWR)
         try:
-            entries, extents = [], []
+            entries, extents, checksums = [], [], []
             for (key, dt, shape, data, lengths), offset in zip(plans, offsets):
                 view = _io.byte_view(data)
+                checksums.append(_io.checksum_async(view))  # overlaps with the write below
                 if len(view):
                     _io.pwrite_all(fd, view, offset)
                     extents.append((offset, len(view)))
-                entries.append(_entry(key, dt, shape, data, lengths, offset or 0, _io.crc32c(view)))
+                entries.append(_entry(key, dt, shape, data, lengths, offset or 0, 0))
+            for entry, checksum in zip(entries, checksums):
+                entry[5] = checksum()
             size = _io.file_size(fd)
             meta_crc = _metadata_crc(fd, userblock, size, extents, path)
             index = _index_bytes(entries, metadata, size, meta_crc)
@@ -217,7 +221,8 @@ class Hdf5Reader(BaseReader):
         self._file = open(path, "rb", buffering=0)
         try:
             self._fd = self._file.fileno()
-            self._open()
+            with gc_paused():
+                self._open()
         except BaseException:
             self._file.close()
             raise
@@ -268,24 +273,27 @@ class Hdf5Reader(BaseReader):
             if a_off + a_n > b_off:
                 raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
 
-    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
-        offset, crc, itemsize, lengths = info.extra
-        if dtypes.is_string(info.dtype):
-            raw = np.empty(info.shape, dtype=f"S{itemsize}")
-            self._read_raw(info, _io.byte_view(raw), offset, crc)
-            flat = out.reshape(-1)
-            for i, item in enumerate(_decode_strings(raw, lengths)):
-                flat[i] = item
-        else:
-            self._read_raw(info, _io.byte_view(out), offset, crc)
-
-    def _read_raw(self, info: TensorInfo, view: memoryview, offset: int, expected: int) -> None:
-        _io.pread_into(self._fd, view, offset, self.path, f"tensor {info.key!r}")
-        got = _io.crc32c(view)
-        if got != expected:
-            raise CorruptCheckpointError(
-                f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {got:#010x}, expected "
-                f"{expected:#010x}): the file is damaged")
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        spans, targets = [], []
+        for info, out in pairs:
+            offset, _, itemsize, _ = info.extra
+            if dtypes.is_string(info.dtype):
+                raw = np.empty(info.shape, dtype=f"S{itemsize}")
+                spans.append((offset, _io.byte_view(raw)))
+                targets.append((info, out, raw))
+            else:
+                spans.append((offset, _io.byte_view(out)))
+                targets.append((info, out, None))
+        crcs = _io.read_spans(self._fd, spans, self.path, [f"tensor {t[0].key!r}" for t in targets])
+        for (info, out, raw), crc in zip(targets, crcs):
+            if crc != info.extra[1]:
+                raise CorruptCheckpointError(
+                    f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {crc:#010x}, expected "
+                    f"{info.extra[1]:#010x}): the file is damaged")
+            if raw is not None:
+                flat = out.reshape(-1)
+                for i, item in enumerate(_decode_strings(raw, info.extra[3])):
+                    flat[i] = item
 
     def verify(self) -> list[str]:
         problems = []

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.gcpause import gc_paused
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
@@ -84,28 +85,29 @@ class MsgpackFormat:
         with open(path, "wb", buffering=1 << 20) as f:
             f.write(HEADER)
             pos = len(HEADER)
+            checksums: list[Any] = []  # crc ints, or waiters for crcs running on the worker thread
             for key, arr in tensors:
                 if dtypes.is_string(arr.dtype):
-                    payload = _packb([bytes(x) for x in arr.reshape(-1)])
-                    f.write(payload)
-                    extents, crc = [[pos, len(payload)]], _io.crc32c(payload)
-                    pos += len(payload)
+                    view = memoryview(_packb([bytes(x) for x in arr.reshape(-1)]))
+                    extents = [[pos, len(view)]]
+                    f.write(view)
+                    pos += len(view)
                 else:
                     arr = _io.c_contiguous(arr)
-                    view, extents, crc, start = _io.byte_view(arr), [], 0, 0
-                    while True:  # one bin object per MAX_BIN bytes; an empty tensor gets one empty bin
+                    view = _io.byte_view(arr)
+                    extents = []
+                    for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
                         piece = view[start:start + MAX_BIN]
                         header = _bin_header(len(piece))
-                        f.write(header)
                         pos += len(header)
                         extents.append([pos, len(piece)])
-                        crc = _io.crc32c(piece, crc)
-                        f.write(piece)
                         pos += len(piece)
-                        start += len(piece)
-                        if start >= len(view):
-                            break
-                entries[key] = [dtypes.dtype_name(arr.dtype), list(arr.shape), extents, crc]
+                        f.write(header)
+                        f.write(piece)
+                checksums.append(_io.crc32c(view) if len(view) < _io.BIG else _io.checksum_async(view))
+                entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, 0]
+            for entry, checksum in zip(entries.values(), checksums):
+                entry[3] = checksum if type(checksum) is int else checksum()
             index = _packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
                             "tensors": entries})
             f.write(index)
@@ -123,7 +125,8 @@ class MsgpackReader(BaseReader):
         self._file = open(path, "rb", buffering=0)
         try:
             self._fd = self._file.fileno()
-            self._open()
+            with gc_paused():
+                self._open()
         except BaseException:
             self._file.close()
             raise
@@ -158,21 +161,29 @@ class MsgpackReader(BaseReader):
         if not isinstance(metadata, dict) or not isinstance(tensors, dict):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
         self._metadata = metadata
-        self._tensors = {}
-        spans: list[tuple[int, int, str]] = []
-        for key, entry in tensors.items():
-            info = _parse_entry(key, entry, path, index_offset)
-            self._tensors[key] = info
-            spans.extend((off, n, key) for off, n in info.extra[0])
-        _check_disjoint(spans, path)
+        self._tensors = _parse_entries(tensors, path, index_offset)
+
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        spans, simple = [], []
+        for info, out in pairs:
+            extents = info.extra[0]
+            if dtypes.is_string(info.dtype) or len(extents) > 1:
+                self._read_into(info, out)
+            else:
+                spans.append((extents[0][0], _io.byte_view(out)))
+                simple.append(info)
+        crcs = _io.read_spans(self._fd, spans, self.path, [f"tensor {i.key!r}" for i in simple])
+        for info, crc in zip(simple, crcs):
+            self._check_crc(info, crc, info.extra[1])
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         extents, expected = info.extra
+        what = f"tensor {info.key!r}"
         if dtypes.is_string(info.dtype):
             (offset, n), = extents
-            raw = _io.pread(self._fd, offset, n, self.path, f"tensor {info.key!r}")
+            raw = _io.pread(self._fd, offset, n, self.path, what)
             self._check_crc(info, _io.crc32c(raw), expected)
-            items = _unpack(raw, self.path, f"tensor {info.key!r}", max_items=info.size)
+            items = _unpack(raw, self.path, what, max_items=info.size)
             if not isinstance(items, list) or len(items) != info.size or \
                     not all(isinstance(x, bytes) for x in items):
                 raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r} should hold {info.size} "
@@ -182,9 +193,9 @@ class MsgpackReader(BaseReader):
                 flat[i] = item
             return
         view, pos, crc = _io.byte_view(out), 0, 0
-        for offset, n in extents:
+        for offset, n in extents:  # a tensor split across several bin objects
             piece = view[pos:pos + n]
-            _io.pread_into(self._fd, piece, offset, self.path, f"tensor {info.key!r}")
+            _io.pread_into(self._fd, piece, offset, self.path, what)
             crc = _io.crc32c(piece, crc)
             pos += n
         self._check_crc(info, crc, expected)
@@ -249,32 +260,56 @@ def _unpack(raw: bytes, path: str, what: str, max_items: int | None = None) -> A
                                      f"{exc})") from exc
 
 
-def _parse_entry(key: Any, entry: Any, path: str, data_end: int) -> TensorInfo:
-    problem = key_problem(key)
-    if problem:
-        raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
-    if not isinstance(entry, list) or len(entry) != 4:
-        raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed index entry")
-    dtype = dtype_or_raise(entry[0], path, key)
-    shape = check_shape(entry[1], path, key)
-    extents, crc = entry[2], entry[3]
-    if not isinstance(crc, int) or not 0 <= crc < 2 ** 32 or not isinstance(extents, list) or not extents \
-            or not all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e)
-                       for e in extents):
-        raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
-    for offset, n in extents:
-        if offset < len(HEADER) or n < 0 or offset + n > data_end:
-            raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset} (+{n} bytes) lies "
-                                         f"outside the payload area [{len(HEADER)}, {data_end})")
-    nbytes = sum(n for _, n in extents)
-    if dtypes.is_string(dtype):
-        if len(extents) != 1:
-            raise CorruptCheckpointError(f"{path}: tensor {key!r}: a string tensor has one extent")
-    elif nbytes != _io.expected_nbytes(dtype, shape):
-        raise CorruptCheckpointError(
-            f"{path}: tensor {key!r}: {dtypes.dtype_name(dtype)} {list(shape)} needs "
-            f"{_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
-    return TensorInfo(key, dtype, shape, nbytes, (tuple((o, n) for o, n in extents), crc))
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtypes.dtype_name(dtype)
+    return name
+
+
+def _parse_entries(tensors: dict[Any, Any], path: str, data_end: int) -> dict[str, TensorInfo]:
+    """Validate every index entry against the file before any data is read."""
+    out: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    last_end, ordered = len(HEADER), True
+    for key, entry in tensors.items():
+        problem = key_problem(key)
+        if problem:
+            raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
+        if type(entry) is not list or len(entry) != 4:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed index entry")
+        name, shape, extents, crc = entry
+        dtype = dtype_or_raise(name, path, key)
+        shape = check_shape(shape, path, key)
+        if type(crc) is not int or not 0 <= crc < 2 ** 32 or type(extents) is not list or not extents:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
+        nbytes = 0
+        for extent in extents:
+            if type(extent) is not list or len(extent) != 2 or type(extent[0]) is not int \
+                    or type(extent[1]) is not int:
+                raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
+            offset, n = extent
+            if offset < len(HEADER) or n < 0 or offset + n > data_end:
+                raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset} (+{n} bytes) lies "
+                                             f"outside the payload area [{len(HEADER)}, {data_end})")
+            ordered = ordered and offset >= last_end
+            last_end = offset + n
+            spans.append((offset, n, key))
+            nbytes += n
+        if dtypes.is_string(dtype):
+            if len(extents) != 1:
+                raise CorruptCheckpointError(f"{path}: tensor {key!r}: a string tensor has one extent")
+        elif nbytes != _io.expected_nbytes(dtype, shape):
+            raise CorruptCheckpointError(
+                f"{path}: tensor {key!r}: {_dtype_name(dtype)} {list(shape)} needs "
+                f"{_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
+        out[key] = TensorInfo(key, dtype, shape, nbytes, (extents, crc))
+    if not ordered:  # ckpt writes tensors in index order; anything else must not overlap
+        _check_disjoint(spans, path)
+    return out
 
 
 def _check_disjoint(spans: list[tuple[int, int, str]], path: str) -> None:

@@ -49,6 +49,14 @@ def assert_bit_exact(expected: np.ndarray, actual: np.ndarray) -> None:
         assert expected.tobytes() == actual.tobytes()
 
 
+def data_offset(path, value: np.ndarray) -> int:
+    """Where ``value``'s bytes sit in the file (found by content: independent of any index)."""
+    raw = open(path, "rb").read()
+    offset = raw.find(value.tobytes())
+    assert offset > 0 and raw.find(value.tobytes(), offset + 1) == -1, "tensor bytes must be unique"
+    return offset
+
+
 @pytest.fixture
 def tensors() -> list[tuple[str, np.ndarray]]:
     return every_dtype_tensors()

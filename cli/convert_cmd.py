@@ -187,7 +187,10 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) ->
                    for info in (tracked("reading")(infos) if held else infos)]
         source = f"{reader.path} ({reader.format})"
     with replace_atomically(dst) as tmp:
-        fmt.write(tmp, tensors, metadata)
+        try:
+            fmt.write(tmp, tensors, metadata)
+        except (ckpt.CheckpointError, ValueError, TypeError) as exc:  # e.g. a dtype the format cannot store
+            raise Failure(str(exc).replace(tmp, dst)) from exc  # the temporary name means nothing to users
         _check_written(fmt, tmp, dst, tensors, metadata, tracked("checking") if held else None)
     renamed = sum(old != new for old, new in plan)
     click.echo(f"{dst} ({fmt.name}): {len(tensors)} tensors from {source}"

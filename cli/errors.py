@@ -27,8 +27,8 @@ __all__ = ["Failure", "reports_errors", "error_lines"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _HINT = "; closest keys: "
-# click's own control flow (usage errors keep their code, exits, ^C) and a closed pipe, which
-# the shell handles
+# click's own control flow (usage errors keep their code, exits, ^C), and a closed pipe
+# ("ckpt inspect ... | head"), which click ends quietly
 _PASSED_ON = (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError)
 
 

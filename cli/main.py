@@ -7,7 +7,6 @@ usage error.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -22,8 +21,6 @@ from .inspect_cmd import inspect
 from .ls_cmd import ls
 from .verify_cmd import verify
 
-#: What a process killed by SIGPIPE reports; ``ckpt inspect ... | head`` ends this way.
-EXIT_BROKEN_PIPE = 141
 # click >= 8.2 raises this for a bare "ckpt" (older versions print the help and exit 0)
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
@@ -51,19 +48,7 @@ class _Shell(click.Group):
         except click.Abort:
             click.echo("Aborted!", err=True)
             sys.exit(1)
-        except BrokenPipeError:
-            _silence_stdout()
-            sys.exit(EXIT_BROKEN_PIPE)
         sys.exit(code if isinstance(code, int) else 0)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass  # not a real file (a test runner's buffer): nothing is flushed at exit
 
 
 @click.group(cls=_Shell, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,126 @@
+"""The committed sample checkpoints read back exactly; generate.py is deterministic; the
+``ckpt`` outputs shown in the READMEs are what the command prints."""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import assert_bit_exact
+
+import ckpt
+from ckpt.cli import main
+from ckpt.state import read_state
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+SAMPLES = os.path.join(ROOT, "sample_checkpoints")
+MLP_KEYS = {"hidden/kernel": [784, 64], "hidden/bias": [64], "logits/kernel": [64, 10], "logits/bias": [10]}
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("sample_generate", os.path.join(SAMPLES, "generate.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = load_generator()
+
+
+@pytest.mark.parametrize("name", ["mlp.h5", "mlp.msgpack"])
+def test_trained_mlp_classifies_the_generated_digits(name):
+    with ckpt.load_checkpoint(os.path.join(SAMPLES, name)) as reader:
+        assert reader.get_variable_to_shape_map() == MLP_KEYS
+        assert all(dt == np.float32 for dt in reader.get_variable_to_dtype_map().values())
+        weights = {key: reader.get_tensor(key) for key in MLP_KEYS}
+        metadata = reader.metadata
+    assert metadata["test_accuracy"] == 0.976 and metadata["epochs"] == 5
+    x, y = generate.make_digits(generate.TRAIN + generate.TEST, generate.SEED)
+    accuracy = generate.accuracy(generate.mlp_logits(weights, x[generate.TRAIN:]), y[generate.TRAIN:])
+    assert accuracy >= 0.97  # an untrained network scores about 0.1
+
+
+def test_both_mlp_files_hold_the_same_tensors():
+    with ckpt.load_checkpoint(os.path.join(SAMPLES, "mlp.h5")) as a, \
+            ckpt.load_checkpoint(os.path.join(SAMPLES, "mlp.msgpack")) as b:
+        assert a.metadata == b.metadata
+        for key in MLP_KEYS:
+            assert_bit_exact(a.get_tensor(key), b.get_tensor(key))
+
+
+@pytest.mark.parametrize("name", ["dtypes.h5", "dtypes.msgpack"])
+def test_every_dtype_reads_back_exactly(name):
+    expected = generate.every_dtype()
+    assert {f"dtypes/{n}" for n in ckpt.dtypes.NAMES} <= set(expected)  # a new dtype needs new sample files
+    with ckpt.load_checkpoint(os.path.join(SAMPLES, name)) as reader:
+        assert sorted(reader.tensors) == sorted(expected)
+        assert reader.metadata == {"description": "every dtype ckpt supports"}
+        for key, value in expected.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert reader.verify() == []
+
+
+def test_steps_directory():
+    steps = os.path.join(SAMPLES, "steps")
+    assert ckpt.latest_checkpoint(steps) == os.path.join(steps, "model-500.msgpack")
+    state = read_state(steps)
+    assert [(e.path, e.step, e.time) for e in state.checkpoints] == [
+        (f"model-{s}.msgpack", s, generate.EPOCH + s) for s in (300, 400, 500)]
+    assert sorted(os.listdir(steps)) == ["checkpoint", "model-300.msgpack", "model-400.msgpack", "model-500.msgpack"]
+    for step in (300, 400, 500):
+        with ckpt.load_checkpoint(os.path.join(steps, f"model-{step}.msgpack")) as reader:
+            assert reader.get_tensor("global_step") == step
+            assert reader.get_variable_to_shape_map() == {"global_step": [], "softmax/kernel": [49, 10],
+                                                          "softmax/bias": [10]}
+            assert 0.5 < reader.metadata["train_accuracy"] <= 1.0
+
+
+def test_samples_are_small():
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(SAMPLES) for f in files)
+    assert total < 1 << 20
+
+
+def test_generate_is_deterministic(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for out in ("a", "b"):
+        (tmp_path / out).mkdir()
+        subprocess.run([sys.executable, os.path.join(SAMPLES, "generate.py"), "--out", str(tmp_path / out)],
+                       check=True, capture_output=True, timeout=120, env=env)
+    names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "steps/checkpoint",
+             *(f"steps/model-{s}.msgpack" for s in (300, 400, 500))]
+    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
+    assert (mismatch, errors) == ([], [])
+    assert sorted(os.listdir(tmp_path / "a" / "steps")) == sorted(os.listdir(os.path.join(SAMPLES, "steps")))
+
+
+def console_examples(readme: str) -> list[tuple[str, str]]:
+    """(command, expected output) for each "$ ckpt ..." line in the README's console blocks."""
+    with open(readme, encoding="utf-8") as f:
+        blocks = re.findall(r"```console\n(.*?)```", f.read(), flags=re.S)
+    examples = []
+    for block in blocks:
+        for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = chunk.partition("\n")
+            examples.append((command, output))
+    return examples
+
+
+@pytest.mark.parametrize("readme, cwd", [("sample_checkpoints/README.md", "sample_checkpoints"),
+                                         ("README.md", ".")])
+def test_readme_examples_print_what_they_show(tmp_path, monkeypatch, readme, cwd):
+    shutil.copytree(SAMPLES, tmp_path / "sample_checkpoints")
+    monkeypatch.chdir(tmp_path / cwd)
+    examples = [(c, o) for c, o in console_examples(os.path.join(ROOT, readme)) if c.startswith("ckpt ")]
+    assert len(examples) >= 7
+    for command, expected in examples:
+        result = CliRunner().invoke(main, shlex.split(command)[1:], prog_name="ckpt", catch_exceptions=False)
+        assert result.output == expected, command

@@ -114,7 +114,7 @@ class Hdf5Format:
     def open(self, path: str) -> BaseReader:
         with open(path, "rb") as f:
             magic = f.read(len(MAGIC))
-        return Hdf5Reader(path) if magic == MAGIC else H5pyReader(path)
+        return Hdf5Reader(path) if magic == MAGIC else adopt_layout(H5pyReader(path))
 
     def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
               metadata: Mapping[str, Any]) -> None:
@@ -374,12 +374,13 @@ class H5pyReader(BaseReader):
     format_name = "hdf5"
     checksummed = False
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, file: Any = None) -> None:
+        """Open ``path``, or read ``file`` (a seekable binary file object) and name it ``path``."""
         import h5py
 
         self.path = path
         try:
-            self._h5 = h5py.File(path, "r")
+            self._h5 = h5py.File(path if file is None else file, "r")
         except OSError as exc:
             raise CorruptCheckpointError(f"{path}: HDF5 cannot open the file: {exc}") from exc
         try:
@@ -464,6 +465,29 @@ class H5pyReader(BaseReader):
 
     def close(self) -> None:
         self._h5.close()
+
+    @property
+    def file(self) -> Any:
+        """The open h5py.File (for layouts such as Keras's that read its attributes)."""
+        return self._h5
+
+
+#: Other programs' HDF5 layouts (Keras registers one): each is called with the H5pyReader of
+#: a file without ckpt's index and returns a reader that takes it over, or None.
+LAYOUTS: list[Any] = []
+
+
+def adopt_layout(reader: H5pyReader) -> BaseReader:
+    """Let the first matching registered layout take over ``reader``; else return it unchanged."""
+    try:
+        for layout in LAYOUTS:
+            adopted = layout(reader)
+            if adopted is not None:
+                return adopted  # type: ignore[no-any-return]
+    except BaseException:
+        reader.close()
+        raise
+    return reader
 
 
 def _all() -> Any:

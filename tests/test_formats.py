@@ -272,7 +272,7 @@ def test_single_tensor_read_touches_only_its_bytes(tmp_path, fmt, monkeypatch):
 def test_registry_lookup_and_plugins():
     assert base.format_for_path("a/b.HDF5").name == "hdf5"
     assert base.format_for_path("a/b.msgpack").name == "msgpack"
-    assert base.format_for_path("a/b.pt") is None
+    assert base.format_for_path("a/b.npz") is None
     with pytest.raises(ValueError, match="unknown checkpoint format"):
         base.get_format("zip")
     with pytest.raises(ValueError, match="already registered"):

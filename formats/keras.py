@@ -1,0 +1,222 @@
+"""Keras weights: legacy HDF5 (.h5), Keras 3 ``.weights.h5`` and the ``.keras`` zip.
+
+Keys are the dataset paths in the HDF5 file, as they are:
+
+* legacy weights-only files (``save_weights("w.h5")``): root attributes ``layer_names``,
+  each layer group's ``weight_names`` -> "d1/sequential/d1/kernel";
+* legacy full-model files (``model.save("m.h5")``): the same under ``model_weights/`` ->
+  "model_weights/d1/sequential/d1/kernel" (plus "optimizer_weights/..." when saved);
+* Keras 3 (``save_weights("x.weights.h5")``, and ``model.weights.h5`` inside a ``.keras``
+  zip) -> "layers/dense/vars/0", "layers/dense/vars/1", ...; the metadata's "layer_names"
+  maps each vars group ("layers/dense/vars") to the layer's name in the model ("d1").
+
+Legacy files list their weights in model order (layer_names, weight_names) and so does
+the reader; Keras 3 files are listed in natural order ("vars/10" after "vars/9"). Bfloat16
+weights (Keras 3 marks them with a ``dtype`` attribute) read as bfloat16.
+
+HDF5 files are read through libhdf5 (ckpt's guarded H5pyReader: no external links,
+external storage or virtual datasets) and carry no checksums, so a damaged .h5 file is
+read at the user's own risk. Inside a ``.keras`` zip, the whole model.weights.h5 is
+first checked against the CRC-32 the zip records, so libhdf5 only sees verified bytes.
+
+Example:
+    >>> import ckpt
+    >>> ckpt.list_variables("keras3.weights.h5")[:2]  # doctest: +SKIP
+    [('layers/batch_normalization/vars/0', [4]), ('layers/batch_normalization/vars/1', [4])]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+
+from . import _zip
+from .base import BaseReader, TensorInfo
+from .hdf5 import H5pyReader
+
+WEIGHTS_MEMBER = "model.weights.h5"
+_ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
+#: metadata.json and config.json larger than this are not read into the metadata.
+_MAX_JSON = 16 << 20
+
+
+class KerasFormat:
+    """The .keras zip (Keras 3). Keras HDF5 files are recognised by the hdf5 format, which
+    hands them to :func:`adopt` (see ``formats.hdf5.LAYOUTS``)."""
+
+    name = "keras"
+    extensions = (".keras",)
+    can_write = False
+
+    def sniff(self, head: bytes) -> bool:
+        return _zip.first_member_name(head) in _ZIP_MEMBERS
+
+    def open(self, path: str) -> KerasReader:
+        file = open(path, "rb")
+        try:
+            return _open_zip(path, file)
+        except BaseException:
+            file.close()
+            raise
+
+
+class KerasReader(BaseReader):
+    """Keras weights over an open H5pyReader: Keras's order, dtypes and metadata."""
+
+    format_name = "keras"
+
+    def __init__(self, inner: H5pyReader, tensors: dict[str, TensorInfo], metadata: dict[str, Any],
+                 archive: Any = None, member: tuple[int, int, int] | None = None) -> None:
+        self.path, self._inner = inner.path, inner
+        self._tensors, self._metadata = tensors, metadata
+        self._archive, self._member = archive, member  # the .keras file and (offset, size, crc32)
+        self.checksummed = member is not None
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        self._inner._read_into(info, out)
+
+    def verify(self) -> list[str]:
+        problems = []
+        if self._member is not None:
+            offset, size, crc = self._member
+            if _zip.crc32_range(self._archive.fileno(), offset, size, self.path, WEIGHTS_MEMBER) != crc:
+                problems.append(f"{self.path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
+        return problems + super().verify()
+
+    def close(self) -> None:
+        self._inner.close()
+        if self._archive is not None:
+            self._archive.close()
+
+
+def adopt(inner: H5pyReader) -> KerasReader | None:
+    """A KerasReader over ``inner`` if its HDF5 file has a Keras layout, else None."""
+    return _keras_reader(inner, {}, None, None, required=False)
+
+
+def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
+                  member: tuple[int, int, int] | None, required: bool) -> KerasReader | None:
+    """Recognise the layout and list the weights; ``required``: the file must be Keras's."""
+    import h5py
+
+    h5 = inner.file
+    if "ckpt_format" in h5.attrs and not required:
+        return None
+    legacy = h5 if "layer_names" in h5.attrs else h5.get("model_weights")
+    if isinstance(legacy, h5py.Group) and "layer_names" in legacy.attrs:
+        order, meta = _legacy_order(inner, h5, legacy)
+    elif isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group) or required:
+        order, meta = _keras3_order(inner, h5)
+    else:
+        return None
+    tensors = {}
+    for key in order:
+        info = inner.tensors[key]
+        if _attr(h5[key].attrs.get("dtype")) == "bfloat16" and info.dtype.itemsize == 2:
+            info = TensorInfo(key, dtypes.bfloat16, info.shape, info.nbytes)
+        tensors[key] = info
+    return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
+
+
+def _attr(value: Any) -> Any:
+    """An HDF5 attribute as plain Python (h5py returns bytes, numpy strings and arrays)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray):
+        return [_attr(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return _attr(value.item())
+    return value
+
+
+def _natural(key: str) -> list[tuple[int, int, str]]:
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("/")]
+
+
+def _legacy_order(inner: H5pyReader, h5: Any, group: Any) -> tuple[list[str], dict[str, Any]]:
+    """Keys in model order from layer_names / weight_names, then any other datasets."""
+    prefix = group.name.strip("/")
+    prefix = prefix + "/" if prefix else ""
+    layers = _attr(group.attrs["layer_names"])
+    order: list[str] = []
+    for layer in layers if isinstance(layers, list) else []:
+        weights = _attr(group[layer].attrs.get("weight_names", [])) if layer in group else None
+        if not isinstance(weights, list):
+            raise CorruptCheckpointError(f"{inner.path}: Keras layer {layer!r} is listed in layer_names but "
+                                         "has no group with weight_names")
+        for weight in weights:
+            key = f"{prefix}{layer}/{weight}"
+            if key not in inner.tensors:
+                raise CorruptCheckpointError(f"{inner.path}: Keras layer {layer!r} lists weight {weight!r}, "
+                                             f"but the file has no dataset {key!r}")
+            order.append(key)
+    listed = set(order)
+    order += sorted((k for k in inner.tensors if k not in listed), key=_natural)
+    meta = {name: _attr(h5.attrs[name]) for name in ("keras_version", "backend", "model_config")
+            if name in h5.attrs}
+    meta["layer_names"] = layers
+    return order, meta
+
+
+def _keras3_order(inner: H5pyReader, h5: Any) -> tuple[list[str], dict[str, Any]]:
+    """Keys in natural order; each vars group's "name" attribute is the layer's name."""
+    names: dict[str, str] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if (name == "vars" or name.endswith("/vars")) and "name" in obj.attrs:
+            names[name] = str(_attr(obj.attrs["name"]))
+
+    h5.visititems(visit)
+    return sorted(inner.tensors, key=_natural), {"layer_names": names} if names else {}
+
+
+def _open_zip(path: str, file: Any) -> KerasReader:
+    archive = _zip.open_archive(file, path)
+    fd = file.fileno()
+    try:
+        info = archive.getinfo(WEIGHTS_MEMBER)
+    except KeyError:
+        raise UnsupportedCheckpointError(f"{path}: a .keras archive without {WEIGHTS_MEMBER} (Keras 3 "
+                                         "keeps the weights there)") from None
+    offset, size = _zip.member_span(fd, info, path)
+    if _zip.crc32_range(fd, offset, size, path, WEIGHTS_MEMBER) != info.CRC:
+        raise CorruptCheckpointError(f"{path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
+    metadata = _zip_metadata(archive, path)
+    inner = H5pyReader(path, file=_zip.MemberFile(fd, offset, size))
+    try:
+        reader = _keras_reader(inner, metadata, file, (offset, size, info.CRC), required=True)
+    except BaseException:
+        inner.close()
+        raise
+    assert reader is not None  # required=True always gives a reader
+    return reader
+
+
+def _zip_metadata(archive: Any, path: str) -> dict[str, Any]:
+    """metadata.json's fields and config.json's text (the model's architecture)."""
+    out: dict[str, Any] = {}
+    for name in ("metadata.json", "config.json"):
+        try:
+            info = archive.getinfo(name)
+            if info.file_size > _MAX_JSON:
+                continue
+            text = archive.read(name).decode("utf-8")
+        except KeyError:
+            continue
+        except Exception as exc:  # zipfile raises BadZipFile, zlib.error, EOFError, ...
+            raise CorruptCheckpointError(f"{path}: cannot read {name} from the archive: {exc}") from exc
+        if name == "config.json":
+            out["model_config"] = text
+            continue
+        try:
+            fields = json.loads(text)
+        except ValueError as exc:
+            raise CorruptCheckpointError(f"{path}: metadata.json is not JSON") from exc
+        if isinstance(fields, dict):
+            out.update({k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))})
+    return out

@@ -1,0 +1,253 @@
+"""safetensors files (.safetensors), read and written without the safetensors package.
+
+Layout: an 8-byte little-endian header length N; N bytes of JSON, starting with "{" and
+maybe padded with spaces: ``{"__metadata__": {str: str}, key: {"dtype": "F32", "shape": [2, 3],
+"data_offsets": [begin, end]}, ...}``; then the data buffer, offsets relative to its start.
+The reader enforces the format's rules: N at most 100 MB and inside the file, every
+tensor's size equal to dtype size x shape, the tensors covering the buffer exactly (no
+holes, no overlaps, nothing after the last), no duplicate keys.
+
+Files carry no checksums. ckpt adds them when it writes: ``__metadata__`` then holds
+"ckpt_crc32c" (a JSON map key -> crc32c of the tensor's bytes, verified on every read) and
+"ckpt_metadata" (the checkpoint's metadata as JSON), next to "format": "np".
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from ckpt.formats.safetensors import SafetensorsFormat
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.safetensors")
+    >>> open(path, "wb").close()
+    >>> SafetensorsFormat().write(path, [("fc1.weight", np.ones((2, 3), np.float32))], {"step": 3})
+    >>> with SafetensorsFormat().open(path) as r:
+    ...     r.read("fc1.weight").shape, r.metadata, r.checksummed
+    ((2, 3), {'step': 3}, True)
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+
+from . import _io
+from ._foreign import NUMPY_DTYPES, check_key
+from .base import BaseReader, TensorInfo, normalize_metadata, validate_keys
+
+#: The reference implementation's limit on the header length.
+MAX_HEADER = 100_000_000
+_N = struct.Struct("<Q")
+#: safetensors dtype codes, in the order of the format's Dtype enum (increasing alignment):
+#: the writer orders tensors by it, as safetensors does, so every tensor stays aligned.
+_CODES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
+    "F8_E5M2": NUMPY_DTYPES["float8_e5m2"], "F8_E4M3": NUMPY_DTYPES["float8_e4m3fn"],
+    "F8_E8M0": NUMPY_DTYPES["float8_e8m0fnu"], "F8_E4M3FNUZ": NUMPY_DTYPES["float8_e4m3fnuz"],
+    "F8_E5M2FNUZ": NUMPY_DTYPES["float8_e5m2fnuz"], "I16": np.dtype(np.int16),
+    "U16": np.dtype(np.uint16), "F16": np.dtype(np.float16), "BF16": dtypes.bfloat16,
+    "I32": np.dtype(np.int32), "U32": np.dtype(np.uint32), "F32": np.dtype(np.float32),
+    "C64": np.dtype(np.complex64), "F64": np.dtype(np.float64), "I64": np.dtype(np.int64),
+    "U64": np.dtype(np.uint64),
+}
+_RANK = {code: i for i, code in enumerate(_CODES)}
+_CODE_OF = {dt: code for code, dt in _CODES.items()}
+#: Element types narrower than a byte, which numpy cannot hold packed.
+_SUB_BYTE = ("F4", "F6_E2M3", "F6_E3M2")
+
+
+class SafetensorsFormat:
+    """safetensors: reads any .safetensors file, writes them with per-tensor checksums."""
+
+    name = "safetensors"
+    extensions = (".safetensors",)
+    can_write = True
+
+    def sniff(self, head: bytes) -> bool:
+        # a plausible header length (below 2**40), then the JSON's opening brace
+        return len(head) >= 9 and head[5:8] == b"\x00\x00\x00" and head[8:9] == b"{"
+
+    def open(self, path: str) -> SafetensorsReader:
+        return SafetensorsReader(path)
+
+    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
+              metadata: Mapping[str, Any]) -> None:
+        """Write the header (with checksums), then every tensor's bytes straight from its buffer."""
+        validate_keys((key for key, _ in tensors), path)
+        metadata = normalize_metadata(metadata, path)
+        plans = []
+        for key, arr in tensors:
+            code = _CODE_OF.get(arr.dtype)
+            if code is None:
+                raise UnsupportedCheckpointError(
+                    f"{path}: tensor {key!r} is {dtypes.dt_name_or_none(arr.dtype) or arr.dtype}, which "
+                    f"safetensors cannot store (it stores {', '.join(_CODES)})")
+            plans.append((code, key, _io.c_contiguous(arr)))
+        plans.sort(key=lambda p: (-_RANK[p[0]], p[1]))
+        header: dict[str, Any] = {}
+        crcs, pos = {}, 0
+        for code, key, arr in plans:
+            header[key] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [pos, pos + arr.nbytes]}
+            crcs[key] = _io.crc32c(_io.byte_view(arr))
+            pos += arr.nbytes
+        header = {"__metadata__": {"format": "np", "ckpt_metadata": json.dumps(metadata),
+                                   "ckpt_crc32c": json.dumps(crcs)}, **header}
+        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        raw += b" " * (-(len(raw) + _N.size) % 8)  # data starts 8-byte aligned
+        with open(path, "wb", buffering=1 << 20) as f:
+            f.write(_N.pack(len(raw)) + raw)
+            for _, _, arr in plans:
+                f.write(_io.byte_view(arr))
+
+
+class SafetensorsReader(BaseReader):
+    """Reads the header on open; tensors on request, straight into the caller's buffer."""
+
+    format_name = "safetensors"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "rb", buffering=0)
+        try:
+            self._fd = self._file.fileno()
+            self._open()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _open(self) -> None:
+        path, size = self.path, _io.file_size(self._fd)
+        if size < _N.size:
+            raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a safetensors file")
+        (n,) = _N.unpack(_io.pread(self._fd, 0, _N.size, path, "the header length"))
+        if n > MAX_HEADER:
+            raise CorruptCheckpointError(f"{path}: the header length is {n} bytes; safetensors allows at "
+                                         f"most {MAX_HEADER}")
+        if _N.size + n > size:
+            raise CorruptCheckpointError(f"{path}: the header length is {n} bytes but the file has only "
+                                         f"{size - _N.size} after it: it is truncated")
+        raw = _io.pread(self._fd, _N.size, n, path, "the header")
+        header = _parse_header(raw, path)
+        meta = header.pop("__metadata__", None)
+        if meta is not None and (not isinstance(meta, dict) or
+                                 not all(isinstance(v, str) for v in meta.values())):
+            raise CorruptCheckpointError(f"{path}: __metadata__ must map strings to strings")
+        self._data_start = _N.size + n
+        self._tensors = {}
+        for key, spec in header.items():
+            self._tensors[key] = _parse_entry(check_key(key, path), spec, path)
+        _check_coverage(self._tensors, size - self._data_start, path)
+        self._metadata, self._crcs = _ckpt_fields(meta or {}, self._tensors, path)
+        self.checksummed = self._crcs is not None
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        view = _io.byte_view(out)
+        _io.pread_into(self._fd, view, self._data_start + info.extra, self.path, f"tensor {info.key!r}")
+        if self._crcs is not None:
+            self._check(info.key, _io.crc32c(view))
+
+    def _check(self, key: str, got: int) -> None:
+        expected = self._crcs[key] if self._crcs is not None else got
+        if got != expected:
+            raise CorruptCheckpointError(
+                f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, expected "
+                f"{expected:#010x}): the file is damaged")
+
+    def verify(self) -> list[str]:
+        if self._crcs is None:
+            return super().verify()
+        problems = []
+        for key, info in self._tensors.items():
+            try:
+                self._check(key, _io.checksum_range(self._fd, self._data_start + info.extra, info.nbytes,
+                                                    self.path, f"tensor {key!r}"))
+            except CorruptCheckpointError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _parse_header(raw: bytes, path: str) -> dict[str, Any]:
+    if not raw.startswith(b"{"):
+        raise CorruptCheckpointError(f"{path}: the header does not start with '{{': not a safetensors file")
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            names = [k for k, _ in pairs]
+            dup = next(k for k in names if names.count(k) > 1)
+            raise ValueError(f"duplicate key {dup!r}")
+        return out
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates, parse_constant=no_constant)
+    except (ValueError, RecursionError) as exc:  # includes UnicodeDecodeError and JSONDecodeError
+        raise CorruptCheckpointError(f"{path}: the header is not valid: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"{path}: the header is not a JSON object")
+    return header
+
+
+def _parse_entry(key: str, spec: Any, path: str) -> TensorInfo:
+    if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= spec.keys():
+        raise CorruptCheckpointError(f"{path}: tensor {key!r} needs dtype, shape and data_offsets")
+    code, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
+    if code in _SUB_BYTE:
+        raise UnsupportedCheckpointError(f"{path}: tensor {key!r} is {code}, packed narrower than a "
+                                         "byte; ckpt reads byte-sized element types only")
+    if code not in _CODES:
+        raise CorruptCheckpointError(f"{path}: tensor {key!r} has unknown dtype {code!r}")
+    if not isinstance(shape, list) or len(shape) > 64 or \
+            not all(type(d) is int and 0 <= d < 2 ** 63 for d in shape):
+        raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or \
+            not all(type(x) is int and 0 <= x for x in offsets) or offsets[0] > offsets[1]:
+        raise CorruptCheckpointError(f"{path}: tensor {key!r} has invalid data_offsets {offsets!r}")
+    dtype = _CODES[code]
+    nbytes = _io.expected_nbytes(dtype, tuple(shape))
+    if offsets[1] - offsets[0] != nbytes:
+        raise CorruptCheckpointError(
+            f"{path}: tensor {key!r}: {code} {shape} needs {nbytes} bytes, its data_offsets "
+            f"{offsets} hold {offsets[1] - offsets[0]}")
+    return TensorInfo(key, dtype, tuple(shape), nbytes, offsets[0])
+
+
+def _check_coverage(tensors: dict[str, TensorInfo], data_size: int, path: str) -> None:
+    """The tensors must tile the data buffer exactly, as the format requires."""
+    pos, previous = 0, None
+    for info in sorted(tensors.values(), key=lambda i: (i.extra, i.nbytes)):
+        if info.extra != pos:
+            what = (f"overlaps {previous!r}" if info.extra < pos else
+                    f"leaves a hole of {info.extra - pos} bytes after {previous!r}" if previous else
+                    f"starts at {info.extra}, not at 0")
+            raise CorruptCheckpointError(f"{path}: tensor {info.key!r} {what}: the data_offsets are "
+                                         "not contiguous")
+        pos, previous = pos + info.nbytes, info.key
+    if pos != data_size:
+        raise CorruptCheckpointError(
+            f"{path}: the tensors cover {pos} bytes but the file holds {data_size} bytes of data: it is "
+            f"{'truncated' if pos > data_size else 'followed by unindexed bytes'}")
+
+
+def _ckpt_fields(meta: dict[str, str], tensors: dict[str, TensorInfo], path: str,
+                 ) -> tuple[dict[str, Any], dict[str, int] | None]:
+    """(metadata, checksums): ckpt's own fields when ckpt wrote the file, else the string map."""
+    if "ckpt_crc32c" not in meta:
+        return dict(meta), None
+    try:
+        crcs = json.loads(meta["ckpt_crc32c"])
+        metadata = json.loads(meta.get("ckpt_metadata", "{}"))
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{path}: ckpt's checksums or metadata in __metadata__ are not "
+                                     "JSON") from exc
+    if not isinstance(metadata, dict) or not isinstance(crcs, dict) or crcs.keys() != tensors.keys() or \
+            not all(type(c) is int and 0 <= c < 2 ** 32 for c in crcs.values()):
+        raise CorruptCheckpointError(f"{path}: ckpt's checksums in __metadata__ do not match the tensors")
+    return metadata, crcs

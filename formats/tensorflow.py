@@ -1,0 +1,310 @@
+"""TensorFlow checkpoints (tensor bundles), read without TensorFlow.
+
+A checkpoint is a prefix ("run/model.ckpt-7") naming two kinds of files:
+
+* ``<prefix>.index``: an SSTable mapping each key to a BundleEntryProto (dtype, shape,
+  shard, offset, size, masked crc32c); the empty key holds a BundleHeaderProto (shard
+  count, endianness, version);
+* ``<prefix>.data-00000-of-00001`` (one per shard): the tensors' raw bytes.
+
+Open the prefix, the .index or a .data file, or the directory (its "checkpoint" state file
+names the latest prefix). Keys are TensorFlow's as they are: "encoder/dense/kernel" for
+TF1 Savers, "model/w/.ATTRIBUTES/VARIABLE_VALUE" for TF2's object-based checkpoints. The
+index blocks' and every tensor's crc32c are verified. Entries that are not tensors (the
+TF2 object graph, resource or variant values, partitioned variables) are listed in the
+metadata's "non_tensors" and explained when asked for.
+
+Example:
+    >>> import ckpt
+    >>> ckpt.list_variables("tf1_saver")  # doctest: +SKIP
+    [('dbl', [3]), ('encoder/dense/bias', [3]), ('encoder/dense/kernel', [4, 3]), ...]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
+                         UnsupportedCheckpointError)
+
+from . import _io
+from ._foreign import NUMPY_DTYPES, check_key
+from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
+from .base import BaseReader, TensorInfo
+
+#: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
+_DTYPES: dict[int, np.dtype] = {
+    1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int32), 4: np.dtype(np.uint8),
+    5: np.dtype(np.int16), 6: np.dtype(np.int8), 7: dtypes.string, 8: np.dtype(np.complex64),
+    9: np.dtype(np.int64), 10: np.dtype(np.bool_), 14: dtypes.bfloat16, 17: np.dtype(np.uint16),
+    18: np.dtype(np.complex128), 19: np.dtype(np.float16), 22: np.dtype(np.uint32),
+    23: np.dtype(np.uint64), 24: NUMPY_DTYPES["float8_e5m2"], 25: NUMPY_DTYPES["float8_e4m3fn"],
+    26: NUMPY_DTYPES["float8_e4m3fnuz"], 27: NUMPY_DTYPES["float8_e4m3b11fnuz"],
+    28: NUMPY_DTYPES["float8_e5m2fnuz"],
+}
+_OTHER_DTYPES = {11: "qint8", 12: "quint8", 13: "qint32", 15: "qint16", 16: "quint16",
+                 20: "resource", 21: "variant", 29: "int4", 30: "uint4"}
+#: The TF2 checkpoint's serialized TrackableObjectGraph: a string, not a variable.
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_DATA_FILE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+#: Newest bundle format this reader understands (TensorFlow's kTensorBundleVersion).
+_BUNDLE_VERSION = 1
+
+
+def prefix_of(path: str) -> str | None:
+    """The checkpoint prefix ``path`` names (the prefix, its .index or a .data file), or None."""
+    if path.endswith(".index") and os.path.isfile(path):
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < len(TABLE_MAGIC):
+                return None
+            f.seek(-len(TABLE_MAGIC), os.SEEK_END)
+            return path[:-len(".index")] if f.read() == TABLE_MAGIC else None
+    match = _DATA_FILE.search(path)
+    if match and os.path.isfile(path) and os.path.isfile(path[:match.start()] + ".index"):
+        return path[:match.start()]
+    if not os.path.exists(path) and os.path.isfile(path + ".index"):
+        return path
+    return None
+
+
+class TensorFlowFormat:
+    """TensorFlow's tensor bundles, as written by tf.train.Saver and tf.train.Checkpoint."""
+
+    name = "tensorflow"
+    extensions = (".index",)
+    can_write = False
+
+    def claims(self, path: str) -> bool:
+        return prefix_of(path) is not None
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # an index has no header; claims() recognises it by its footer
+
+    def open(self, path: str) -> TensorFlowReader:
+        prefix = prefix_of(path)
+        if prefix is None:
+            raise CheckpointNotFoundError(f"{path}: no TensorFlow checkpoint ({path}.index does not exist)")
+        return TensorFlowReader(prefix)
+
+
+class TensorFlowReader(BaseReader):
+    """Reads the index on open; tensors on request from the data shards."""
+
+    format_name = "tensorflow"
+
+    def __init__(self, prefix: str) -> None:
+        self.path = prefix
+        self._shards: dict[int, Any] = {}
+        self._index = prefix + ".index"
+        try:
+            with open(self._index, "rb", buffering=0) as f:
+                self._read_index(f.fileno())
+        except SSTableError as exc:
+            self.close()
+            raise CorruptCheckpointError(f"{self._index}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_index(self, fd: int) -> None:
+        self._tensors, self._entries = {}, {}
+        self._notes: dict[str, str] = {}
+        header = None
+        seen: set[bytes] = set()
+        for raw_key, value in table_entries(fd, self._index):
+            if raw_key in seen:
+                raise SSTableError(f"key {raw_key!r} appears twice")
+            seen.add(raw_key)
+            if raw_key == b"":
+                header = _parse_header(value, self._index)
+            elif raw_key.startswith(b"\x00"):
+                continue  # one slice of a partitioned variable; noted under the variable's own key
+            else:
+                self._add(raw_key, value)
+        if header is None:
+            raise CorruptCheckpointError(f"{self._index}: the index has no header entry")
+        self._num_shards = header
+        self._check_extents()
+        self._metadata = {"non_tensors": dict(self._notes)} if self._notes else {}
+
+    def _check_extents(self) -> None:
+        """Every tensor must lie inside its shard's data file (checked before anything is allocated)."""
+        sizes: dict[int, int] = {}
+        for key, (shard, offset, size, _) in self._entries.items():
+            if shard >= self._num_shards:
+                raise CorruptCheckpointError(f"{self._index}: tensor {key!r} is in shard {shard} of "
+                                             f"{self._num_shards}")
+            if shard not in sizes:
+                sizes[shard] = _io.file_size(self._shard(shard).fileno())
+            if offset + size > sizes[shard]:
+                raise CorruptCheckpointError(
+                    f"{self._data_name(shard)}: tensor {key!r} needs bytes {offset}..{offset + size} of a "
+                    f"{sizes[shard]}-byte file: it is truncated")
+
+    def _data_name(self, shard: int) -> str:
+        return f"{self.path}.data-{shard:05d}-of-{self._num_shards:05d}"
+
+    def _add(self, raw_key: bytes, value: bytes) -> None:
+        try:
+            key = raw_key.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UnsupportedCheckpointError(f"{self._index}: key {raw_key!r} is not UTF-8") from None
+        entry = _parse_entry(value, self._index, key)
+        code, shape, slices = entry["dtype"], entry["shape"], entry["slices"]
+        dtype = _DTYPES.get(code)
+        if slices:
+            self._notes[key] = f"partitioned variable in {slices} slices (ckpt does not reassemble them)"
+        elif key == OBJECT_GRAPH_KEY:
+            self._notes[key] = f"TensorFlow's object graph (a serialized proto of {entry['size']} bytes)"
+        elif dtype is None:
+            self._notes[key] = f"a {_OTHER_DTYPES.get(code, f'type-{code}')} value, not a tensor ckpt reads"
+        else:
+            check_key(key, self._index)
+            nbytes = entry["size"]
+            count = _io.expected_nbytes(np.dtype(np.uint8), shape)
+            if dtypes.is_string(dtype) and count > nbytes:  # each string needs at least its length byte
+                raise CorruptCheckpointError(f"{self._index}: tensor {key!r}: {count} strings cannot fit in "
+                                             f"{nbytes} bytes")
+            if not dtypes.is_string(dtype) and nbytes != _io.expected_nbytes(dtype, shape):
+                raise CorruptCheckpointError(
+                    f"{self._index}: tensor {key!r}: {dtypes.dt_name_or_none(dtype) or dtype} {list(shape)} "
+                    f"needs {_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
+            self._tensors[key] = TensorInfo(key, dtype, shape, nbytes)
+            self._entries[key] = (entry["shard"], entry["offset"], nbytes, entry["crc32c"])
+
+    def info(self, key: str) -> TensorInfo:
+        if key in self._notes:
+            raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}")
+        return super().info(key)
+
+    def _shard(self, shard: int) -> Any:
+        """The open data file of a shard (opened on first use, kept until close)."""
+        if shard not in self._shards:
+            name = self._data_name(shard)
+            try:
+                self._shards[shard] = open(name, "rb", buffering=0)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{name}: the data file of {self.path} is missing") from None
+        return self._shards[shard]
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        shard, offset, size, stored_crc = self._entries[info.key]
+        fd = self._shard(shard).fileno()
+        name, what = self._data_name(shard), f"tensor {info.key!r}"
+        if offset + size > _io.file_size(fd):
+            raise CorruptCheckpointError(f"{name}: {what} needs bytes {offset}..{offset + size} of a "
+                                         f"{_io.file_size(fd)}-byte file: it is truncated")
+        if dtypes.is_string(info.dtype):
+            crc = _read_strings(_io.pread(fd, offset, size, name, what), out, name, what)
+        else:
+            view = _io.byte_view(out)
+            _io.pread_into(fd, view, offset, name, what)
+            crc = _io.crc32c(view)
+        if crc != unmask(stored_crc):
+            raise CorruptCheckpointError(f"{name}: {what} fails its checksum (crc32c {crc:#010x}, expected "
+                                         f"{unmask(stored_crc):#010x}): the file is damaged")
+
+    def close(self) -> None:
+        for f in self._shards.values():
+            f.close()
+        self._shards.clear()
+
+
+def _parse_header(value: bytes, path: str) -> int:
+    """Check the BundleHeaderProto; return the number of shards."""
+    shards, endianness, min_consumer = 1, 0, 0
+    try:
+        for number, wire, field in fields(value):
+            if number == 1 and wire == 0:
+                shards = int64(field)  # type: ignore[arg-type]
+            elif number == 2 and wire == 0:
+                endianness = field  # type: ignore[assignment]
+            elif number == 3 and wire == 2:
+                for sub, sub_wire, x in fields(field):  # type: ignore[arg-type]
+                    if sub == 2 and sub_wire == 0:
+                        min_consumer = x  # type: ignore[assignment]
+    except SSTableError as exc:
+        raise CorruptCheckpointError(f"{path}: the header entry is damaged: {exc}") from exc
+    if endianness != 0:
+        raise UnsupportedCheckpointError(f"{path}: written on a big-endian machine; ckpt reads "
+                                         "little-endian checkpoints")
+    if min_consumer > _BUNDLE_VERSION:
+        raise UnsupportedCheckpointError(f"{path}: needs a reader of bundle version {min_consumer}; ckpt "
+                                         f"reads version {_BUNDLE_VERSION}")
+    if not 1 <= shards <= 99999:
+        raise CorruptCheckpointError(f"{path}: the header gives {shards} data shards")
+    return shards
+
+
+def _parse_entry(value: bytes, path: str, key: str) -> dict[str, Any]:
+    """Decode a BundleEntryProto into dtype, shape, shard, offset, size, crc32c, slices."""
+    entry: dict[str, Any] = {"dtype": 0, "shape": (), "shard": 0, "offset": 0, "size": 0, "crc32c": 0,
+                             "slices": 0}
+    try:
+        for number, wire, field in fields(value):
+            if number == 1 and wire == 0:
+                entry["dtype"] = field
+            elif number == 2 and wire == 2:
+                entry["shape"] = _parse_shape(field)  # type: ignore[arg-type]
+            elif number in (3, 4, 5) and wire == 0:
+                entry[{3: "shard", 4: "offset", 5: "size"}[number]] = int64(field)  # type: ignore[arg-type]
+            elif number == 6 and wire == 5:
+                entry["crc32c"] = field
+            elif number == 7 and wire == 2:
+                entry["slices"] += 1
+    except SSTableError as exc:
+        raise CorruptCheckpointError(f"{path}: the entry of {key!r} is damaged: {exc}") from exc
+    if min(entry["shard"], entry["offset"], entry["size"]) < 0:
+        raise CorruptCheckpointError(f"{path}: the entry of {key!r} has a negative shard, offset or size")
+    return entry
+
+
+def _parse_shape(value: bytes) -> tuple[int, ...]:
+    dims = []
+    for number, wire, field in fields(value):
+        if number == 2 and wire == 2:
+            size = 0
+            for sub, sub_wire, x in fields(field):  # type: ignore[arg-type]
+                if sub == 1 and sub_wire == 0:
+                    size = int64(x)  # type: ignore[arg-type]
+            if size < 0:
+                raise SSTableError(f"dimension of unknown size {size}")
+            dims.append(size)
+        elif number == 3 and wire == 0 and field:
+            raise SSTableError("a shape of unknown rank")
+    if len(dims) > 64:
+        raise SSTableError(f"{len(dims)} dimensions")
+    return tuple(dims)
+
+
+def _read_strings(raw: bytes, out: np.ndarray, name: str, what: str) -> int:
+    """Decode a string tensor: varint lengths, a masked crc32c of them, then the bytes.
+
+    Returns the crc32c TensorFlow computes over it (lengths as uint32, or uint64 when larger).
+    """
+    count, pos, crc, lengths = out.size, 0, 0, []
+    try:
+        for _ in range(count):
+            n, pos = varint(raw, pos)
+            lengths.append(n)
+            crc = _io.crc32c(n.to_bytes(4 if n < 1 << 32 else 8, "little"), crc)
+    except SSTableError as exc:
+        raise CorruptCheckpointError(f"{name}: {what}: {exc}") from exc
+    stored = raw[pos:pos + 4]
+    if len(stored) != 4 or int.from_bytes(stored, "little") != mask(crc) or \
+            pos + 4 + sum(lengths) != len(raw):
+        raise CorruptCheckpointError(f"{name}: {what}: the string lengths are damaged")
+    crc = _io.crc32c(stored, crc)
+    pos += 4
+    crc = _io.crc32c(raw[pos:], crc)
+    flat = out.reshape(-1)
+    for i, n in enumerate(lengths):
+        flat[i] = raw[pos:pos + n]
+        pos += n
+    return crc

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from . import dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
@@ -58,8 +58,12 @@ def _describe(dtype: Any) -> str:
 
 
 def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
+          transposed: Collection[str] = (),
           ) -> tuple[list[tuple[str, Variable]], list[str]]:
-    """Return (pairs to read, missing keys); raise once listing every problem."""
+    """Return (pairs to read, missing keys); raise once listing every problem.
+
+    Keys in ``transposed`` are matched with their axes reversed (2-D at most).
+    """
     name = os.path.basename(reader.path)
     pairs, missing, problems = [], [], []
     any_missing = False
@@ -70,8 +74,17 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
             if not allow_missing:
                 any_missing = True
                 problems.append(f"{key}: not found in {name}{closest_hint(key, reader.tensors)}")
-        elif info.shape != var.shape:
-            problems.append(f"{key}: shape {var.shape} in the model, {info.shape} in {name}")
+        elif key in transposed and len(info.shape) > 2:
+            problems.append(f"{key}: transpose applies to 2-D tensors; it is {info.shape} in {name} "
+                            "(layouts of higher rank differ by a permutation, not a transpose)")
+        elif (info.shape[::-1] if key in transposed else info.shape) != var.shape:
+            if key in transposed:
+                hint = f" (transposed: {info.shape[::-1]})"
+            elif len(info.shape) == 2 and info.shape[::-1] == var.shape:
+                hint = " (its transpose fits: see init_from_checkpoint's transpose)"
+            else:
+                hint = ""
+            problems.append(f"{key}: shape {var.shape} in the model, {info.shape} in {name}{hint}")
         elif info.dtype != var.dtype:
             problems.append(f"{key}: dtype {_describe(var.dtype)} in the model, {_describe(info.dtype)} in {name}")
         else:
@@ -87,8 +100,12 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
 _BATCH_BYTES = 64 << 20  # small tensors are read in batches (one syscall for many)
 
 
-def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]]) -> None:
-    """Read each tensor into its variable's buffer; on failure, uninitialize what was touched."""
+def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
+                         transposed: Collection[str] = ()) -> None:
+    """Read each tensor into its variable's buffer; on failure, uninitialize what was touched.
+
+    Tensors whose keys are in ``transposed`` are read whole, then assigned transposed.
+    """
     touched: list[Variable] = []
     try:
         batch: list[tuple[str, Any]] = []
@@ -96,6 +113,9 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]]) -> 
         for key, var in pairs:
             buffer = var._writable_buffer()
             touched.append(var)  # before the read: a failed read may have written part of it
+            if key in transposed:
+                buffer[...] = reader.read(key).T
+                continue
             batch.append((key, buffer))
             size += buffer.nbytes
             if size >= _BATCH_BYTES:
@@ -132,8 +152,22 @@ def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Vari
 AssignmentTarget = Any  # a Variable, a list of Variables, a variable name, or a scope ("new/")
 
 
+def _transposed_keys(transpose: Collection[str] | Callable[[str], bool], keys: list[str],
+                     problems: list[str]) -> frozenset[str]:
+    """The restored keys ``transpose`` selects; names it gives that nothing restores are problems."""
+    if isinstance(transpose, str):
+        raise TypeError(f"transpose must be a collection of keys or a predicate, not the string "
+                        f"{transpose!r} (write [{transpose!r}])")
+    if callable(transpose):
+        return frozenset(k for k in keys if transpose(k))
+    unknown = [k for k in transpose if k not in keys]
+    problems.extend(f"transpose names {k!r}, which the assignment map does not restore" for k in unknown)
+    return frozenset(transpose)
+
+
 def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
                          assignment_map: Mapping[str, AssignmentTarget] | Sequence[tuple[str, AssignmentTarget]],
+                         transpose: Collection[str] | Callable[[str], bool] = (),
                          ) -> list[tuple[str, Variable]]:
     """Restore checkpoint tensors into existing variables, with TensorFlow's assignment maps.
 
@@ -146,6 +180,12 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
               key with "old_scope/" in its place ("old_scope/" does not match "old_scope_1/");
             * ``"/": "new_scope/"`` maps the checkpoint's root; ``"old/": "/"`` the model's;
             * ``"key": variable`` (or a variable's name, or a list of variables) maps one tensor.
+        transpose: checkpoint keys (a collection, or a predicate on keys) whose tensors are
+            transposed before they are assigned, for frameworks that store a layer the other
+            way round: PyTorch's ``Linear.weight`` is (out_features, in_features), a Dense
+            kernel is (in, out). Only 2-D tensors are transposed (0-D and 1-D ones are left
+            as they are); naming a tensor of higher rank is an error, since convolution
+            kernels differ by a permutation, not a transpose.
 
     Returns:
         The (checkpoint key, variable) pairs restored.
@@ -154,6 +194,12 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
         ValueError: for a malformed map; KeyNotFoundError (also a ValueError) for keys missing
         from the checkpoint; MismatchError (a ValueError) for shape or dtype mismatches.
         Nothing is assigned when any entry fails.
+
+    Example:
+        >>> import ckpt
+        >>> layer1 = ckpt.Variable(ckpt.initializers.Zeros(), shape=(3, 4), name="layer1/kernel")
+        >>> pairs = ckpt.init_from_checkpoint("torch_state.pt", {"fc1.weight": layer1},
+        ...                                   transpose=["fc1.weight"])  # doctest: +SKIP
     """
     items = list(assignment_map.items()) if isinstance(assignment_map, Mapping) else list(assignment_map)
     by_name: dict[str, list[Variable]] = defaultdict(list)
@@ -199,11 +245,12 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
         if id(var) in seen and seen[id(var)] != key:
             problems.append(f"variable {var.name} is assigned twice: from {seen[id(var)]!r} and {key!r}")
         seen[id(var)] = key
+    transposed = _transposed_keys(transpose, [key for key, _ in pairs], problems)
     if problems:
         raise ValueError("invalid assignment map:\n  " + "\n  ".join(problems))
     unique = {(key, id(var)): (key, var) for key, var in pairs}  # the same pair twice is one assignment
     pairs = list(unique.values())
     with open_checkpoint(ckpt_dir_or_file) as reader, gc_paused():
-        checked, _ = _plan(reader, pairs, allow_missing=False)
-        _read_into_variables(reader, checked)
+        checked, _ = _plan(reader, pairs, allow_missing=False, transposed=transposed)
+        _read_into_variables(reader, checked, transposed)
     return checked

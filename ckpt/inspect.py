@@ -28,7 +28,7 @@ from . import dtypes
 from .errors import KeyNotFoundError, closest_hint
 from .reader import CheckpointReader, load_checkpoint
 
-__all__ = ["ParamCount", "TensorStats", "dtype_label", "describe", "count_params", "tensor_stats",
+__all__ = ["ParamCount", "TensorStats", "dtype_label", "describe", "count_params", "tensor_stats", "jsonable",
            "inspect_lines", "inspect_report", "print_tensors_in_checkpoint_file"]
 
 #: Elements handled per step when computing statistics: bounds the temporaries for huge tensors.
@@ -191,6 +191,11 @@ def _chunks(flat: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def _numeric_stats(flat: np.ndarray, kind: str) -> TensorStats:
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # huge values: an inf std, no warning
+        return _numeric_stats_unguarded(flat, kind)
+
+
+def _numeric_stats_unguarded(flat: np.ndarray, kind: str) -> TensorStats:
     exact = flat.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
     count, zeros, nan, n = flat.size, 0, 0, 0
     lo: Any = None
@@ -220,8 +225,20 @@ def _numeric_stats(flat: np.ndarray, kind: str) -> TensorStats:
         return TensorStats(kind, count, zeros, nan, inf, None, None, None, None, ())
     hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
     for _, x, finite in _chunks(flat):
-        hist += np.histogram(x[finite], bins=HISTOGRAM_BINS, range=(float(lo), float(hi)))[0]
+        hist += _bin_counts(x[finite], float(lo), float(hi))
     return TensorStats(kind, count, zeros, nan, inf, lo, hi, mean, math.sqrt(m2 / n), tuple(int(c) for c in hist))
+
+
+def _bin_counts(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Histogram counts over [lo, hi]; values are scaled first so ranges like ±1e308 cannot overflow."""
+    bins = HISTOGRAM_BINS
+    if lo == hi:
+        counts = np.zeros(bins, dtype=np.int64)
+        counts[bins // 2] = x.size
+        return counts
+    index = ((x / bins - lo / bins) / (hi / bins - lo / bins) * bins).astype(np.int64)
+    np.clip(index, 0, bins - 1, out=index)
+    return np.bincount(index, minlength=bins)
 
 
 def jsonable(value: Any) -> Any:

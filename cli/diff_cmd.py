@@ -89,12 +89,11 @@ def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float
     ta, tb = ra.tensors, rb.tensors
     yield f"--- {ra.path}"
     yield f"+++ {rb.path}"
-    common = [ta[k] for k in sorted(ta) if k in tb]
-    values = {info.key: None for info in common if info.shape == tb[info.key].shape and
-              dtypes.is_string(info.dtype) == dtypes.is_string(tb[info.key].dtype)}
-    readable = [info for info in common if info.key in values]
-    for info in (progress(readable) if progress is not None else readable):
-        values[info.key] = compare_values(ra.get_tensor(info.key), rb.get_tensor(info.key), atol, rtol)
+    # values are compared wherever shapes match, also across numeric dtypes (float32 -> float16)
+    comparable = [ta[k] for k in sorted(ta) if k in tb and ta[k].shape == tb[k].shape and
+                  dtypes.is_string(ta[k].dtype) == dtypes.is_string(tb[k].dtype)]
+    values = {info.key: compare_values(ra.get_tensor(info.key), rb.get_tensor(info.key), atol, rtol)
+              for info in (progress(comparable) if progress is not None else comparable)}
     for key in sorted(set(ta) | set(tb)):
         if key not in tb:
             counts["only in A"] += 1

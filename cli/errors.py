@@ -6,12 +6,12 @@ exits 2 (click's own code); ``ckpt diff`` reports trouble with 2, as diff(1) doe
 Example:
     >>> @reports_errors()
     ... def command():
-    ...     raise ckpt.KeyNotFoundError("m.h5: tensor 'w' not found; closest keys: w0")
+    ...     raise ckpt.KeyNotFoundError("m.h5: tensor w not found; closest keys: w0")
     >>> try:
     ...     command()
     ... except Failure as exc:
     ...     exc.exit_code, error_lines(exc.format_message())
-    (1, ['Error: m.h5: tensor \\'w\\' not found', '  closest keys: w0'])
+    (1, ['Error: m.h5: tensor w not found', '  closest keys: w0'])
 """
 
 from __future__ import annotations

@@ -131,9 +131,8 @@ def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: b
     options = parse_printoptions(printoptions)
     with ckpt.load_checkpoint(path) as reader:
         # only --stats over many bytes is slow enough for a bar; values print as they come
-        shown = [reader.tensors[tensor_name]] if reader.has_tensor(tensor_name or "") else \
-            [] if tensor_name else list(reader.tensors.values())
-        held = stats and shows_progress(sum(info.nbytes for info in shown))
+        held = stats and shows_progress(sum(info.nbytes for key, info in reader.tensors.items()
+                                            if not tensor_name or key == tensor_name))
         view = dict(tensor_name=tensor_name, all_tensors=all_tensors, names_only=names_only, stats=stats,
                     exclude=exclude, progress=tracked("computing statistics") if held else None)
         if as_json:

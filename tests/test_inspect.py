@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -122,6 +123,16 @@ def test_bool_complex_string_and_empty_stats():
     assert s.lines()[0] == "  lengths: min 0  max 6  empty 33.3%"
     e = inspect.tensor_stats(np.zeros((0, 3), np.float32))
     assert e.count == 0 and e.lines() == ["  empty: no values"]
+
+
+def test_extreme_ranges_neither_crash_nor_warn():
+    big = np.finfo(np.float64).max
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = inspect.tensor_stats(np.array([-big, 0.0, big]))
+    assert (s.min, s.max, s.histogram[0], s.histogram[-1], s.std) == (-big, big, 1, 1, math.inf)
+    assert sum(s.histogram) == 3
+    assert json.dumps(s.to_json(), allow_nan=False)
 
 
 def test_all_nan_tensor():

@@ -39,29 +39,44 @@ def _when(seconds: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) if seconds else "-"
 
 
-def _size(path: str) -> str:
-    return human_size(os.path.getsize(path)) if os.path.isfile(path) else "-"
+def _files_of(path: str) -> list[str]:
+    """The files of a checkpoint: the file itself, or those of a prefix (TensorFlow's
+    "model.ckpt-7" is model.ckpt-7.index and model.ckpt-7.data-*)."""
+    if os.path.isfile(path):
+        return [path]
+    parent, prefix = os.path.split(path)
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return []
+    return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix + ".")]
+
+
+def _size(files: list[str]) -> str:
+    return human_size(sum(os.path.getsize(f) for f in files)) if files else "-"
 
 
 def _rows(directory: str) -> Iterator[tuple[str, str, str, str, str]]:
     """(path, step, time, size, note) for each entry of the state file, then unknown files."""
     state = read_state(directory)
     latest = ckpt.latest_checkpoint(directory)
-    known = set()
+    known: set[str] = set()
     if state is not None:
         preserved = {e.path for e in state.preserved}
         for entry in state.all_entries():
-            full = os.path.join(directory, entry.path)
-            known.add(os.path.basename(entry.path))
+            full = os.path.join(directory, entry.path)  # TensorFlow may record absolute paths
+            files = _files_of(full)
+            known.update(os.path.abspath(f) for f in files)
             note = "latest" if full == latest else "missing" if not base.checkpoint_exists(full) else \
                 "preserved" if entry.path in preserved else ""
-            yield entry.path, "-" if entry.step is None else str(entry.step), _when(entry.time), _size(full), note
+            step = "-" if entry.step is None else str(entry.step)
+            yield entry.path, step, _when(entry.time), _size(files), note
     for name in sorted(os.listdir(directory)):
         full = os.path.join(directory, name)
-        if name in known or name == STATE_FILE or is_temporary(name) or not os.path.isfile(full) or \
-                base.format_for_path(name) is None:
+        if os.path.abspath(full) in known or name == STATE_FILE or is_temporary(name) or \
+                not os.path.isfile(full) or base.format_for_path(name) is None:
             continue
-        yield name, "-", _when(os.path.getmtime(full)), _size(full), f"not in the '{STATE_FILE}' state file"
+        yield name, "-", _when(os.path.getmtime(full)), _size([full]), f"not in the '{STATE_FILE}' state file"
 
 
 @click.command()

@@ -85,6 +85,8 @@ def run_with_read_progress(work: Callable[[], T], nbytes: int, label: str,
         while worker.is_alive():
             worker.join(0.1)
             bar.update(min(nbytes, _bytes_read() - start) - bar.pos)
+        if "error" not in outcome:
+            bar.update(nbytes - bar.pos)  # done, even if it read less than estimated
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from ckpt.atomic import replace_atomically
 from ckpt.cli import main
 from ckpt.cli import progress
 from ckpt.cli.diff_cmd import compare_values
+from ckpt.cli.ls_cmd import human_size
 from ckpt.formats import base
 from ckpt.state import CheckpointEntry, CheckpointState, write_state
 
@@ -622,8 +625,6 @@ def test_ls_lists_the_state_file_and_unknown_files(tmp_path):
 
 
 def shown_size(path) -> str:
-    from ckpt.cli.ls_cmd import human_size
-
     return human_size(os.path.getsize(path))
 
 
@@ -634,6 +635,19 @@ def test_ls_of_a_saver_directory(tmp_path):
     lines = run("ls", tmp_path).stdout.splitlines()
     assert [line.split()[:2] for line in lines[1:]] == [["model-20.msgpack", "20"], ["model-30.msgpack", "30"]]
     assert lines[-1].endswith("  latest") and not lines[1].endswith("latest")
+
+
+def test_ls_of_a_tensorflow_directory_counts_a_prefix_files(tmp_path):
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "foreign", "tf1_saver")
+    if not os.path.isdir(fixture):
+        pytest.skip("the TensorFlow fixture is not in this checkout")
+    shutil.copytree(fixture, tmp_path / "tf")
+    size = sum(os.path.getsize(tmp_path / "tf" / n) for n in os.listdir(tmp_path / "tf") if n != "checkpoint")
+    result = run("ls", tmp_path / "tf")
+    assert result.exit_code == 0, result.stderr
+    assert re.split(r"\s{2,}", result.stdout.splitlines()[1].strip()) == \
+        ["model.ckpt-7", "-", "-", human_size(size), "latest"]
+    assert len(result.stdout.splitlines()) == 2  # its .index and .data files are part of it, not unknown files
 
 
 def test_ls_without_a_state_file_shows_the_files(tmp_path):
@@ -693,7 +707,7 @@ def test_output_is_the_same_with_a_progress_bar(tmp_path, monkeypatch, command):
     assert barred.stderr != ""  # the bar's label (hidden off a terminal, as click does)
 
 
-def test_read_progress_follows_the_bytes_read(tmp_path, monkeypatch):
+def test_read_progress_shows_a_bar_on_a_terminal_while_work_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "MIN_BYTES", 0)
     data = tmp_path / "data"
     data.write_bytes(os.urandom(1 << 20))

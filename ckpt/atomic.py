@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -54,7 +53,7 @@ def fsync_directory(directory: str) -> None:
 def _create_locked(directory: str, base: str) -> tuple[int, str]:
     """Create and lock a fresh temporary file; retry if a cleaner took it before we locked it."""
     for _ in range(100):
-        tmp = os.path.join(directory, f".{base}{_TEMP_MARK}{secrets.token_hex(6)}")
+        tmp = os.path.join(directory, f".{base}{_TEMP_MARK}{os.urandom(6).hex()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,7 +24,7 @@ __all__ = ["set_seed", "generator", "draw_seed"]
 
 # Re-entrant so a caller holding the lock (e.g. while drawing) may call set_seed safely.
 _lock = threading.RLock()
-_generator: np.random.Generator = np.random.default_rng()
+_generator: np.random.Generator | None = None  # created on first use: numpy.random costs ~10 ms to import
 
 
 def _check_seed(seed: int) -> int:
@@ -62,7 +62,7 @@ def set_seed(seed: int) -> None:
     """
     seed = _check_seed(seed)
     with _lock:
-        _generator.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+        generator().bit_generator.state = np.random.default_rng(seed).bit_generator.state
 
 
 def generator() -> np.random.Generator:
@@ -75,7 +75,11 @@ def generator() -> np.random.Generator:
         >>> generator().integers(0, 10) in range(10)
         True
     """
-    return _generator
+    global _generator
+    with _lock:
+        if _generator is None:
+            _generator = np.random.default_rng()
+        return _generator
 
 
 def draw_seed() -> int:
@@ -90,4 +94,4 @@ def draw_seed() -> int:
         True
     """
     with _lock:
-        return int(_generator.integers(0, 2**63, dtype=np.int64))
+        return int(generator().integers(0, 2**63, dtype=np.int64))

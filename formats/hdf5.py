@@ -101,7 +101,7 @@ class Hdf5Format:
     can_write = True
 
     def sniff(self, head: bytes) -> bool:
-        if head.startswith(MAGIC):
+        if head.startswith(MAGIC) or _damaged_magic(head):
             return True
         # HDF5 looks for its signature at 0, 512, 1024, 2048, ... (after a user block)
         offset = 0
@@ -113,8 +113,12 @@ class Hdf5Format:
 
     def open(self, path: str) -> BaseReader:
         with open(path, "rb") as f:
-            magic = f.read(len(MAGIC))
-        return Hdf5Reader(path) if magic == MAGIC else adopt_layout(H5pyReader(path))
+            head = f.read(_HEADER.size)
+        if head.startswith(MAGIC):
+            return Hdf5Reader(path)
+        if _damaged_magic(head):  # ckpt's own file: do not hand its (damaged) bytes to libhdf5
+            raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
+        return adopt_layout(H5pyReader(path))
 
     def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
               metadata: Mapping[str, Any]) -> None:
@@ -187,6 +191,12 @@ class Hdf5Format:
         except Exception as exc:  # h5py reports some failures as RuntimeError/ValueError
             raise CheckpointWriteError(f"{path}: HDF5 could not write the file: {exc}") from exc
         return offsets
+
+
+def _damaged_magic(head: bytes) -> bool:
+    """A ckpt header whose checksum holds once the expected magic is put back."""
+    return len(head) >= _HEADER.size and head[:8] != MAGIC and \
+        _io.crc32c(MAGIC + head[8:28]) == int.from_bytes(head[28:32], "little")
 
 
 def _entry(key: str, dt: np.dtype, shape: tuple[int, ...], data: np.ndarray, lengths: list[int] | None,

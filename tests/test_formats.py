@@ -209,6 +209,17 @@ def test_flipped_bit_in_tensor_data_is_caught_and_named(tmp_path, fmt):
         assert len(problems) == 1 and "'bad'" in problems[0]
 
 
+@pytest.mark.parametrize("bit", [0, 9, 63])
+def test_damaged_hdf5_magic_never_reaches_libhdf5(tmp_path, bit, monkeypatch):
+    path = write(base.get_format("hdf5"), tmp_path / "magic.h5", [("a", np.ones(4, np.float32))])
+    raw = bytearray(open(path, "rb").read())
+    raw[bit // 8] ^= 1 << (bit % 8)
+    open(path, "wb").write(raw)
+    monkeypatch.setattr(h5fmt, "H5pyReader", None)  # any route to libhdf5 would fail loudly
+    with pytest.raises(ckpt.CorruptCheckpointError, match="magic bytes are damaged"):
+        ckpt.load_checkpoint(path)
+
+
 def test_hdf5_verify_catches_damaged_structure(tmp_path):
     path = write(base.get_format("hdf5"), tmp_path / "meta.h5", [("a", np.ones(4, np.float32))])
     raw = bytearray(open(path, "rb").read())

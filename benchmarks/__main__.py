@@ -1,0 +1,20 @@
+"""python -m benchmarks: see benchmarks/run.py and docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+from .run import main
+
+parser = argparse.ArgumentParser(prog="python -m benchmarks",
+                                 description="ckpt's save/restore benchmarks against peers and the raw limit")
+parser.add_argument("--size-gib", type=float, default=1.0, help="case (a): total size of the 64 tensors")
+parser.add_argument("--small-count", type=int, default=10000, help="case (b): number of 1 KiB tensors")
+parser.add_argument("--reps", type=int, default=5, help="repetitions per system (median reported)")
+parser.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs directory (CPU cost); '' to skip")
+parser.add_argument("--disk", default=tempfile.gettempdir(), help="a directory on disk; '' to skip")
+parser.add_argument("--cases", default="a,b,c,d,e,checksum,import",
+                    help="comma-separated: a b c d e checksum import")
+parser.add_argument("--systems", default="", help="comma-separated name fragments to keep (default: all)")
+main(parser.parse_args())

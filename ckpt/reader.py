@@ -143,8 +143,11 @@ def list_variables(ckpt_dir_or_file: str | os.PathLike[str]) -> list[tuple[str, 
 
 
 def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.ndarray:
-    """Return one tensor's value; a trailing ":0" in ``name`` is ignored."""
-    if name.endswith(":0"):
-        name = name[:-2]
+    """Return one tensor's value; a trailing ":0" in ``name`` is ignored.
+
+    Unless the checkpoint holds ``name`` itself: Keras 2 files keep the ":0" in their keys.
+    """
     with load_checkpoint(ckpt_dir_or_file) as reader:
+        if name.endswith(":0") and not reader.has_tensor(name):
+            name = name[:-2]
         return reader.get_tensor(name)

@@ -30,16 +30,12 @@ NUMPY_DTYPES.update({
 })
 
 
-def check_key(key: Any, path: str, where: str = "") -> str:
+def check_key(key: Any, path: str) -> str:
     """Return ``key`` if it follows ckpt's key rules, else raise UnsupportedCheckpointError."""
     problem = key_problem(key)
     if problem:
         raise UnsupportedCheckpointError(
-            f"{path}: {where or 'key'} {key!r} cannot be a ckpt key ({problem}); ckpt reads files "
-            "whose keys are '/'-separated names")
+            f"{path}: key {key!r} cannot be a ckpt key ({problem}); ckpt reads files whose keys are "
+            "'/'-separated names")
     return key
 
-
-def join_key(parts: list[str], path: str) -> str:
-    """Join a nested path ("params", "Dense_0", "kernel") into a checked ckpt key."""
-    return check_key("/".join(parts), path, "nested key " + "/".join(repr(p) for p in parts))

@@ -232,9 +232,10 @@ class Unpickler:
         stack.append(self._set_items({}, items))
 
     def _set_items(self, target: Any, items: list[Any]) -> Any:
-        if type(target) not in (dict, _OrderedDict) or len(items) % 2:
-            raise CorruptCheckpointError(f"{self._path}: the pickle sets items on a "
-                                         f"{type(target).__name__}")
+        if type(target) not in (dict, _OrderedDict):
+            raise CorruptCheckpointError(f"{self._path}: the pickle sets items on a {type(target).__name__}")
+        if len(items) % 2:
+            raise CorruptCheckpointError(f"{self._path}: the pickle sets an odd number of dict items")
         for i in range(0, len(items), 2):
             target[items[i]] = items[i + 1]
         return target

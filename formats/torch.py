@@ -93,8 +93,9 @@ class TorchReader(BaseReader):
         pickled = self._member(pickles[0])
         root = load(pickled, path, self._storage)
         if not isinstance(root, (dict, list, tuple)):
-            raise UnsupportedCheckpointError(f"{path}: holds a single {type(root).__name__}, not a state dict; "
-                                             "ckpt reads dicts (or lists) of tensors")
+            what = "tensor" if isinstance(root, TensorRef) else type(root).__name__
+            raise UnsupportedCheckpointError(f"{path}: holds a single {what}, not a state dict; ckpt reads "
+                                             "dicts (or lists) of tensors")
         self._tensors, self._metadata = {}, {}
         self._budget = len(pickled)
         self._flatten(root, [], set())

@@ -135,6 +135,9 @@ def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float) -> None:
     Lines: "- key" only in A, "+ key" only in B, "! key" a changed dtype or shape or values
     outside the tolerance, "~ key" values that differ within the tolerance.
     Exit status: 0 the same (within tolerance), 1 different, 2 trouble (as diff(1)).
+
+    \b
+    ckpt diff run1/ run2/ --atol 1e-6      latest checkpoints of two runs
     """
     with ckpt.load_checkpoint(a) as ra, ckpt.load_checkpoint(b) as rb:
         counts = dict.fromkeys(["only in A", "only in B", "changed dtype or shape", "differ",

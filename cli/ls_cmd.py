@@ -88,6 +88,9 @@ def ls(directory: str) -> None:
     From its state file: path, step, time (UTC), size, which is latest.
 
     Checkpoint files the state file does not know are listed too, marked as such.
+
+    \b
+    ckpt ls run/
     """
     if not os.path.isdir(directory):
         what = "not a directory" if os.path.exists(directory) else "no such directory"

@@ -22,6 +22,9 @@ def verify(path: str) -> None:
 
     Files that carry no checksums (HDF5 written by other tools) are read in full, which finds
     unreadable data but cannot vouch for the values; verify says so.
+
+    \b
+    ckpt verify model.h5 && cp model.h5 /backup/
     """
     reader = open_checkpoint(path)  # the format's reader: it says whether the file has checksums
     try:

@@ -18,7 +18,8 @@ function named in the file is ever called. A GLOBAL resolves only to one of thes
 Any other global (``os.system``, ``builtins.eval``, a model class, numpy) is refused with an
 UnsupportedCheckpointError naming it, before anything is called. Opcodes that build
 arbitrary objects (NEWOBJ, INST, OBJ, EXT*, out-of-band buffers) are refused the same
-way; REDUCE calls only the functions above, BUILD applies only to an OrderedDict.
+way; REDUCE calls only the functions above, BUILD applies only to an OrderedDict. Dict keys
+and set items must be strings, numbers, bytes or None (hashing anything deeper could crash).
 Persistent ids (BINPERSID) must be torch's ``("storage", type, key, location, numel)``.
 
 Example:
@@ -85,6 +86,9 @@ _STORAGES = {
 _TORCH_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
                  "int": "int32", "short": "int16", "cfloat": "complex64", "cdouble": "complex128",
                  **{name: name for name in NUMPY_DTYPES}}
+
+
+_SCALARS = (str, int, float, bool, bytes, type(None))
 
 
 class Unpickler:
@@ -212,7 +216,16 @@ class Unpickler:
         stack.append(tuple(self._pop_mark(stack)))
 
     def _op_FROZENSET(self, stack: list[Any], memo: dict[int, Any], arg: Any) -> None:
-        stack.append(frozenset(self._pop_mark(stack)))
+        stack.append(frozenset(self._hashable(self._pop_mark(stack))))
+
+    def _hashable(self, items: list[Any]) -> list[Any]:
+        """Dict keys and set items must be plain scalars: hashing a deeply nested tuple would
+        overflow the C stack (CPython's tuple hash has no recursion guard)."""
+        for item in items:
+            if type(item) not in _SCALARS:
+                raise UnsupportedCheckpointError(f"{self._path}: the pickle uses a {type(item).__name__} as a "
+                                                 "dict key or set item; ckpt allows strings, numbers and None")
+        return items
 
     def _tuple_n(self, n: int, stack: list[Any]) -> None:
         items = [self._pop(stack) for _ in range(n)][::-1]
@@ -237,7 +250,7 @@ class Unpickler:
         if len(items) % 2:
             raise CorruptCheckpointError(f"{self._path}: the pickle sets an odd number of dict items")
         for i in range(0, len(items), 2):
-            target[items[i]] = items[i + 1]
+            target[self._hashable([items[i]])[0]] = items[i + 1]
         return target
 
     def _op_SETITEM(self, stack: list[Any], memo: dict[int, Any], arg: Any) -> None:
@@ -266,7 +279,7 @@ class Unpickler:
         target = self._top(stack)
         if type(target) is not set:
             raise CorruptCheckpointError(f"{self._path}: the pickle adds items to a {type(target).__name__}")
-        target.update(items)
+        target.update(self._hashable(items))
 
     def _op_PUT(self, stack: list[Any], memo: dict[int, Any], arg: Any) -> None:
         memo[arg] = self._top(stack)
@@ -334,7 +347,7 @@ class Unpickler:
         for pair in args[0] if args else ():
             if type(pair) not in (tuple, list) or len(pair) != 2:
                 raise CorruptCheckpointError(f"{self._path}: OrderedDict called with a non-pair")
-            out[pair[0]] = pair[1]
+            self._set_items(out, list(pair))
         return out
 
     def _rebuild_tensor_v2(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,

@@ -215,7 +215,7 @@ def _zip_metadata(archive: Any, path: str) -> dict[str, Any]:
             continue
         try:
             fields = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"{path}: metadata.json is not JSON") from exc
         if isinstance(fields, dict):
             out.update({k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))})

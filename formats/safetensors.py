@@ -244,7 +244,7 @@ def _ckpt_fields(meta: dict[str, str], tensors: dict[str, TensorInfo], path: str
     try:
         crcs = json.loads(meta["ckpt_crc32c"])
         metadata = json.loads(meta.get("ckpt_metadata", "{}"))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path}: ckpt's checksums or metadata in __metadata__ are not "
                                      "JSON") from exc
     if not isinstance(metadata, dict) or not isinstance(crcs, dict) or crcs.keys() != tensors.keys() or \

@@ -161,7 +161,12 @@ def test_opening_runs_nothing_a_hostile_pickle_names(tmp_path):
     (state_dict([("a//b", tensor("FloatStorage", "0", 2, 0, (2,), (1,)))]), ckpt.UnsupportedCheckpointError,
      "cannot be a ckpt key"),
     (b"\x80\x02" + EMPTY_DICT + MARK + ints((1, 2)) + num(1) + SETITEMS + STOP, ckpt.UnsupportedCheckpointError,
-     "has a tuple key"),
+     "uses a tuple as a dict key"),
+    # a key nested 200000 deep: hashing it would overflow the C stack, so it is refused unhashed
+    (b"\x80\x02" + EMPTY_DICT + EMPTY_TUPLE + b"\x85" * 200000 + num(1) + SETITEM + STOP,
+     ckpt.UnsupportedCheckpointError, "uses a tuple as a dict key"),
+    (b"\x80\x02" + MARK + EMPTY_TUPLE + b"\x85" * 200000 + b"\x91" + STOP, ckpt.UnsupportedCheckpointError,
+     "uses a tuple as a dict key or set item"),
     (b"\x80\x02" + tensor("FloatStorage", "0", 2, 0, (2,), (1,)) + STOP, ckpt.UnsupportedCheckpointError,
      "holds a single tensor, not a state dict"),
     (b"\x80\x02" + EMPTY_LIST + b"q\x00h\x00" + APPEND + STOP, ckpt.UnsupportedCheckpointError, "contains itself"),

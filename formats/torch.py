@@ -164,6 +164,10 @@ class TorchReader(BaseReader):
                 raise CorruptCheckpointError(
                     f"{self.path}: tensor {key!r} ({list(ref.shape)}, strides {list(ref.stride)}, offset "
                     f"{ref.offset}) reaches beyond its storage of {ref.storage.numel} elements")
+        if count * ref.dtype.itemsize > _io.file_size(self._fd):  # an expanded (stride 0) view
+            raise UnsupportedCheckpointError(
+                f"{self.path}: tensor {key!r} is a view of {list(ref.shape)} elements (strides "
+                f"{list(ref.stride)}), larger than the whole file; ckpt does not expand it")
         self._tensors[key] = TensorInfo(key, ref.dtype, ref.shape, count * ref.dtype.itemsize, ref)
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:

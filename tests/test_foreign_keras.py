@@ -151,3 +151,13 @@ def test_damaged_or_unusual_keras_zips(tmp_path):
         z.write(os.path.join(FIXTURES, "keras3.weights.h5"), "model.weights.h5", compress_type=zipfile.ZIP_DEFLATED)
     with pytest.raises(ckpt.UnsupportedCheckpointError, match="'model.weights.h5' is compressed"):
         ckpt.load_checkpoint(str(path))
+
+
+def test_declared_sizes_are_checked_before_allocating(tmp_path):
+    path = str(tmp_path / "huge.weights.h5")
+    with h5py.File(path, "w") as f:
+        f.create_group("vars")
+        f.create_group("layers/dense/vars").create_dataset("0", shape=(2 ** 40,), dtype="f4")  # never written
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"'layers/dense/vars/0' declares \[1099511627776\] .* "
+                                                          "more than a .*-byte file can hold"):
+        ckpt.load_checkpoint(path)

@@ -158,6 +158,10 @@ def test_opening_runs_nothing_a_hostile_pickle_names(tmp_path):
     (b"\x80\x02" + EMPTY_DICT + MARK + num(1) + SETITEMS + STOP, ckpt.CorruptCheckpointError, "odd number"),
     (state_dict([("w", tensor("FloatStorage", "0", 2, 0, (2,), (1,), metadata=EMPTY_DICT + text("conj")
                               + b"\x88" + SETITEM))]), ckpt.UnsupportedCheckpointError, "carries metadata"),
+    (state_dict([("w", tensor("FloatStorage", "0", 2, 0, (10 ** 6, 10 ** 6), (0, 1)))]), ckpt.CorruptCheckpointError,
+     "reaches beyond its storage"),
+    (state_dict([("w", tensor("FloatStorage", "0", 2, 0, (10 ** 6, 10 ** 6), (0, 0)))]),
+     ckpt.UnsupportedCheckpointError, "larger than the whole file"),  # legal in torch, but not allocated here
     (state_dict([("a//b", tensor("FloatStorage", "0", 2, 0, (2,), (1,)))]), ckpt.UnsupportedCheckpointError,
      "cannot be a ckpt key"),
     (b"\x80\x02" + EMPTY_DICT + MARK + ints((1, 2)) + num(1) + SETITEMS + STOP, ckpt.UnsupportedCheckpointError,

@@ -62,6 +62,7 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     while pos < len(buf):
         tag, pos = varint(buf, pos)
         number, wire = tag >> 3, tag & 7
+        value: int | bytes
         if wire == 0:
             value, pos = varint(buf, pos)
         elif wire in (1, 5):

@@ -136,13 +136,13 @@ class _Parser:
         if 0x80 <= b <= 0x8F or b in (0xDE, 0xDF):
             n = b & 0x0F if b <= 0x8F else cur.uint(2 if b == 0xDE else 4, at)
             return self._map(n, where, depth)
-        n = self._array_len(b, at)
-        if n is not None:  # Flax writes lists as maps {"0": ...}; plain arrays are read the same way
-            self._check_count(n, 1, at)
-            return {str(i): self.value(where + [str(i)], depth + 1) for i in range(n)}
-        n = self._str_or_bin_len(b, at)
-        if n is not None:
-            return _Leaf(dtypes.string, (), ((cur.skip(n, at), n),), is_bytes=True)
+        count = self._array_len(b, at)
+        if count is not None:  # Flax writes lists as maps {"0": ...}; plain arrays are read the same way
+            self._check_count(count, 1, at)
+            return {str(i): self.value(where + [str(i)], depth + 1) for i in range(count)}
+        size = self._str_or_bin_len(b, at)
+        if size is not None:
+            return _Leaf(dtypes.string, (), ((cur.skip(size, at), size),), is_bytes=True)
         ext = self._ext_header(b, at)
         if ext is not None:
             return self._ext(*ext, at)
@@ -223,9 +223,10 @@ class _Parser:
         if code == _EXT_COMPLEX:
             parts = [self._number(cur.take(1, at)[0], at) for _ in range(2)] \
                 if self._array_len(cur.take(1, at)[0], at) == 2 else []
-            if len(parts) != 2 or not all(p is not None and p.dtype.kind in "iuf" for p in parts):
+            values = [p.value for p in parts if p is not None and p.dtype.kind in "iuf"]
+            if len(values) != 2:
                 raise CorruptCheckpointError(f"{cur.path}: {at}: a complex number is not [real, imag]")
-            leaf = _Leaf(np.dtype(np.complex128), (), value=complex(parts[0].value, parts[1].value))
+            leaf = _Leaf(np.dtype(np.complex128), (), value=complex(*values))
         elif code in (_EXT_NDARRAY, _EXT_SCALAR):
             leaf = self._ndarray(at)
             if code == _EXT_SCALAR and leaf.shape:
@@ -278,12 +279,13 @@ def _unchunk(node: dict[str, _Node], path: str, at: str) -> _Leaf:
             or not isinstance(shape_node, dict) or not isinstance(chunks, dict):
         raise CorruptCheckpointError(f"{path}: {at}: malformed chunked array (needs {_CHUNKED}, shape, chunks)")
     dims = [shape_node.get(str(i)) for i in range(len(shape_node))]
-    parts = [chunks.get(str(i)) for i in range(len(chunks))]
-    if not all(isinstance(d, _Leaf) and d.dtype.kind in "iu" and d.value is not None and d.value >= 0
-               for d in dims) or not parts or \
-            not all(isinstance(p, _Leaf) and p.extents and len(p.shape) == 1 for p in parts):
+    shape = tuple(int(d.value) for d in dims if isinstance(d, _Leaf) and d.dtype.kind in "iu" and d.value is not None
+                  and d.value >= 0)
+    parts = [p for p in (chunks.get(str(i)) for i in range(len(chunks)))
+             if isinstance(p, _Leaf) and p.extents and len(p.shape) == 1]
+    if len(shape) != len(dims) or not parts or len(parts) != len(chunks):
         raise CorruptCheckpointError(f"{path}: {at}: malformed chunked array (shape or chunks)")
-    dtype, shape = parts[0].dtype, tuple(int(d.value) for d in dims)
+    dtype = parts[0].dtype
     if any(p.dtype != dtype for p in parts):
         raise CorruptCheckpointError(f"{path}: {at}: the chunks of one array have different dtypes")
     extents = tuple(e for p in parts for e in p.extents)

@@ -113,7 +113,8 @@ class TensorFlowReader(BaseReader):
             raise
 
     def _read_index(self, fd: int) -> None:
-        self._tensors, self._entries = {}, {}
+        self._tensors = {}
+        self._entries: dict[str, tuple[int, int, int, int]] = {}  # shard, offset, size, masked crc32c
         self._notes: dict[str, str] = {}
         header = None
         seen: set[bytes] = set()

@@ -182,7 +182,7 @@ class TorchReader(BaseReader):
             self._check(info.key, _zip.crc32(view), crc)
             return
         storage = np.empty(size, np.uint8)  # a view of part of a storage: gather it from the whole
-        _io.pread_into(self._fd, memoryview(storage), offset, self.path, what)
+        _io.pread_into(self._fd, _io.byte_view(storage), offset, self.path, what)
         self._check(info.key, _zip.crc32(storage), crc)
         itemsize = ref.dtype.itemsize
         out[...] = np.ndarray(ref.shape, ref.dtype, buffer=storage, offset=ref.offset * itemsize,

@@ -57,15 +57,12 @@ class FlaxFormat:
         # a map whose first key is a string; ckpt's own msgpack files start with a map too
         if not head or head.startswith(CKPT_MSGPACK_HEADER):
             return False
+        if head == b"\x80":  # an empty state dict
+            return True
         first = head[0]
-        if 0x80 <= first <= 0x8F:
-            key_at = 1
-        elif first in (0xDE, 0xDF):
-            key_at = 3 if first == 0xDE else 5
-        else:
-            return False
-        return len(head) == 1 and first == 0x80 or \
-            len(head) > key_at and (0xA0 <= head[key_at] <= 0xBF or head[key_at] in (0xD9, 0xDA, 0xDB))
+        key_at = 1 if 0x80 < first <= 0x8F else {0xDE: 3, 0xDF: 5}.get(first)
+        return key_at is not None and len(head) > key_at and \
+            (0xA0 <= head[key_at] <= 0xBF or head[key_at] in (0xD9, 0xDA, 0xDB))
 
     def open(self, path: str) -> FlaxReader:
         return FlaxReader(path)

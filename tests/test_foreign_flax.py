@@ -95,6 +95,9 @@ def test_ckpt_msgpack_and_flax_are_told_apart(tmp_path):
     fmt = base.get_format("flax")
     assert not fmt.sniff(own.read_bytes()[:4096])
     assert not fmt.sniff(msgpack.packb([1, 2]))  # not a state dict
+    empty = write(tmp_path / "empty.msgpack", {})
+    with ckpt.load_checkpoint(empty) as reader:
+        assert reader.format == "flax" and reader.tensors == {}
 
 
 def test_opening_reads_no_tensor_data(tmp_path, monkeypatch):

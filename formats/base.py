@@ -238,7 +238,10 @@ def get_format(name: str) -> Format:
 
 
 def format_for_path(path: str | os.PathLike[str]) -> Format | None:
-    """Return the writable format whose extension ``path`` ends with, or None."""
+    """Return the first registered format whose extension ``path`` ends with, or None.
+
+    ckpt's own formats are registered first, so ".msgpack" means ckpt's msgpack, not Flax's.
+    """
     lower = os.fspath(path).lower()
     for fmt in formats():
         if any(lower.endswith(ext) for ext in fmt.extensions):

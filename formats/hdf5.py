@@ -52,6 +52,8 @@ _HEADER = struct.Struct("<8sIIQII")
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
 LIBVER = ("v110", "v110")
+#: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
+_DEFLATE_RATIO = 1032
 
 
 def _packb(obj: Any) -> bytes:
@@ -390,6 +392,7 @@ class H5pyReader(BaseReader):
 
         self.path = path
         try:
+            self._file_size = os.path.getsize(path) if file is None else file.seek(0, os.SEEK_END)
             self._h5 = h5py.File(path if file is None else file, "r")
         except OSError as exc:
             raise CorruptCheckpointError(f"{path}: HDF5 cannot open the file: {exc}") from exc
@@ -449,7 +452,15 @@ class H5pyReader(BaseReader):
         else:
             dtype = ds.dtype
         shape = tuple(ds.shape) if ds.shape is not None else ()
-        self._tensors[key] = TensorInfo(key, dtype, shape, int(ds.id.get_storage_size()))
+        info = TensorInfo(key, dtype, shape, int(ds.id.get_storage_size()))
+        if not dtypes.is_string(dtype):  # before anything is allocated for it
+            compressed = ds.id.get_create_plist().get_nfilters() > 0
+            logical = info.size * dtype.itemsize
+            if logical > self._file_size * (_DEFLATE_RATIO if compressed else 1):
+                raise CorruptCheckpointError(
+                    f"{self.path}: dataset {key!r} declares {list(shape)} x {dtype} ({logical} bytes), "
+                    f"more than a {self._file_size}-byte file can hold")
+        self._tensors[key] = info
         self._datasets[key] = ds
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:

@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
-from . import _io, _zip
+from . import _zip
 from .base import BaseReader, TensorInfo
 from .hdf5 import H5pyReader
 
@@ -44,8 +43,6 @@ WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
 #: metadata.json and config.json larger than this are not read into the metadata.
 _MAX_JSON = 16 << 20
-#: The most data deflate can pack into one byte.
-_DEFLATE_RATIO = 1032
 
 
 class KerasFormat:
@@ -117,26 +114,13 @@ def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
         order, meta = _keras3_order(inner, h5)
     else:
         return None
-    file_size = member[1] if member is not None else os.path.getsize(inner.path)
     tensors = {}
     for key in order:
         info = inner.tensors[key]
         if _attr(h5[key].attrs.get("dtype")) == "bfloat16" and info.dtype.itemsize == 2:
             info = TensorInfo(key, dtypes.bfloat16, info.shape, info.nbytes)
-        _check_size(inner.path, key, info, h5[key], file_size)
         tensors[key] = info
     return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
-
-
-def _check_size(path: str, key: str, info: TensorInfo, dataset: Any, file_size: int) -> None:
-    """A dataset's values must fit in the file (deflate packs at most 1032:1), before
-    anything is allocated for them."""
-    compressed = dataset.id.get_create_plist().get_nfilters() > 0
-    logical = _io.expected_nbytes(np.dtype(np.uint8), info.shape) * info.dtype.itemsize
-    if not dtypes.is_string(info.dtype) and logical > file_size * (_DEFLATE_RATIO if compressed else 1):
-        raise CorruptCheckpointError(
-            f"{path}: dataset {key!r} declares {list(info.shape)} x {info.dtype} ({logical} bytes), more than "
-            f"a {file_size}-byte file can hold")
 
 
 def _attr(value: Any) -> Any:

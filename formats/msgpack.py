@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import Any, Mapping, Sequence
 

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -108,9 +108,18 @@ class CheckpointReader:
         """
         return self._reader.read(key)  # type: ignore[no-any-return]
 
-    def verify(self) -> list[str]:
-        """Check every checksum; return one line per problem (empty when the file is sound)."""
-        return list(self._reader.verify())
+    @property
+    def checksummed(self) -> bool:
+        """Whether the file carries checksums (False for e.g. HDF5 written by other tools)."""
+        return bool(self._reader.checksummed)
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        """Check the structure and every checksum; return one line per problem (empty when sound).
+
+        Args:
+            progress: called with the number of bytes checked, as the work goes on.
+        """
+        return list(self._reader.verify(progress))
 
     def close(self) -> None:
         self._reader.close()

@@ -11,19 +11,16 @@ Example:
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
-from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 import click
 
-__all__ = ["MIN_BYTES", "shows_progress", "tracked", "emit", "run_with_read_progress"]
+__all__ = ["MIN_BYTES", "shows_progress", "tracked", "emit", "byte_bar"]
 
 #: Less data than this is read too fast to be worth a bar.
 MIN_BYTES = 64 << 20
-_PROC_IO = "/proc/self/io"
-T = TypeVar("T")
 
 
 def shows_progress(nbytes: int, stream: IO[str] | None = None) -> bool:
@@ -51,42 +48,12 @@ def emit(lines: Iterable[str], held: bool) -> None:
         click.echo(line)
 
 
-def _bytes_read() -> int:
-    with open(_PROC_IO, "rb") as f:
-        for line in f:
-            if line.startswith(b"rchar:"):
-                return int(line.split()[1])
-    raise OSError(f"{_PROC_IO} has no rchar line")
-
-
-def run_with_read_progress(work: Callable[[], T], nbytes: int, label: str,
-                           stream: IO[str] | None = None) -> T:
-    """Run ``work`` (which reads about ``nbytes``), with a bar of this process's reads meanwhile.
-
-    For work that reports no progress of its own (a reader's ``verify``): it runs in a
-    thread while the bar follows the bytes the process has read (Linux's /proc/self/io).
-    Without a terminal or /proc, ``work`` simply runs.
-    """
+@contextmanager
+def byte_bar(nbytes: int, label: str, stream: IO[str] | None = None) -> Iterator[Callable[[int], None] | None]:
+    """Yield a ``progress(nbytes_done)`` callback drawing a bar, or None when no bar belongs here."""
     stream = sys.stderr if stream is None else stream
-    if not shows_progress(nbytes, stream) or not os.path.exists(_PROC_IO):
-        return work()
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = work()
-        except BaseException as exc:  # re-raised in the calling thread
-            outcome["error"] = exc
-
-    start = _bytes_read()
-    worker = threading.Thread(target=run, name="ckpt-progress-work", daemon=True)
-    worker.start()
-    with click.progressbar(length=nbytes, label=label, file=stream) as bar:
-        while worker.is_alive():
-            worker.join(0.1)
-            bar.update(min(nbytes, _bytes_read() - start) - bar.pos)
-        if "error" not in outcome:
-            bar.update(nbytes - bar.pos)  # done, even if it read less than estimated
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]  # type: ignore[no-any-return]
+    if not shows_progress(nbytes, stream):
+        yield None
+        return
+    with click.progressbar(length=max(nbytes, 1), label=label, file=stream) as bar:
+        yield bar.update

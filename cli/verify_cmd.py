@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ckpt.reader import open_checkpoint
+import ckpt
 
 from .errors import Failure, reports_errors
-from .progress import run_with_read_progress
+from .progress import byte_bar
 
 __all__ = ["verify"]
 
@@ -26,12 +26,10 @@ def verify(path: str) -> None:
     \b
     ckpt verify model.h5 && cp model.h5 /backup/
     """
-    reader = open_checkpoint(path)  # the format's reader: it says whether the file has checksums
-    try:
+    with ckpt.load_checkpoint(path) as reader:
         infos = list(reader.tensors.values())
-        problems = run_with_read_progress(reader.verify, sum(info.nbytes for info in infos), "verifying")
-    finally:
-        reader.close()
+        with byte_bar(sum(info.nbytes for info in infos), "verifying") as progress:
+            problems = reader.verify(progress)
     for problem in problems:
         click.echo(problem)
     if problems:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Iterable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -73,8 +73,11 @@ class Reader(Protocol):
     def read(self, key: str) -> np.ndarray:
         """Read one tensor into a new array."""
 
-    def verify(self) -> list[str]:
-        """Check the whole file; return one line per problem found (empty when sound)."""
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        """Check the whole file; return one line per problem found (empty when sound).
+
+        ``progress``, if given, is called with the number of bytes checked as work goes on.
+        """
 
     def close(self) -> None: ...
 
@@ -139,13 +142,15 @@ class BaseReader:
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         raise NotImplementedError
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
-        for key in self._tensors:
+        for key, info in self._tensors.items():
             try:
                 self.read(key)
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
+            if progress is not None:
+                progress(info.nbytes)
         return problems
 
     def close(self) -> None:

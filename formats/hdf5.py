@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -307,7 +307,7 @@ class Hdf5Reader(BaseReader):
                 for i, item in enumerate(_decode_strings(raw, info.extra[3])):
                     flat[i] = item
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
         for key, info in self._tensors.items():
             offset, expected = info.extra[0], info.extra[1]
@@ -315,6 +315,8 @@ class Hdf5Reader(BaseReader):
             if got != expected:
                 problems.append(f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, "
                                 f"expected {expected:#010x}): the file is damaged")
+            if progress is not None:
+                progress(info.nbytes)
         size = _io.file_size(self._fd)
         extents = [(off, n) for off, n, _ in self._extents]
         if _metadata_crc(self._fd, self._userblock, size, extents, self.path) != self._meta_crc:

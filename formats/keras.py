@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -80,13 +80,13 @@ class KerasReader(BaseReader):
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         self._inner._read_many(pairs)
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
         if self._member is not None:
             offset, size, crc = self._member
             if _zip.crc32_range(self._archive.fileno(), offset, size, self.path, WEIGHTS_MEMBER) != crc:
                 problems.append(f"{self.path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
-        return problems + super().verify()
+        return problems + super().verify(progress)
 
     def close(self) -> None:
         self._inner.close()

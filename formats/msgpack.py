@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -205,7 +205,7 @@ class MsgpackReader(BaseReader):
                 f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {got:#010x}, expected "
                 f"{expected:#010x}): the file is damaged")
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
         for key, info in self._tensors.items():
             extents, expected = info.extra
@@ -216,6 +216,8 @@ class MsgpackReader(BaseReader):
                 self._check_crc(info, crc, expected)
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
+            if progress is not None:
+                progress(info.nbytes)
         return problems
 
     def close(self) -> None:

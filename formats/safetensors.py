@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -155,9 +155,9 @@ class SafetensorsReader(BaseReader):
                 f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, expected "
                 f"{expected:#010x}): the file is damaged")
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         if self._crcs is None:
-            return super().verify()
+            return super().verify(progress)
         problems = []
         for key, info in self._tensors.items():
             try:
@@ -165,6 +165,8 @@ class SafetensorsReader(BaseReader):
                                                     self.path, f"tensor {key!r}"))
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
+            if progress is not None:
+                progress(info.nbytes)
         return problems
 
     def close(self) -> None:

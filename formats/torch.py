@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -193,7 +193,7 @@ class TorchReader(BaseReader):
             raise CorruptCheckpointError(f"{self.path}: tensor {key!r}: its storage fails the zip's CRC-32 "
                                          f"({got:#010x}, expected {expected:#010x}): the file is damaged")
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
         for key, (_, offset, size, crc) in self._storages.items():
             try:
@@ -201,6 +201,9 @@ class TorchReader(BaseReader):
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
                 continue
+            finally:
+                if progress is not None:
+                    progress(size)
             if got != crc:
                 problems.append(f"{self.path}: storage {key!r} fails the zip's CRC-32 ({got:#010x}, expected "
                                 f"{crc:#010x}): the file is damaged")

@@ -707,19 +707,20 @@ def test_output_is_the_same_with_a_progress_bar(tmp_path, monkeypatch, command):
     assert barred.stderr != ""  # the bar's label (hidden off a terminal, as click does)
 
 
-def test_read_progress_shows_a_bar_on_a_terminal_while_work_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress, "MIN_BYTES", 0)
-    data = tmp_path / "data"
-    data.write_bytes(os.urandom(1 << 20))
+def test_verify_reports_progress_through_the_reader(tmp_path, monkeypatch):
+    src = save(tmp_path / "m.h5", model())
+    seen = []
+    with ckpt.load_checkpoint(src) as reader:
+        assert reader.verify(seen.append) == []
+        assert sum(seen) == sum(info.nbytes for info in reader.tensors.values()) and len(seen) == len(reader.tensors)
     terminal = FakeTerminal()
-    assert progress.run_with_read_progress(data.read_bytes, 1 << 20, "reading", terminal) == data.read_bytes()
-    assert "reading" in terminal.getvalue() and "100%" in terminal.getvalue()
-
-    def fail():
-        raise ckpt.CorruptCheckpointError("damaged")
-
-    with pytest.raises(ckpt.CorruptCheckpointError, match="damaged"):
-        progress.run_with_read_progress(fail, 1 << 20, "reading", FakeTerminal())
+    monkeypatch.setattr(progress, "MIN_BYTES", 0)
+    with progress.byte_bar(sum(seen), "verifying", terminal) as update:
+        for n in seen:
+            update(n)
+    assert "verifying" in terminal.getvalue() and "100%" in terminal.getvalue()
+    with progress.byte_bar(sum(seen), "verifying", io.StringIO()) as update:
+        assert update is None  # not a terminal: no bar
 
 
 # -- the installed console script -------------------------------------------------------------

@@ -1,9 +1,9 @@
 """``ckpt convert SRC DST``: rewrite a checkpoint in another format, a subset, or renamed.
 
 Everything is checked before anything is written (keys, dtypes, metadata); the new file is
-written to a temporary file, read back and compared with what was read from SRC, and only
-then renamed to DST, so a failure never leaves a half-written DST. The whole checkpoint is
-held in memory while it is written (the format writers take arrays).
+written to a temporary file, read back and compared with SRC, and only then renamed to DST,
+so a failure never leaves a half-written DST. Tensors go one at a time (the writer reads each
+from SRC when it writes it; the check compares them one by one): memory holds one tensor.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ckpt.errors import CheckpointWriteError, KeyNotFoundError, closest_hint
 from ckpt.formats import base
 
 from .errors import Failure, reports_errors
-from .progress import shows_progress, tracked
+from .progress import byte_bar
 
 __all__ = ["parse_renames", "plan_keys", "convert"]
 
@@ -111,9 +111,23 @@ def _same_data(a: np.ndarray, b: np.ndarray) -> bool:
     return all(np.array_equal(va[i:i + CHUNK], vb[i:i + CHUNK]) for i in range(0, va.size, CHUNK))
 
 
-def _check_written(fmt: Any, tmp: str, dst: str, tensors: list[tuple[str, np.ndarray]],
+class _Source:
+    """A tensor of SRC that the writer reads only when it writes it (bounded memory)."""
+
+    def __init__(self, reader: Any, info: Any, progress: Any) -> None:
+        self.dtype, self.shape = info.dtype, info.shape
+        self._reader, self._info, self._progress = reader, info, progress
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self._reader.get_tensor(self._info.key)
+        if self._progress is not None:
+            self._progress(self._info.nbytes)
+        return value
+
+
+def _check_written(fmt: Any, tmp: str, dst: str, source: Any, plan: list[tuple[str, str]],
                    metadata: dict[str, Any], progress: Any) -> None:
-    """Read the new file back; raise CheckpointWriteError unless it holds exactly ``tensors``."""
+    """Read the new file back; raise CheckpointWriteError unless it holds exactly SRC's tensors."""
 
     def fail(what: str) -> CheckpointWriteError:
         return CheckpointWriteError(f"{dst}: the converted file does not read back as written ({what}); "
@@ -121,18 +135,18 @@ def _check_written(fmt: Any, tmp: str, dst: str, tensors: list[tuple[str, np.nda
 
     reader = fmt.open(tmp)
     try:
-        if sorted(reader.tensors) != sorted(key for key, _ in tensors):
+        if sorted(reader.tensors) != sorted(new for _, new in plan):
             raise fail("its keys differ")
         if reader.metadata != metadata:
             raise fail("its metadata differs")
         problems = reader.verify()
         if problems:
             raise fail(problems[0])
-        arrays = dict(tensors)
-        infos = [reader.tensors[key] for key, _ in tensors]
-        for info in (progress(infos) if progress is not None else infos):
-            if not _same_data(arrays[info.key], reader.read(info.key)):
-                raise fail(f"tensor {info.key!r} differs")
+        for old, new in plan:
+            if not _same_data(source.get_tensor(old), reader.read(new)):
+                raise fail(f"tensor {new!r} differs")
+            if progress is not None:
+                progress(reader.tensors[new].nbytes)
     finally:
         reader.close()
 
@@ -180,18 +194,17 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) ->
             metadata = base.normalize_metadata(reader.metadata, dst)
         except ValueError as exc:
             raise Failure(f"cannot convert {reader.path}: {exc}") from exc
-        infos = [reader.tensors[key] for key, _ in plan]
-        held = shows_progress(sum(info.nbytes for info in infos))
-        new_key = dict(plan)
-        tensors = [(new_key[info.key], reader.get_tensor(info.key))
-                   for info in (tracked("reading")(infos) if held else infos)]
+        total = sum(reader.tensors[key].nbytes for key, _ in plan)
+        with replace_atomically(dst) as tmp:
+            with byte_bar(total, "writing") as progress:
+                tensors = [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan]
+                try:
+                    fmt.write(tmp, tensors, metadata)
+                except (ckpt.CheckpointError, ValueError, TypeError) as exc:  # e.g. a dtype it cannot store
+                    raise Failure(str(exc).replace(tmp, dst)) from exc  # the temporary name means nothing
+            with byte_bar(total, "checking") as progress:
+                _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
         source = f"{reader.path} ({reader.format})"
-    with replace_atomically(dst) as tmp:
-        try:
-            fmt.write(tmp, tensors, metadata)
-        except (ckpt.CheckpointError, ValueError, TypeError) as exc:  # e.g. a dtype the format cannot store
-            raise Failure(str(exc).replace(tmp, dst)) from exc  # the temporary name means nothing to users
-        _check_written(fmt, tmp, dst, tensors, metadata, tracked("checking") if held else None)
     renamed = sum(old != new for old, new in plan)
-    click.echo(f"{dst} ({fmt.name}): {len(tensors)} tensors from {source}"
+    click.echo(f"{dst} ({fmt.name}): {len(plan)} tensors from {source}"
                + (f", {renamed} renamed" if renamed else "") + "; read back and checked")

@@ -24,7 +24,7 @@ from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNot
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
-           "key_problem", "normalize_metadata", "SNIFF_BYTES"]
+           "key_problem", "normalize_metadata", "materialize", "SNIFF_BYTES"]
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -186,9 +186,13 @@ class Format(Protocol):
     def open(self, path: str) -> Reader:
         """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
 
-    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
-              metadata: Mapping[str, Any]) -> None:
-        """Write a complete checkpoint to ``path`` (an existing, empty temporary file)."""
+    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+        """Write a complete checkpoint to ``path`` (an existing, empty temporary file).
+
+        Each tensor is an ndarray or a lazy source with ``dtype``, ``shape`` and
+        ``__array__()``; writers read a lazy source only when they write its bytes
+        (``materialize``), one at a time, so converting a file needs memory for one tensor.
+        """
 
 
 _registry: dict[str, Format] = {}
@@ -281,6 +285,11 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
     known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty file" if not head else "not a checkpoint in any supported format"
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
+
+
+def materialize(source: Any) -> np.ndarray:
+    """The array behind a tensor handed to a writer: an ndarray itself, a lazy source read now."""
+    return source if isinstance(source, np.ndarray) else np.asarray(source)
 
 
 def checkpoint_exists(path: str) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from ckpt.gcpause import gc_paused
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, check_shape, dtype_or_raise, key_problem,
+from .base import (BaseReader, TensorInfo, check_shape, dtype_or_raise, key_problem, materialize,
                    normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
@@ -122,35 +122,40 @@ class Hdf5Format:
             raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
         return adopt_layout(H5pyReader(path))
 
-    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
-              metadata: Mapping[str, Any]) -> None:
-        """Write with h5py (structure), then the tensor bytes and the index ourselves."""
+    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+        """Write with h5py (structure), then the tensor bytes and the index ourselves.
+
+        Tensors may be lazy sources (see ``base.materialize``): each is read when its bytes
+        are written, so memory stays bounded by the largest tensor.
+        """
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         plans = []
-        for key, arr in tensors:
-            if dtypes.is_string(arr.dtype):
-                fixed, lengths = _encode_strings(arr)
-                plans.append((key, arr.dtype, arr.shape, fixed, lengths))
+        for key, source in tensors:
+            dtype, shape = np.dtype(source.dtype), tuple(source.shape)
+            if dtypes.is_string(dtype):
+                fixed, lengths = _encode_strings(materialize(source))  # small: encoded up front
+                plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
             else:
-                plans.append((key, arr.dtype, arr.shape, _io.c_contiguous(arr), None))
-        placeholder = [_entry(key, dt, shape, data, lengths, _MAX_U64, _MAX_U32)
-                       for key, dt, shape, data, lengths in plans]
+                plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
+        placeholder = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]
         bound = _HEADER.size + len(_index_bytes(placeholder, metadata, _MAX_U64, _MAX_U32))
         userblock = max(512, 1 << (bound - 1).bit_length())
         offsets = self._write_structure(path, plans, metadata, userblock)
         fd = os.open(path, os.O_RDWR)
         try:
-            entries, extents, checksums = [], [], []
-            for (key, dt, shape, data, lengths), offset in zip(plans, offsets):
+            entries, extents = [], []
+            for plan, offset in zip(plans, offsets):
+                data = _io.c_contiguous(materialize(plan.source))
+                if data.dtype != plan.file_dtype or data.shape != plan.shape:
+                    raise ValueError(f"{path}: tensor {plan.key!r} gave {data.dtype} {data.shape}, it "
+                                     f"declared {plan.file_dtype} {plan.shape}")
                 view = _io.byte_view(data)
-                checksums.append(_io.checksum_async(view))  # overlaps with the write below
+                checksum = _io.checksum_async(view)  # overlaps with the write below
                 if len(view):
                     _io.pwrite_all(fd, view, offset)
                     extents.append((offset, len(view)))
-                entries.append(_entry(key, dt, shape, data, lengths, offset or 0, 0))
-            for entry, checksum in zip(entries, checksums):
-                entry[5] = checksum()
+                entries.append(_entry(plan, offset or 0, checksum()))
             size = _io.file_size(fd)
             meta_crc = _metadata_crc(fd, userblock, size, extents, path)
             index = _index_bytes(entries, metadata, size, meta_crc)
@@ -174,20 +179,20 @@ class Hdf5Format:
                 f.attrs["ckpt_format"] = FORMAT_NAME
                 f.attrs["ckpt_version"] = VERSION
                 f.attrs["ckpt_metadata"] = json.dumps(metadata)
-                for key, dt, shape, data, lengths in plans:
+                for key, dt, shape, file_dtype, nbytes, _, lengths in plans:
                     dcpl = h5p.create(h5p.DATASET_CREATE)
                     dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)  # fixed offsets before data is written
                     dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
                     dcpl.set_obj_track_times(False)  # no timestamps: same tensors, same bytes
                     space = h5s.create_simple(shape) if shape else h5s.create(h5s.SCALAR)
-                    dsid = h5d.create(f.id, key.encode("utf-8"), _h5_type(data.dtype), space,
+                    dsid = h5d.create(f.id, key.encode("utf-8"), _h5_type(file_dtype), space,
                                       dcpl=dcpl, lcpl=lcpl)
                     if dtypes.is_string(dt) or dt == dtypes.bfloat16:
                         attrs = h5py.Dataset(dsid).attrs
                         attrs["ckpt_dtype"] = dtypes.dtype_name(dt)
                         if lengths is not None:
                             attrs["ckpt_lengths"] = np.asarray(lengths, dtype=np.uint64)
-                    offsets.append(dsid.get_offset() if data.nbytes else None)
+                    offsets.append(dsid.get_offset() if nbytes else None)
         except OSError:
             raise
         except Exception as exc:  # h5py reports some failures as RuntimeError/ValueError
@@ -201,11 +206,22 @@ def _damaged_magic(head: bytes) -> bool:
         _io.crc32c(MAGIC + head[8:28]) == int.from_bytes(head[28:32], "little")
 
 
-def _entry(key: str, dt: np.dtype, shape: tuple[int, ...], data: np.ndarray, lengths: list[int] | None,
-           offset: int, crc: int) -> list[Any]:
-    entry = [key, dtypes.dtype_name(dt), list(shape), offset, data.nbytes, crc]
-    if dtypes.is_string(dt):
-        entry += [data.dtype.itemsize, lengths]
+class _Plan(NamedTuple):
+    """One tensor to write: its file dtype (fixed-width bytes for strings) and data source."""
+
+    key: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    file_dtype: np.dtype
+    nbytes: int
+    source: Any
+    lengths: list[int] | None
+
+
+def _entry(plan: _Plan, offset: int, crc: int) -> list[Any]:
+    entry = [plan.key, dtypes.dtype_name(plan.dtype), list(plan.shape), offset, plan.nbytes, crc]
+    if dtypes.is_string(plan.dtype):
+        entry += [plan.file_dtype.itemsize, plan.lengths]
     return entry
 
 

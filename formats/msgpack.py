@@ -34,8 +34,8 @@ from ckpt.gcpause import gc_paused
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, normalize_metadata, check_shape, dtype_or_raise, key_problem,
-                   validate_keys)
+from .base import (BaseReader, TensorInfo, check_shape, dtype_or_raise, key_problem, materialize,
+                   normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-msgpack"
 VERSION = 1
@@ -75,26 +75,26 @@ class MsgpackFormat:
     def open(self, path: str) -> MsgpackReader:
         return MsgpackReader(path)
 
-    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
-              metadata: Mapping[str, Any]) -> None:
-        """Stream every tensor's buffer to ``path``, then the index and the footer."""
+    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+        """Stream every tensor's buffer to ``path`` (lazy sources one at a time), then the index."""
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         entries: dict[str, list[Any]] = {}
         with open(path, "wb", buffering=1 << 20) as f:
             f.write(HEADER)
             pos = len(HEADER)
-            checksums: list[Any] = []  # crc ints, or waiters for crcs running on the worker thread
-            for key, arr in tensors:
+            for key, source in tensors:
+                arr = _io.c_contiguous(materialize(source))  # a lazy source is read only now
                 if dtypes.is_string(arr.dtype):
                     view = memoryview(_packb([bytes(x) for x in arr.reshape(-1)]))
                     extents = [[pos, len(view)]]
                     f.write(view)
                     pos += len(view)
+                    checksum = _io.crc32c(view)
                 else:
-                    arr = _io.c_contiguous(arr)
                     view = _io.byte_view(arr)
                     extents = []
+                    crc = _io.checksum_async(view)  # overlaps with the writes below
                     for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
                         piece = view[start:start + MAX_BIN]
                         header = _bin_header(len(piece))
@@ -103,10 +103,8 @@ class MsgpackFormat:
                         pos += len(piece)
                         f.write(header)
                         f.write(piece)
-                checksums.append(_io.crc32c(view) if len(view) < _io.BIG else _io.checksum_async(view))
-                entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, 0]
-            for entry, checksum in zip(entries.values(), checksums):
-                entry[3] = checksum if type(checksum) is int else checksum()
+                    checksum = crc()
+                entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
             index = _packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
                             "tensors": entries})
             f.write(index)

@@ -35,11 +35,12 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
-from .base import BaseReader, TensorInfo, normalize_metadata, validate_keys
+from .base import BaseReader, TensorInfo, materialize, normalize_metadata, validate_keys
 
 #: The reference implementation's limit on the header length.
 MAX_HEADER = 100_000_000
 _N = struct.Struct("<Q")
+_MAX_CRC = 2 ** 32 - 1  # the widest checksum, for planning the header's size
 #: safetensors dtype codes, in the order of the format's Dtype enum (increasing alignment):
 #: the writer orders tensors by it, as safetensors does, so every tensor stays aligned.
 _CODES: dict[str, np.dtype] = {
@@ -72,34 +73,48 @@ class SafetensorsFormat:
     def open(self, path: str) -> SafetensorsReader:
         return SafetensorsReader(path)
 
-    def write(self, path: str, tensors: Sequence[tuple[str, np.ndarray]],
-              metadata: Mapping[str, Any]) -> None:
-        """Write the header (with checksums), then every tensor's bytes straight from its buffer."""
+    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+        """Write the header, then every tensor's bytes straight from its buffer (lazy sources one at
+        a time); the checksums, known only then, go into the header, padded to its planned size."""
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         plans = []
-        for key, arr in tensors:
-            code = _CODE_OF.get(arr.dtype)
+        for key, source in tensors:
+            dtype = np.dtype(source.dtype)
+            code = _CODE_OF.get(dtype)
             if code is None:
                 raise UnsupportedCheckpointError(
-                    f"{path}: tensor {key!r} is {dtypes.dt_name_or_none(arr.dtype) or arr.dtype}, which "
+                    f"{path}: tensor {key!r} is {dtypes.dt_name_or_none(dtype) or dtype}, which "
                     f"safetensors cannot store (it stores {', '.join(_CODES)})")
-            plans.append((code, key, _io.c_contiguous(arr)))
+            plans.append((code, key, dtype, tuple(source.shape), source))
         plans.sort(key=lambda p: (-_RANK[p[0]], p[1]))
-        header: dict[str, Any] = {}
-        crcs, pos = {}, 0
-        for code, key, arr in plans:
-            header[key] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [pos, pos + arr.nbytes]}
-            crcs[key] = _io.crc32c(_io.byte_view(arr))
-            pos += arr.nbytes
-        header = {"__metadata__": {"format": "np", "ckpt_metadata": json.dumps(metadata),
-                                   "ckpt_crc32c": json.dumps(crcs)}, **header}
-        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        raw += b" " * (-(len(raw) + _N.size) % 8)  # data starts 8-byte aligned
+        layout: dict[str, Any] = {}
+        pos = 0
+        for code, key, dtype, shape, _ in plans:
+            nbytes = _io.expected_nbytes(dtype, shape)
+            layout[key] = {"dtype": code, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+            pos += nbytes
+
+        def header(crcs: dict[str, int]) -> bytes:
+            meta = {"format": "np", "ckpt_metadata": json.dumps(metadata), "ckpt_crc32c": json.dumps(crcs)}
+            return json.dumps({"__metadata__": meta, **layout}, separators=(",", ":")).encode("utf-8")
+
+        size = len(header({key: _MAX_CRC for _, key, *_ in plans}))  # the widest checksums
+        size += -(size + _N.size) % 8  # data starts 8-byte aligned
+        crcs = {}
         with open(path, "wb", buffering=1 << 20) as f:
-            f.write(_N.pack(len(raw)) + raw)
-            for _, _, arr in plans:
-                f.write(_io.byte_view(arr))
+            f.write(bytes(_N.size + size))  # the real header is written last, over these zeros
+            for _, key, dtype, shape, source in plans:
+                arr = _io.c_contiguous(materialize(source))
+                if arr.dtype != dtype or arr.shape != shape:
+                    raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "
+                                     f"{dtype} {shape}")
+                view = _io.byte_view(arr)
+                checksum = _io.checksum_async(view)  # overlaps with the write below
+                f.write(view)
+                crcs[key] = checksum()
+            f.seek(0)
+            f.write(_N.pack(size) + header(crcs).ljust(size))  # safetensors pads headers with spaces
 
 
 class SafetensorsReader(BaseReader):

@@ -522,7 +522,7 @@ def test_convert_that_does_not_read_back_leaves_dst_untouched(tmp_path, monkeypa
     dst = save(tmp_path / "dst.msgpack", {"old": np.ones(1)})
     fmt = base.get_format("msgpack")
     write = fmt.write
-    monkeypatch.setattr(fmt, "write", lambda path, tensors, md: write(path, [(k, a + 1) for k, a in tensors], md))
+    monkeypatch.setattr(fmt, "write", lambda path, tensors, md: write(path, [(k, np.asarray(a) + 1) for k, a in tensors], md))
     result = run("convert", src, dst)
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {os.path.abspath(dst)}: the converted file does not read back as "
@@ -701,7 +701,9 @@ def test_output_is_the_same_with_a_progress_bar(tmp_path, monkeypatch, command):
     args = {"inspect_cmd": ["inspect", src, "--stats"], "diff_cmd": ["diff", src, src],
             "convert_cmd": ["convert", src, tmp_path / "o.msgpack"]}[command]
     quiet = run(*args)
-    monkeypatch.setattr(importlib.import_module(f"ckpt.cli.{command}"), "shows_progress", lambda nbytes: True)
+    module = importlib.import_module(f"ckpt.cli.{command}")
+    monkeypatch.setattr(module if hasattr(module, "shows_progress") else progress, "shows_progress",
+                        lambda nbytes, stream=None: True)
     barred = run(*args)
     assert barred.stdout == quiet.stdout and barred.exit_code == quiet.exit_code == 0
     assert barred.stderr != ""  # the bar's label (hidden off a terminal, as click does)
@@ -756,3 +758,23 @@ def test_console_script_stops_quietly_when_the_pipe_closes():
     assert proc.wait(timeout=60) != 0
     assert proc.stderr.read() == b""
     proc.stderr.close()
+
+
+def test_convert_reads_each_tensor_only_when_the_writer_writes_it(tmp_path, monkeypatch):
+    """Bounded memory: SRC's tensors reach the writer as lazy sources, read one at a time."""
+    src = save(tmp_path / "src.h5", {f"t{i}": np.full(1000, i, np.float32) for i in range(4)})
+    reads = []
+    get_tensor = ckpt.CheckpointReader.get_tensor
+    monkeypatch.setattr(ckpt.CheckpointReader, "get_tensor", lambda self, key: reads.append(key) or get_tensor(self, key))
+    fmt = base.get_format("msgpack")
+    write = fmt.write
+
+    def spy(path, tensors, metadata):
+        assert reads == [] and not any(isinstance(source, np.ndarray) for _, source in tensors)
+        write(path, tensors, metadata)
+        assert reads == ["t0", "t1", "t2", "t3"]
+
+    monkeypatch.setattr(fmt, "write", spy)
+    result = run("convert", src, tmp_path / "out.msgpack")
+    assert result.exit_code == 0
+    assert ckpt.load_variable(tmp_path / "out.msgpack", "t3").tolist() == [3.0] * 1000

@@ -273,8 +273,17 @@ def _selected_keys(reader: CheckpointReader, tensor_name: str | None) -> list[st
         return [tensor_name]
     if tensor_name.endswith(":0") and reader.has_tensor(tensor_name[:-2]):  # a variable's name
         return [tensor_name[:-2]]
+    what = _non_tensors(reader).get(tensor_name)
+    if what is not None:
+        raise KeyNotFoundError(f"{tensor_name} in checkpoint {reader.path} is not a tensor: {what}")
     raise KeyNotFoundError(f"Tensor {tensor_name} not found in checkpoint {reader.path}"
                            f"{closest_hint(tensor_name, reader.tensors)}")
+
+
+def _non_tensors(reader: CheckpointReader) -> dict[str, str]:
+    """Entries a reader lists as present but not tensors (e.g. TensorFlow's object graph)."""
+    notes = reader.metadata.get("non_tensors")
+    return {str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {}
 
 
 def _records(reader: CheckpointReader, keys: list[str], values: bool, stats: bool,
@@ -341,6 +350,8 @@ def inspect_lines(reader: CheckpointReader, *, tensor_name: str | None = None, a
             yield from st.lines()
             if st.nonfinite:
                 flagged.append(info.key)
+    if not tensor_name:
+        yield from (f"non-tensor: {key} ({what})" for key, what in sorted(_non_tensors(reader).items()))
     if stats:
         yield f"# Tensors with NaN or Inf: {len(flagged)}" + (f" ({', '.join(flagged)})" if flagged else "")
     yield from _count_lines(count, exclude)

@@ -86,7 +86,8 @@ class BaseReader:
     """Shared behaviour for readers: key lookup with clear errors, ``read``, context manager.
 
     Subclasses set ``path``, ``format_name``, ``_tensors`` and ``_metadata`` and implement
-    ``_read_into(info, out)``.
+    ``_read_into(info, out)``. Entries a file holds that are not tensors (TensorFlow's object
+    graph) go into ``_metadata["non_tensors"]`` as {key: description}; inspect shows them.
     """
 
     path: str = ""

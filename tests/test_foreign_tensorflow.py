@@ -267,3 +267,16 @@ def test_damaged_string_lengths(tmp_path):
     with ckpt.load_checkpoint(prefix) as reader:
         with pytest.raises(ckpt.CorruptCheckpointError, match="'s': the string lengths are damaged"):
             reader.get_tensor("s")
+
+
+def test_inspect_shows_the_object_graph_as_a_non_tensor():
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import main
+
+    listing = CliRunner().invoke(main, ["inspect", os.path.join(FIXTURES, "tf2_object")])
+    assert listing.exit_code == 0
+    assert "non-tensor: _CHECKPOINTABLE_OBJECT_GRAPH (TensorFlow's object graph" in listing.output
+    asked = CliRunner().invoke(main, ["inspect", os.path.join(FIXTURES, "tf2_object"), "--tensor",
+                                      "_CHECKPOINTABLE_OBJECT_GRAPH"])
+    assert asked.exit_code == 1 and "is not a tensor: TensorFlow's object graph" in asked.output

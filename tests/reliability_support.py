@@ -7,10 +7,15 @@ built from fixed values or seeded generators, never from the clock.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import signal
 import struct
+import subprocess
+import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -131,41 +136,61 @@ def read_outcome(path: str, expected: Tensors) -> tuple[str, str]:
     return ("verify-error", problems[0]) if problems else ("equal", "")
 
 
-def restore_outcome(path: str, expected: Tensors) -> tuple[str, str]:
-    """Restore ``path`` into variables holding sentinels; check the all-or-nothing rule.
+class Restorer:
+    """Variables holding sentinels, restored from damaged files to check all-or-nothing.
 
-    Returns ("restored", "") when every variable got its saved value, ("unchanged", error)
-    when the restore failed before touching anything, ("partial", error) when it failed
-    mid-way and the touched variables are uninitialized, ("WRONG", why) otherwise.
+    Reused across cases (creating variables costs more than restoring small ones).
     """
-    variables = {key: ckpt.Variable(sentinel_like(value)) for key, value in expected}
-    sentinels = {key: sentinel_like(value) for key, value in expected}
+
+    def __init__(self, expected: Tensors) -> None:
+        self.expected = expected
+        self.sentinels = {key: sentinel_like(value) for key, value in expected}
+        self.variables = {key: ckpt.Variable(value) for key, value in self.sentinels.items()}
+        self.saver = ckpt.Saver(self.variables)
+
+    def outcome(self, path: str) -> tuple[str, str]:
+        """Restore ``path``; return ("restored", ""), ("unchanged", error), ("partial", error)
+        (failed mid-way, every touched variable uninitialized) or ("WRONG", why)."""
+        for key, var in self.variables.items():
+            var.assign(self.sentinels[key])
+        try:
+            self.saver.restore(path)
+        except ckpt.CheckpointError as exc:
+            uninitialized = []
+            for key, var in self.variables.items():
+                if not var.is_initialized():
+                    uninitialized.append(key)
+                elif not equal_tensors(self.sentinels[key], np.asarray(var.value())):
+                    return "WRONG", f"{key}: changed by a failed restore ({exc})"
+            return ("partial" if uninitialized else "unchanged"), f"{type(exc).__name__}: {exc}"
+        for key, value in self.expected:
+            if not equal_tensors(value, np.asarray(self.variables[key].value())):
+                return "WRONG", f"{key}: restored {self.variables[key].value()!r}, saved {value!r}"
+        return "restored", ""
+
+
+def restore_outcome(path: str, expected: Tensors) -> tuple[str, str]:
+    """Restore ``path`` into fresh variables holding sentinels (see Restorer.outcome)."""
+    return Restorer(expected).outcome(path)
+
+
+def overwrite(path: str, data: bytes) -> None:
+    """Make ``path`` hold exactly ``data`` (cheaper than truncating to zero on ext4 with discard)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        ckpt.Saver(variables).restore(path)
-    except ckpt.CheckpointError as exc:
-        uninitialized = []
-        for key, var in variables.items():
-            if not var.is_initialized():
-                uninitialized.append(key)
-            elif not equal_tensors(sentinels[key], np.asarray(var.value())):
-                return "WRONG", f"{key}: changed by a failed restore ({exc})"
-        return ("partial" if uninitialized else "unchanged"), f"{type(exc).__name__}: {exc}"
-    for key, value in expected:
-        if not equal_tensors(value, np.asarray(variables[key].value())):
-            return "WRONG", f"{key}: restored {variables[key].value()!r}, saved {value!r}"
-    return "restored", ""
+        _io.pwrite_all(fd, data, 0) if data else None
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
-def data_extents(path: str) -> dict[str, list[tuple[int, int]]]:
-    """key -> [(offset, nbytes)] of each tensor's checksummed bytes in an intact ckpt file."""
-    with open_reader(path) as reader:
-        out = {}
-        for key, info in reader.tensors.items():
-            if reader.format_name == "msgpack":
-                out[key] = [(o, n) for o, n in info.extra[0] if n]
-            else:
-                out[key] = [(info.extra[0], info.nbytes)] if info.nbytes else []
-        return out
+def data_extents(raw: bytes) -> dict[str, list[tuple[int, int]]]:
+    """key -> [(offset, nbytes)] of each tensor's checksummed bytes, from the documented index."""
+    if raw.startswith(hdf5_format.MAGIC):
+        _, index = hdf5_split(raw)
+        return {e[0]: [(e[3], e[4])] if e[4] else [] for e in index["tensors"]}
+    _, index = msgpack_split(raw)
+    return {key: [(o, n) for o, n in entry[2] if n] for key, entry in index["tensors"].items()}
 
 
 def reaches_libhdf5(data: bytes) -> bool:
@@ -270,3 +295,115 @@ def write_checkpoint(path: str, tensors: Sequence[tuple[str, np.ndarray]],
     ckpt.Saver(variables, max_to_keep=None).save(path, metadata=metadata)
     with open(path, "rb") as f:
         return f.read()
+
+
+# --- running many damaged files -----------------------------------------------------------------
+@dataclass
+class Case:
+    """One damaged file and what reading it may end in."""
+
+    label: str
+    data: bytes
+    #: allowed read_outcome kinds ("WRONG" is never allowed)
+    expect: frozenset[str]
+    #: for damage inside tensor data: the tensor whose checksum must catch it
+    key: str | None = None
+    region: str = ""
+
+
+ANY = frozenset({"open-error", "read-error", "verify-error", "equal"})
+OPEN = frozenset({"open-error"})
+#: which restore outcomes go with which read outcome (all-or-nothing)
+RESTORE_FOR = {"open-error": {"unchanged"}, "read-error": {"unchanged", "partial"},
+               "verify-error": {"restored"}, "equal": {"restored"}}
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reliability_child.py")
+
+
+def check_result(case: Case, kind: str, detail: str, restored: str, why: str) -> None:
+    """Raise AssertionError (naming the case) unless the outcome obeys every rule."""
+    where = f"{case.label} [{case.region}]"
+    assert kind != "EXCEPTION", f"{where}: not a CheckpointError: {detail}"
+    assert kind in case.expect, f"{where}: {kind} ({detail}); expected one of {sorted(case.expect)}"
+    assert restored in RESTORE_FOR[kind], f"{where}: reading gave {kind} but restoring gave {restored} ({why})"
+    if case.key is not None:  # damage in a tensor's data is caught by that tensor's checksum
+        assert detail.startswith(f"{case.key}: ") and "checksum" in detail, f"{where}: {detail}"
+
+
+def run_cases(directory: str, pristine: str, expected: Tensors, cases: Sequence[Case],
+              per_case_seconds: float = 10.0) -> collections.Counter:
+    """Read every case (in a child process when it could reach libhdf5); check the rules.
+
+    Returns a Counter of (region, outcome) for the figures in docs/reliability.md.
+    """
+    counts: collections.Counter = collections.Counter()
+    isolated = []
+    path = os.path.join(directory, "case" + os.path.splitext(pristine)[1])
+    restorer = Restorer(expected)
+    for case in cases:
+        if reaches_libhdf5(case.data):
+            isolated.append(case)
+            continue
+        overwrite(path, case.data)
+        with time_limit(per_case_seconds, case.label):
+            kind, detail = read_outcome(path, expected)
+            restored, why = restorer.outcome(path)
+        check_result(case, kind, detail, restored, why)
+        counts[case.region, kind] += 1
+    if isolated:
+        for (region, kind) in run_isolated(directory, pristine, isolated, per_case_seconds):
+            counts[region, kind] += 1
+    return counts
+
+
+def run_isolated(directory: str, pristine: str, cases: Sequence[Case],
+                 per_case_seconds: float) -> list[tuple[str, str]]:
+    """Run cases that reach libhdf5 in a child process: a crash or hang fails, naming the case."""
+    specs = []
+    for i, case in enumerate(cases):
+        path = os.path.join(directory, f"isolated-{i}.h5")
+        overwrite(path, case.data)
+        specs.append({"path": path, "pristine": pristine})
+    spec_path = os.path.join(directory, "isolated.json")
+    with open(spec_path, "w") as f:
+        json.dump(specs, f)
+    proc = subprocess.Popen([sys.executable, CHILD, "cases", spec_path], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=os.path.dirname(CHILD))
+    out, current = [], "start-up"
+    try:
+        lines = _lines(proc, per_case_seconds + 20)  # + the child's start-up
+        for line in lines:
+            if line.startswith("start "):
+                current = cases[int(line.split()[1])].label
+                continue
+            result = json.loads(line)
+            case = cases[result["i"]]
+            check_result(case, result["kind"], result["detail"], result["restore"], result["restore_detail"])
+            out.append((case.region, result["kind"]))
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError(f"libhdf5 child process hung reading {current!r}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    if len(out) < len(cases):
+        raise AssertionError(f"libhdf5 child process ended (code {proc.returncode}) while reading "
+                             f"{current!r}: a crash")
+    return out
+
+
+def _lines(proc: subprocess.Popen, timeout: float) -> Iterator[str]:
+    """The child's output lines; TimeoutError when none arrives within ``timeout`` seconds."""
+    import select
+
+    fd, buffer = proc.stdout.fileno(), b""
+    while True:
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line.decode()
+        if not select.select([fd], [], [], timeout)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buffer += chunk

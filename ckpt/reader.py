@@ -39,9 +39,12 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Any:
     for attempt in range(5):
         try:
             return open_reader(resolve_checkpoint(path))
-        except CheckpointNotFoundError:
+        except FileNotFoundError as exc:  # also from a format's own open(), after the sniffing one
             if not is_dir or attempt == 4:
-                raise
+                if isinstance(exc, CheckpointError):
+                    raise
+                raise CheckpointNotFoundError(f"{exc.filename or os.fspath(path)}: no such checkpoint "
+                                              "file") from exc
         except OSError as exc:  # the state file or a format's own open() failing (EIO, EMFILE)
             if isinstance(exc, CheckpointError):
                 raise

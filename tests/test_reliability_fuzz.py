@@ -33,7 +33,7 @@ from ckpt.formats.hdf5 import Hdf5Reader
 from ckpt.formats.msgpack import MsgpackReader
 from ckpt.state import STATE_FILE, latest_checkpoint, read_state
 
-EXAMPLES = 300  # per target, x --reliability-scale
+EXAMPLES = 1000  # per target, x --reliability-scale
 
 
 def fuzz_settings(scale: int):

@@ -28,7 +28,7 @@ from ckpt.state import LOCK_FILE, STATE_FILE, read_state
 HERE = os.path.dirname(os.path.abspath(__file__))
 KILLS_PER_FORMAT = 100  # x --reliability-scale; 200 kills in all by default
 MAX_TO_KEEP = 2
-MAX_DELAY = 0.012  # seconds: several saves' worth, so kills land in every phase of a save
+MIN_MAX_DELAY = 0.012  # seconds; the delays span several saves, so kills land in every phase
 
 
 class Zygote:
@@ -129,6 +129,13 @@ def test_sigkill_during_save_loop(tmp_path, ext, reliability_scale):
     parent_vars = {key: ckpt.Variable(value) for key, value in step_tensors(0).items()}
     parent_saver = ckpt.Saver(parent_vars, max_to_keep=MAX_TO_KEEP)
     parent_saver.save(os.path.join(directory, "model" + ext), global_step=0)
+    # size the delays to this machine's save time (sizing only: nothing asserts on time)
+    durations = []
+    for _ in range(5):
+        start = time.perf_counter()
+        parent_saver.save(os.path.join(directory, "model" + ext), global_step=0)
+        durations.append(time.perf_counter() - start)
+    max_delay = max(MIN_MAX_DELAY, 4 * sorted(durations)[2])
 
     stats: collections.Counter = collections.Counter()
     zygote = Zygote(str(tmp_path / "zygote.stderr"))
@@ -136,7 +143,7 @@ def test_sigkill_during_save_loop(tmp_path, ext, reliability_scale):
     try:
         for kill in range(kills):
             pid = zygote.spawn(dir=directory, ext=ext, start=step + 1, max_to_keep=MAX_TO_KEEP)
-            time.sleep(rng.uniform(0, MAX_DELAY))
+            time.sleep(rng.uniform(0, max_delay))
             os.kill(pid, signal.SIGKILL)
             code = zygote.reap(pid)
             assert code == -signal.SIGKILL, \

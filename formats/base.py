@@ -356,14 +356,32 @@ def dtype_or_raise(name: Any, path: str, key: str) -> np.dtype:
     return dtype
 
 
+#: The most elements a shape may describe, zero dimensions aside (numpy refuses larger arrays
+#: even when they are empty, and no file holds that many).
+MAX_ELEMENTS = 2 ** 48
+
+
 def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
-    """Validate a shape read from a file: a list of non-negative ints of sane rank."""
+    """Validate a shape read from a file: a list of non-negative ints of sane rank and size."""
     if type(shape) is not list or len(shape) > 64:
         raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
+    count = 1
     for d in shape:
-        if type(d) is not int or not 0 <= d < 2 ** 63:
+        if type(d) is not int or d < 0:
             raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
+        count *= max(d, 1)
+        if count > MAX_ELEMENTS:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r} declares shape {shape!r}, more elements "
+                                         f"than any checkpoint holds (at most {MAX_ELEMENTS})")
     return tuple(shape)
+
+
+def check_metadata(metadata: Any, path: str) -> dict[str, Any]:
+    """Metadata read from a file must be plain JSON-like data (what ckpt writes), or it is corrupt."""
+    try:
+        return normalize_metadata(metadata, path)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{path}: the metadata is not what ckpt writes: {exc}") from None
 
 
 def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[str, Any]:

@@ -40,8 +40,8 @@ from ckpt.gcpause import gc_paused
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, check_shape, dtype_or_raise, key_problem, materialize,
-                   normalize_metadata, validate_keys)
+from .base import (BaseReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem,
+                   materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
 VERSION = 1
@@ -289,7 +289,7 @@ class Hdf5Reader(BaseReader):
                 f"{path}: the file is {size} bytes but was written as {file_size} bytes: it was "
                 "truncated or modified after ckpt saved it")
         data_start = self._userblock = userblock
-        self._metadata = metadata
+        self._metadata = check_metadata(metadata, path)
         self._tensors = {}
         for entry in entries:
             info = _parse_entry(entry, path, data_start, size)
@@ -426,10 +426,12 @@ class H5pyReader(BaseReader):
         path, f = self.path, self._h5
         version = f.attrs.get("ckpt_version")
         if version is not None:
+            if not isinstance(version, (int, np.integer)):
+                raise CorruptCheckpointError(f"{path}: the ckpt_version attribute is {version!r}, not a number")
             _check_version(int(version), path)
         try:
-            self._metadata = json.loads(f.attrs.get("ckpt_metadata", "{}"))
-        except (TypeError, ValueError) as exc:
+            self._metadata = check_metadata(json.loads(f.attrs.get("ckpt_metadata", "{}")), path)
+        except (TypeError, ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
         self._tensors = {}
         self._datasets: dict[str, Any] = {}
@@ -452,34 +454,46 @@ class H5pyReader(BaseReader):
 
         try:
             visit(f, "")
-        except (OSError, RuntimeError, KeyError) as exc:
+        except (OSError, RuntimeError, KeyError, UnicodeDecodeError) as exc:  # names that are not UTF-8 too
             raise CorruptCheckpointError(f"{path}: HDF5 cannot read the file's structure: {exc}") from exc
 
     def _add(self, key: str, ds: Any) -> None:
+        problem = key_problem(key)
+        if problem:
+            raise UnsupportedCheckpointError(f"{self.path}: dataset {key!r} cannot be a checkpoint key: {problem}")
         if ds.is_virtual:
             raise UnsupportedCheckpointError(f"{self.path}: {key!r} is a virtual dataset; ckpt refuses them")
         if ds.id.get_create_plist().get_external_count():
             raise UnsupportedCheckpointError(f"{self.path}: {key!r} stores its data in external files; "
                                              "ckpt refuses external storage")
-        tag = ds.attrs.get("ckpt_dtype")
-        tag = tag.decode() if isinstance(tag, bytes) else tag
-        if tag == "bfloat16":
-            dtype = dtypes.bfloat16
-        elif tag == "string" or ds.dtype.kind in "SO":
-            dtype = dtypes.string
-        else:
-            dtype = ds.dtype
+        dtype = self._dtype_of(key, ds)
         shape = tuple(ds.shape) if ds.shape is not None else ()
         info = TensorInfo(key, dtype, shape, int(ds.id.get_storage_size()))
-        if not dtypes.is_string(dtype):  # before anything is allocated for it
-            compressed = ds.id.get_create_plist().get_nfilters() > 0
-            logical = info.size * dtype.itemsize
-            if logical > self._file_size * (_DEFLATE_RATIO if compressed else 1):
-                raise CorruptCheckpointError(
-                    f"{self.path}: dataset {key!r} declares {list(shape)} x {dtype} ({logical} bytes), "
-                    f"more than a {self._file_size}-byte file can hold")
+        compressed = ds.id.get_create_plist().get_nfilters() > 0
+        # bytes per element in the file (a variable-length string's heap reference takes 16)
+        stored = ds.dtype.itemsize if ds.dtype.kind != "O" else 16
+        logical = info.size * stored
+        if logical > self._file_size * (_DEFLATE_RATIO if compressed else 1):  # before allocating
+            raise CorruptCheckpointError(
+                f"{self.path}: dataset {key!r} declares {list(shape)} x {ds.dtype} ({logical} bytes), "
+                f"more than a {self._file_size}-byte file can hold")
         self._tensors[key] = info
         self._datasets[key] = ds
+
+    def _dtype_of(self, key: str, ds: Any) -> np.dtype:
+        """The tensor dtype of a dataset; HDF5 types no Variable can hold are refused."""
+        import h5py
+
+        tag = ds.attrs.get("ckpt_dtype", ds.attrs.get("dtype"))  # ckpt's tag, or Keras 3's for bfloat16
+        tag = tag.decode() if isinstance(tag, bytes) else tag
+        if tag == "bfloat16" and ds.id.get_type().get_size() == 2:  # h5py shows ckpt's as float32
+            return dtypes.bfloat16
+        if ds.dtype.kind == "S" or h5py.check_string_dtype(ds.dtype) is not None:
+            return dtypes.string
+        if ds.dtype.kind != "O" and dtypes.dt_name_or_none(ds.dtype) is not None:
+            return ds.dtype
+        raise UnsupportedCheckpointError(f"{self.path}: dataset {key!r} has HDF5 type {ds.dtype!r}, which no "
+                                         "ckpt tensor can hold")
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         ds = self._datasets[info.key]
@@ -490,7 +504,7 @@ class H5pyReader(BaseReader):
                 lengths = ds.attrs.get("ckpt_lengths")
                 raw = ds[()]
                 if raw.dtype.kind == "O":  # variable-length strings
-                    items = [x if isinstance(x, bytes) else str(x).encode() for x in np.asarray(raw).reshape(-1)]
+                    items = [x if isinstance(x, bytes) else x.encode() for x in np.asarray(raw).reshape(-1)]
                 else:
                     items = _decode_strings(np.asarray(raw), None if lengths is None else
                                             [int(n) for n in lengths])

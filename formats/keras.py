@@ -32,7 +32,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _zip
@@ -114,12 +113,7 @@ def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
         order, meta = _keras3_order(inner, h5)
     else:
         return None
-    tensors = {}
-    for key in order:
-        info = inner.tensors[key]
-        if _attr(h5[key].attrs.get("dtype")) == "bfloat16" and info.dtype.itemsize == 2:
-            info = TensorInfo(key, dtypes.bfloat16, info.shape, info.nbytes)
-        tensors[key] = info
+    tensors = {key: inner.tensors[key] for key in order}  # H5pyReader honours Keras's bfloat16 tag
     return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
 
 

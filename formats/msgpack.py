@@ -34,8 +34,8 @@ from ckpt.gcpause import gc_paused
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, check_shape, dtype_or_raise, key_problem, materialize,
-                   normalize_metadata, validate_keys)
+from .base import (BaseReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem,
+                   materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-msgpack"
 VERSION = 1
@@ -157,8 +157,9 @@ class MsgpackReader(BaseReader):
         metadata, tensors = index.get("metadata"), index.get("tensors")
         if not isinstance(metadata, dict) or not isinstance(tensors, dict):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
-        self._metadata = metadata
+        self._metadata = check_metadata(metadata, path)
         self._tensors = _parse_entries(tensors, path, index_offset)
+        self._index_offset = index_offset
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans, simple = [], []
@@ -216,7 +217,24 @@ class MsgpackReader(BaseReader):
                 problems.append(str(exc))
             if progress is not None:
                 progress(info.nbytes)
-        return problems
+        return problems + self._framing_problems()
+
+    def _framing_problems(self) -> list[str]:
+        """Payload objects must sit back to back between header and index, each numeric extent
+        behind the bin header ckpt writes for it, so plain msgpack decodes the stream too."""
+        spans = sorted((offset, n, key, dtypes.is_string(info.dtype))
+                       for key, info in self._tensors.items() for offset, n in info.extra[0])
+        pos = len(HEADER)
+        for offset, n, key, is_string in spans:
+            header = b"" if is_string else _bin_header(n)  # a string extent is its whole array object
+            if offset - len(header) != pos or (header and _io.pread(
+                    self._fd, pos, len(header), self.path, f"tensor {key!r}'s bin header") != header):
+                return [f"{self.path}: the msgpack framing before tensor {key!r} (offset {pos}) is damaged: "
+                        "plain msgpack readers cannot decode the file"]
+            pos = offset + n
+        if pos != self._index_offset:
+            return [f"{self.path}: {self._index_offset - pos} unexpected bytes before the index at {pos}"]
+        return []
 
     def close(self) -> None:
         self._file.close()
@@ -301,6 +319,9 @@ def _parse_entries(tensors: dict[Any, Any], path: str, data_end: int) -> dict[st
         if dtypes.is_string(dtype):
             if len(extents) != 1:
                 raise CorruptCheckpointError(f"{path}: tensor {key!r}: a string tensor has one extent")
+            if _io.expected_nbytes(np.dtype(np.uint8), shape) > nbytes:  # every item takes >= 1 byte
+                raise CorruptCheckpointError(f"{path}: tensor {key!r}: {list(shape)} strings cannot fit in "
+                                             f"{nbytes} bytes")
         elif nbytes != _io.expected_nbytes(dtype, shape):
             raise CorruptCheckpointError(
                 f"{path}: tensor {key!r}: {_dtype_name(dtype)} {list(shape)} needs "

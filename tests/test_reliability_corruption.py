@@ -353,11 +353,6 @@ def test_damaged_hdf5_magic_plus_more_damage_never_reads_wrong_values(tmp_path, 
     report("hdf5: damaged magic plus one more flipped bit", counts)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "formats/msgpack.py MsgpackReader.verify() checks only the tensor payloads' crc32c and the index: "
-    "a flipped bit in the msgpack framing between payloads (a bin header, e.g. the bin8 marker 0xc4 "
-    "before a tensor's bytes turned into 0xc5) passes open, every read and verify(), yet plain msgpack "
-    "decoders, which the format promises can read the file, then mis-parse the rest of the stream"))
 def test_msgpack_verify_sees_damaged_framing(tmp_path, pristine):
     path, raw = pristine["msgpack", "small"]
     regions = Regions(raw)

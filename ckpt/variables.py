@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from . import casting, dtypes, random, scopes
+from .buffers import aligned_empty, is_aligned
 from .errors import UninitializedVariableError
 from .initializers import Initializer, RandomInitializer
 
@@ -202,11 +203,11 @@ class Variable:
     def _writable_buffer(self) -> np.ndarray:
         """The buffer a restore reads into, allocated (uninitialized) for a deferred variable."""
         if self._value is None:
-            self._value = np.empty(self._shape, dtype=self._dtype)
+            self._value = aligned_empty(self._shape, self._dtype)
         return self._value
 
     def _copy_initial(self, value: np.ndarray) -> None:
-        if self._value is None and self._adoptable and value.flags.c_contiguous \
+        if self._value is None and self._adoptable and value.flags.c_contiguous and is_aligned(value) \
                 and value.shape == self._shape and value.dtype == self._dtype:
             self._value = value  # a ckpt initializer returns a fresh array: adopt it, no copy
         else:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.gcpause import gc_paused
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
@@ -141,6 +142,8 @@ class Hdf5Format:
         placeholder = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]
         bound = _HEADER.size + len(_index_bytes(placeholder, metadata, _MAX_U64, _MAX_U32))
         userblock = max(512, 1 << (bound - 1).bit_length())
+        if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
+            userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
         offsets = self._write_structure(path, plans, metadata, userblock)
         fd = os.open(path, os.O_RDWR)
         try:
@@ -175,7 +178,10 @@ class Hdf5Format:
         lcpl.set_create_intermediate_group(True)
         offsets = []
         try:
-            with h5py.File(path, "w", libver=LIBVER, userblock_size=userblock, locking=False) as f:
+            # large datasets start page-aligned (HDF5 counts from the user block's end, a multiple of PAGE)
+            aligned = {"alignment_threshold": ALIGN_MIN_BYTES, "alignment_interval": PAGE} \
+                if userblock >= PAGE else {}
+            with h5py.File(path, "w", libver=LIBVER, userblock_size=userblock, locking=False, **aligned) as f:
                 f.attrs["ckpt_format"] = FORMAT_NAME
                 f.attrs["ckpt_version"] = VERSION
                 f.attrs["ckpt_metadata"] = json.dumps(metadata)
@@ -312,7 +318,7 @@ class Hdf5Reader(BaseReader):
             else:
                 spans.append((offset, _io.byte_view(out)))
                 targets.append((info, out, None))
-        crcs = _io.read_spans(self._fd, spans, self.path, [f"tensor {t[0].key!r}" for t in targets])
+        crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {targets[i][0].key!r}")
         for (info, out, raw), crc in zip(targets, crcs):
             if crc != info.extra[1]:
                 raise CorruptCheckpointError(

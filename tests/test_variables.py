@@ -425,3 +425,15 @@ def test_ragged_and_unsupported_values_are_refused():
         ckpt.Variable(np.array(["2020-01-01"], dtype="datetime64[D]"))
     with pytest.raises(TypeError):
         ckpt.Variable(2 ** 70)
+
+
+def test_large_buffers_are_page_aligned():
+    """Restores copy fastest into page-aligned buffers (see ckpt.buffers)."""
+    from_array = ckpt.Variable(np.zeros(1 << 16, np.float32))
+    from_init = ckpt.Variable(ckpt.initializers.RandomNormal(seed=0), shape=(1 << 16,))
+    with ckpt.deferred_init():
+        deferred = ckpt.Variable(ckpt.initializers.Zeros(), shape=(256, 256))
+    deferred.initialize()
+    for v in (from_array, from_init, deferred):
+        assert v._value.ctypes.data % 4096 == 0 and v._value.flags.c_contiguous
+    np.testing.assert_array_equal(from_init.numpy(), ckpt.initializers.RandomNormal(seed=0)((1 << 16,)))

@@ -30,6 +30,7 @@ from .errors import CheckpointWriteError as CheckpointWriteError
 from .errors import CorruptCheckpointError as CorruptCheckpointError
 from .errors import KeyNotFoundError as KeyNotFoundError
 from .errors import MismatchError as MismatchError
+from .errors import ReplacedWriteError as ReplacedWriteError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
 from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file

@@ -25,10 +25,9 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
-from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
+from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
 
-__all__ = ["replace_atomically", "is_temporary", "clean_stale_temporaries", "fsync_directory",
-           "ReplacedWriteError"]
+__all__ = ["replace_atomically", "is_temporary", "clean_stale_temporaries", "fsync_directory"]
 
 _TEMP_MARK = ".ckpt-tmp-"
 
@@ -101,9 +100,12 @@ def replace_atomically(path: str) -> Iterator[str]:
             os.fsync(fd)
             os.replace(tmp, path)
             replaced = True
-        except BaseException:
+        except BaseException as exc:
             _unlink_quietly(tmp)
             _close_quietly(fd)  # a failing close must not hide the error that stopped the write
+            renamed = _naming(exc, tmp, path)
+            if renamed is not exc:
+                raise renamed from exc
             raise
         os.close(fd)
         fsync_directory(directory)
@@ -118,8 +120,15 @@ def replace_atomically(path: str) -> Iterator[str]:
                                    "file, if any, is untouched") from exc
 
 
-class ReplacedWriteError(CheckpointWriteError):
-    """The new file replaced the old one, but closing it or flushing its directory failed."""
+def _naming(exc: BaseException, tmp: str, path: str) -> BaseException:
+    """``exc`` with the temporary file's name replaced by the target's (users never see temp names)."""
+    message = str(exc)
+    if tmp not in message or not isinstance(exc, (CheckpointError, ValueError, TypeError)):
+        return exc
+    try:
+        return type(exc)(message.replace(tmp, path))
+    except TypeError:  # an exception class with another constructor: keep it as it is
+        return exc
 
 
 def _close_quietly(fd: int) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "UnsupportedCheckpointError",
     "UninitializedVariableError",
     "CheckpointWriteError",
+    "ReplacedWriteError",
     "closest_hint",
 ]
 
@@ -76,6 +77,10 @@ class CheckpointWriteError(CheckpointError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ReplacedWriteError(CheckpointWriteError):
+    """The new file is complete and replaced the old one, but flushing it to disk failed."""
 
 
 def closest_hint(key: str, keys: Iterable[str]) -> str:

@@ -25,9 +25,9 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
-from .atomic import ReplacedWriteError, clean_stale_temporaries, replace_atomically
+from .atomic import clean_stale_temporaries, replace_atomically
+from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError, UninitializedVariableError
 from .gcpause import gc_paused
-from .errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError, UninitializedVariableError
 from .module import Module
 from .restore import RestoreResult, restore_variables
 from .state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock, write_state
@@ -177,12 +177,8 @@ class Saver:
             clean_stale_temporaries(directory)
         flush_error: ReplacedWriteError | None = None
         try:
-            with replace_atomically(path) as tmp:
-                try:
-                    fmt.write(tmp, tensors, metadata)
-                except CorruptCheckpointError as exc:  # a writer reading back its own file (EIO)
-                    raise CheckpointWriteError(f"{path}: writing failed: {exc}; the previous file, "
-                                               "if any, is untouched") from exc
+            with replace_atomically(path) as tmp, gc_paused():
+                fmt.write(tmp, tensors, metadata)
         except ReplacedWriteError as exc:
             flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
         self._record(path, step, listed_before)

@@ -195,15 +195,17 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) ->
         except ValueError as exc:
             raise Failure(f"cannot convert {reader.path}: {exc}") from exc
         total = sum(reader.tensors[key].nbytes for key, _ in plan)
-        with replace_atomically(dst) as tmp:
-            with byte_bar(total, "writing") as progress:
-                tensors = [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan]
-                try:
-                    fmt.write(tmp, tensors, metadata)
-                except (ckpt.CheckpointError, ValueError, TypeError) as exc:  # e.g. a dtype it cannot store
-                    raise Failure(str(exc).replace(tmp, dst)) from exc  # the temporary name means nothing
-            with byte_bar(total, "checking") as progress:
-                _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
+        try:
+            with replace_atomically(dst) as tmp:  # its errors name DST, never the temporary file
+                with byte_bar(total, "writing") as progress:
+                    fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan],
+                              metadata)
+                with byte_bar(total, "checking") as progress:
+                    _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
+        except (ValueError, TypeError) as exc:  # a writer refusing a dtype or value it cannot store
+            if isinstance(exc, ckpt.CheckpointError):
+                raise
+            raise Failure(str(exc)) from exc
         source = f"{reader.path} ({reader.format})"
     renamed = sum(old != new for old, new in plan)
     click.echo(f"{dst} ({fmt.name}): {len(plan)} tensors from {source}"

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Seque
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
+from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
                          MismatchError, UnsupportedCheckpointError, closest_hint)
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "unregister_format",
@@ -278,8 +278,10 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
         raise CheckpointNotFoundError(f"{path}: no such checkpoint file") from None
     except IsADirectoryError:
         raise CheckpointNotFoundError(f"{path}: is a directory, not a checkpoint file") from None
-    except OSError as exc:
-        raise CheckpointNotFoundError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+    except PermissionError as exc:  # it exists: not a "not found" that code may take for a fresh start
+        raise CheckpointError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+    except OSError as exc:  # EIO and friends: the storage under the file is failing
+        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     for fmt in formats():
         if fmt.sniff(head):
             return fmt.open(path)

@@ -160,7 +160,10 @@ class Hdf5Format:
                     extents.append((offset, len(view)))
                 entries.append(_entry(plan, offset or 0, checksum()))
             size = _io.file_size(fd)
-            meta_crc = _metadata_crc(fd, userblock, size, extents, path)
+            try:
+                meta_crc = _metadata_crc(fd, userblock, size, extents, path)
+            except CorruptCheckpointError as exc:  # an I/O error reading back what was just written
+                raise CheckpointWriteError(f"{path}: writing failed: {exc}") from exc
             index = _index_bytes(entries, metadata, size, meta_crc)
             head = _HEADER.pack(MAGIC, VERSION, userblock, len(index), _io.crc32c(index), 0)
             head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))

@@ -421,3 +421,12 @@ def test_restore_time_is_recorded_in_state(tmp_path):
     t0 = time.time()
     ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "m.h5"))
     assert _state(tmp_path)["checkpoints"][0]["time"] >= t0 - 1
+
+
+def test_write_errors_name_the_checkpoint_not_the_temporary_file(tmp_path):
+    z = ckpt.Variable(np.zeros(2, np.complex128))
+    target = str(tmp_path / "m.safetensors")
+    with pytest.raises(ckpt.UnsupportedCheckpointError) as info:
+        ckpt.Saver({"z": z}).save(target)
+    assert target in str(info.value) and "ckpt-tmp" not in str(info.value)
+    assert os.listdir(tmp_path) == []

@@ -68,6 +68,44 @@ def _forget_workers() -> None:
 os.register_at_fork(after_in_child=_forget_workers)
 
 
+#: Large tensors are read in pieces of this size, several at once, and their crc32c values
+#: combined (a tensor of one piece could only use one core).
+PIECE = 4 << 20
+_CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
+_piece_operator: list[int] = []
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    """Multiply a 32x32 GF(2) matrix (its columns as ints) by a 32-bit vector."""
+    out, i = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[i]
+        vector >>= 1
+        i += 1
+    return out
+
+
+def _zeros_operator(nbytes: int) -> list[int]:
+    """The matrix that advances a crc32c register over ``nbytes`` zero bytes (by squaring)."""
+    op = [_CRC32C_POLY] + [1 << n for n in range(31)]  # one zero bit
+    result = [1 << n for n in range(32)]  # identity
+    bits = 8 * nbytes
+    while bits:
+        if bits & 1:
+            result = [_gf2_times(op, column) for column in result]
+        op = [_gf2_times(op, column) for column in op]
+        bits >>= 1
+    return result
+
+
+def crc32c_combine_piece(crc_a: int, crc_b: int) -> int:
+    """crc32c(a + b) from crc32c(a) and crc32c(b), for ``b`` exactly PIECE bytes long."""
+    if not _piece_operator:
+        _piece_operator.extend(_zeros_operator(PIECE))
+    return _gf2_times(_piece_operator, crc_a) ^ crc_b
+
+
 def checksum_async(view: memoryview) -> Callable[[], int]:
     """Start the crc32c of ``view``; return a function that waits for and returns it."""
     if len(view) < BIG:
@@ -151,8 +189,10 @@ def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
     for i in order:
         offset, view = spans[i]
         n = len(view)
-        if n >= BIG:
-            jobs.append((i, _workers().submit(read_checked, fd, view, offset, path, name(i))))
+        if n >= BIG:  # pieces of PIECE bytes (the odd remainder first), read side by side
+            first = n % PIECE or PIECE
+            jobs.append((i, [_workers().submit(read_checked, fd, view[start:end], offset + start, path, name(i))
+                             for start, end in zip([0, *range(first, n, PIECE)], range(first, n + 1, PIECE))]))
             continue
         if group:
             if offset < end or offset - end > GAP or len(iov) >= _MAX_IOV - 1 or end - start > _MAX_BATCH:
@@ -170,11 +210,16 @@ def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
         flush()
     finally:
         errors = []
-        for i, job in jobs:  # wait for every job: none may write into a buffer after we return
+        for i, pieces in jobs:  # wait for every piece: none may write into a buffer after we return
             try:
-                crcs[i] = job.result()
+                crc = pieces[0].result()
+                for piece in pieces[1:]:
+                    crc = crc32c_combine_piece(crc, piece.result())
+                crcs[i] = crc
             except CorruptCheckpointError as exc:
                 errors.append(exc)
+                for piece in pieces:
+                    piece.exception()  # wait for the rest of this tensor's pieces too
     if errors:
         raise errors[0]
     return crcs

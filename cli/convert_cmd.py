@@ -20,7 +20,7 @@ from ckpt.atomic import replace_atomically
 from ckpt.errors import CheckpointWriteError, KeyNotFoundError, closest_hint
 from ckpt.formats import base
 
-from .errors import Failure, reports_errors
+from .errors import Failure, check_regex, reports_errors
 from .progress import byte_bar
 
 __all__ = ["parse_renames", "plan_keys", "convert"]
@@ -169,10 +169,7 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) ->
     """
     fmt = _writable_format(dst)
     if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint="--keys")
+        check_regex(pattern, "--keys")
     renames = parse_renames(rename)
     with ckpt.load_checkpoint(src) as reader:
         try:

@@ -17,13 +17,14 @@ Example:
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Callable, TypeVar
 
 import click
 
 import ckpt
 
-__all__ = ["Failure", "reports_errors", "error_lines"]
+__all__ = ["Failure", "reports_errors", "error_lines", "check_regex"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _HINT = "; closest keys: "
@@ -59,6 +60,14 @@ def reports_errors(exit_code: int = 1) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def check_regex(pattern: str, param_hint: str) -> None:
+    """A usage error (exit 2) naming the option unless ``pattern`` is a valid regular expression."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint=param_hint)
 
 
 def error_lines(message: str) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import click
@@ -12,7 +11,7 @@ import numpy as np
 import ckpt
 from ckpt.inspect import inspect_lines, inspect_report
 
-from .errors import reports_errors
+from .errors import check_regex, reports_errors
 from .progress import emit, shows_progress, tracked
 
 __all__ = ["inspect", "parse_printoptions"]
@@ -124,10 +123,7 @@ def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: b
         raise click.UsageError("--tensor and --all-tensors cannot be used together")
     if names_only and (tensor_name or all_tensors or stats):
         raise click.UsageError("--names-only cannot be combined with --tensor, --all-tensors or --stats")
-    try:
-        re.compile(exclude)
-    except re.error as exc:
-        raise click.BadParameter(f"{exclude!r} is not a regular expression: {exc}", param_hint="--exclude")
+    check_regex(exclude, "--exclude")
     options = parse_printoptions(printoptions)
     with ckpt.load_checkpoint(path) as reader:
         # only --stats over many bytes is slow enough for a bar; values print as they come

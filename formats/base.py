@@ -19,10 +19,11 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Seque
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.gcpause import gc_paused
 from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
                          MismatchError, UnsupportedCheckpointError, closest_hint)
 
-__all__ = ["TensorInfo", "Reader", "BaseReader", "Format", "register_format", "unregister_format",
+__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "register_format", "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "SNIFF_BYTES"]
 
@@ -165,6 +166,33 @@ class BaseReader:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path!r} format={self.format_name} tensors={len(self._tensors)}>"
+
+
+class FileReader(BaseReader):
+    """A reader that keeps its file open and reads the index on construction.
+
+    Subclasses implement ``_open()`` (``self.path``, ``self._file`` and ``self._fd`` are set);
+    a failure there closes the file again.
+    """
+
+    _buffering = 0  # positioned reads need no buffer; a format parsing small records may want one
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "rb", buffering=self._buffering)
+        try:
+            self._fd = self._file.fileno()
+            with gc_paused():  # an index of many entries creates many small, acyclic objects
+                self._open()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class Format(Protocol):

@@ -36,7 +36,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
-from .base import BaseReader, TensorInfo
+from .base import FileReader, TensorInfo
 from .msgpack import HEADER_PREFIX as CKPT_MSGPACK_HEADER
 
 _EXT_NDARRAY, _EXT_COMPLEX, _EXT_SCALAR = 1, 2, 3
@@ -291,21 +291,11 @@ def _unchunk(node: dict[str, _Node], path: str, at: str) -> _Leaf:
     return _Leaf(dtype, shape, extents)
 
 
-class FlaxReader(BaseReader):
+class FlaxReader(FileReader):
     """Reads the structure on open; tensors on request, straight into the caller's buffer."""
 
     format_name = "flax"
     checksummed = False
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file = open(path, "rb", buffering=0)
-        try:
-            self._fd = self._file.fileno()
-            self._open()
-        except BaseException:
-            self._file.close()
-            raise
 
     def _open(self) -> None:
         cursor = _Cursor(self._fd, _io.file_size(self._fd), self.path)
@@ -347,5 +337,3 @@ class FlaxReader(BaseReader):
                 _io.pread_into(self._fd, view[pos:pos + n], offset, self.path, f"tensor {info.key!r}")
                 pos += n
 
-    def close(self) -> None:
-        self._file.close()

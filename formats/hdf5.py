@@ -37,12 +37,11 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.gcpause import gc_paused
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem,
-                   materialize, normalize_metadata, validate_keys)
+from .base import (BaseReader, FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise,
+                   key_problem, materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
 VERSION = 1
@@ -248,21 +247,10 @@ def _metadata_crc(fd: int, start: int, size: int, extents: list[tuple[int, int]]
     return _io.checksum_range(fd, pos, size - pos, path, "HDF5 metadata", crc)
 
 
-class Hdf5Reader(BaseReader):
+class Hdf5Reader(FileReader):
     """Reads a ckpt HDF5 file through its user-block index, without libhdf5."""
 
     format_name = "hdf5"
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file = open(path, "rb", buffering=0)
-        try:
-            self._fd = self._file.fileno()
-            with gc_paused():
-                self._open()
-        except BaseException:
-            self._file.close()
-            raise
 
     def _open(self) -> None:
         path, fd = self.path, self._fd
@@ -349,8 +337,6 @@ class Hdf5Reader(BaseReader):
                             "fails its checksum: the file is damaged")
         return problems
 
-    def close(self) -> None:
-        self._file.close()
 
 
 def _check_version(version: Any, path: str) -> None:

@@ -31,11 +31,10 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.gcpause import gc_paused
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem,
+from .base import (FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem,
                    materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-msgpack"
@@ -129,21 +128,10 @@ class MsgpackFormat:
                                  _io.crc32c(index)))
 
 
-class MsgpackReader(BaseReader):
+class MsgpackReader(FileReader):
     """Reads the footer and index on open; tensors on request, straight into caller buffers."""
 
     format_name = "msgpack"
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file = open(path, "rb", buffering=0)
-        try:
-            self._fd = self._file.fileno()
-            with gc_paused():
-                self._open()
-        except BaseException:
-            self._file.close()
-            raise
 
     def _open(self) -> None:
         path, fd = self.path, self._fd
@@ -257,8 +245,6 @@ class MsgpackReader(BaseReader):
             return [f"{self.path}: {self._index_offset - pos} unexpected bytes before the index at {pos}"]
         return []
 
-    def close(self) -> None:
-        self._file.close()
 
 
 def _check_version(version: Any, path: str) -> None:

@@ -35,7 +35,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
-from .base import BaseReader, TensorInfo, materialize, normalize_metadata, validate_keys
+from .base import FileReader, TensorInfo, materialize, normalize_metadata, validate_keys
 
 #: The reference implementation's limit on the header length.
 MAX_HEADER = 100_000_000
@@ -117,20 +117,10 @@ class SafetensorsFormat:
             f.write(_N.pack(size) + header(crcs).ljust(size))  # safetensors pads headers with spaces
 
 
-class SafetensorsReader(BaseReader):
+class SafetensorsReader(FileReader):
     """Reads the header on open; tensors on request, straight into the caller's buffer."""
 
     format_name = "safetensors"
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file = open(path, "rb", buffering=0)
-        try:
-            self._fd = self._file.fileno()
-            self._open()
-        except BaseException:
-            self._file.close()
-            raise
 
     def _open(self) -> None:
         path, size = self.path, _io.file_size(self._fd)
@@ -184,8 +174,6 @@ class SafetensorsReader(BaseReader):
                 progress(info.nbytes)
         return problems
 
-    def close(self) -> None:
-        self._file.close()
 
 
 def _parse_header(raw: bytes, path: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from . import _io, _zip
 from ._foreign import check_key
 from ._unpickler import StorageRef, TensorRef, load
-from .base import BaseReader, TensorInfo
+from .base import FileReader, TensorInfo
 
 #: How torch.save files written before PyTorch 1.6 (not zips) begin: pickle protocol 2, then
 #: torch's magic number as a LONG1.
@@ -54,20 +54,11 @@ class TorchFormat:
         return TorchReader(path)
 
 
-class TorchReader(BaseReader):
+class TorchReader(FileReader):
     """Unpickles data.pkl (restricted) on open; reads storages on request."""
 
     format_name = "pytorch"
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file = open(path, "rb")
-        try:
-            self._fd = self._file.fileno()
-            self._open()
-        except BaseException:
-            self._file.close()
-            raise
+    _buffering = -1  # the zip directory is parsed in small reads
 
     def _open(self) -> None:
         path = self.path
@@ -209,8 +200,6 @@ class TorchReader(BaseReader):
                                 f"{crc:#010x}): the file is damaged")
         return problems
 
-    def close(self) -> None:
-        self._file.close()
 
 
 def _is_c_contiguous(ref: TensorRef) -> bool:

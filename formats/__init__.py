@@ -6,7 +6,7 @@ formats first, then the readers of other frameworks' files (docs/foreign.md). Fo
 modules import h5py and msgpack only when a file is read or written.
 """
 
-from . import hdf5
+from . import h5plain
 from .base import register_format
 from .flax import FlaxFormat
 from .hdf5 import Hdf5Format
@@ -23,4 +23,4 @@ register_format(TorchFormat())
 register_format(KerasFormat())
 register_format(FlaxFormat())
 register_format(TensorFlowFormat())
-hdf5.LAYOUTS.append(adopt_keras)  # Keras's HDF5 files reach the reader through the hdf5 format
+h5plain.LAYOUTS.append(adopt_keras)  # Keras's HDF5 files reach the reader through the hdf5 format

@@ -13,8 +13,8 @@ A ckpt HDF5 file is a standard HDF5 file (plain h5py shows every value):
 
 ckpt reads its own files through that index with positioned reads straight into the
 caller's buffers, so damaged bytes never reach libhdf5. HDF5 files without the index
-(written by other tools, or repacked) are read through h5py after refusing external links,
-external storage and virtual datasets. docs/formats.md specifies the layout byte for byte.
+(written by other tools, or repacked) are read by ``formats.h5plain``. docs/formats.md
+specifies the layout byte for byte.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -52,8 +52,6 @@ _HEADER = struct.Struct("<8sIIQII")
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
 LIBVER = ("v110", "v110")
-#: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
-_DEFLATE_RATIO = 1032
 
 
 def _packb(obj: Any) -> bytes:
@@ -120,7 +118,9 @@ class Hdf5Format:
             return Hdf5Reader(path)
         if _damaged_magic(head):  # ckpt's own file: do not hand its (damaged) bytes to libhdf5
             raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
-        return adopt_layout(H5pyReader(path))
+        from . import h5plain  # an HDF5 file from elsewhere: read through h5py
+
+        return h5plain.adopt_layout(h5plain.H5pyReader(path))
 
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
         """Write with h5py (structure), then the tensor bytes and the index ourselves.
@@ -387,158 +387,3 @@ def _parse_entry(entry: Any, path: str, data_start: int, size: int) -> TensorInf
         raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset} (+{nbytes} bytes) lies "
                                      f"outside the file's data area [{data_start}, {size})")
     return TensorInfo(key, dtype, shape, nbytes, (offset, crc, itemsize, lengths))
-
-
-class H5pyReader(BaseReader):
-    """Reads an HDF5 file without ckpt's index (other tools, repacked files) through h5py.
-
-    libhdf5 is not safe on damaged input, and such files carry no checksums: reading them is
-    at the user's own risk. External links, external storage and virtual datasets are refused.
-    """
-
-    format_name = "hdf5"
-    checksummed = False
-
-    def __init__(self, path: str, file: Any = None) -> None:
-        """Open ``path``, or read ``file`` (a seekable binary file object) and name it ``path``."""
-        import h5py
-
-        self.path = path
-        try:
-            self._file_size = os.path.getsize(path) if file is None else file.seek(0, os.SEEK_END)
-            self._h5 = h5py.File(path if file is None else file, "r")
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{path}: HDF5 cannot open the file: {exc}") from exc
-        try:
-            self._open()
-        except BaseException:
-            self._h5.close()
-            raise
-
-    def _open(self) -> None:
-        import h5py
-
-        path, f = self.path, self._h5
-        version = f.attrs.get("ckpt_version")
-        if version is not None:
-            if not isinstance(version, (int, np.integer)):
-                raise CorruptCheckpointError(f"{path}: the ckpt_version attribute is {version!r}, not a number")
-            _check_version(int(version), path)
-        try:
-            self._metadata = check_metadata(json.loads(f.attrs.get("ckpt_metadata", "{}")), path)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
-        self._tensors = {}
-        self._datasets: dict[str, Any] = {}
-
-        def visit(group: Any, prefix: str) -> None:
-            for name in group:
-                link = group.get(name, getlink=True)
-                key = prefix + name
-                if isinstance(link, h5py.ExternalLink):
-                    raise UnsupportedCheckpointError(f"{path}: {key!r} is an external link to "
-                                                     f"{link.filename}; ckpt refuses external links")
-                if isinstance(link, h5py.SoftLink):
-                    raise UnsupportedCheckpointError(f"{path}: {key!r} is a soft link; ckpt reads "
-                                                     "only plain groups and datasets")
-                obj = group[name]
-                if isinstance(obj, h5py.Group):
-                    visit(obj, key + "/")
-                elif isinstance(obj, h5py.Dataset):
-                    self._add(key, obj)
-
-        try:
-            visit(f, "")
-        except (OSError, RuntimeError, KeyError, UnicodeDecodeError) as exc:  # names that are not UTF-8 too
-            raise CorruptCheckpointError(f"{path}: HDF5 cannot read the file's structure: {exc}") from exc
-
-    def _add(self, key: str, ds: Any) -> None:
-        problem = key_problem(key)
-        if problem:
-            raise UnsupportedCheckpointError(f"{self.path}: dataset {key!r} cannot be a checkpoint key: {problem}")
-        if ds.is_virtual:
-            raise UnsupportedCheckpointError(f"{self.path}: {key!r} is a virtual dataset; ckpt refuses them")
-        if ds.id.get_create_plist().get_external_count():
-            raise UnsupportedCheckpointError(f"{self.path}: {key!r} stores its data in external files; "
-                                             "ckpt refuses external storage")
-        dtype = self._dtype_of(key, ds)
-        shape = tuple(ds.shape) if ds.shape is not None else ()
-        info = TensorInfo(key, dtype, shape, int(ds.id.get_storage_size()))
-        compressed = ds.id.get_create_plist().get_nfilters() > 0
-        # bytes per element in the file (a variable-length string's heap reference takes 16)
-        stored = ds.dtype.itemsize if ds.dtype.kind != "O" else 16
-        logical = info.size * stored
-        if logical > self._file_size * (_DEFLATE_RATIO if compressed else 1):  # before allocating
-            raise CorruptCheckpointError(
-                f"{self.path}: dataset {key!r} declares {list(shape)} x {ds.dtype} ({logical} bytes), "
-                f"more than a {self._file_size}-byte file can hold")
-        self._tensors[key] = info
-        self._datasets[key] = ds
-
-    def _dtype_of(self, key: str, ds: Any) -> np.dtype:
-        """The tensor dtype of a dataset; HDF5 types no Variable can hold are refused."""
-        import h5py
-
-        tag = ds.attrs.get("ckpt_dtype", ds.attrs.get("dtype"))  # ckpt's tag, or Keras 3's for bfloat16
-        tag = tag.decode() if isinstance(tag, bytes) else tag
-        if tag == "bfloat16" and ds.id.get_type().get_size() == 2:  # h5py shows ckpt's as float32
-            return dtypes.bfloat16
-        if ds.dtype.kind == "S" or h5py.check_string_dtype(ds.dtype) is not None:
-            return dtypes.string
-        if ds.dtype.kind != "O" and dtypes.dt_name_or_none(ds.dtype) is not None:
-            return ds.dtype
-        raise UnsupportedCheckpointError(f"{self.path}: dataset {key!r} has HDF5 type {ds.dtype!r}, which no "
-                                         "ckpt tensor can hold")
-
-    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
-        ds = self._datasets[info.key]
-        try:
-            if info.dtype == dtypes.bfloat16:
-                ds.id.read(_all(), _all(), out.view(np.uint16), mtype=ds.id.get_type())
-            elif dtypes.is_string(info.dtype):
-                lengths = ds.attrs.get("ckpt_lengths")
-                raw = ds[()]
-                if raw.dtype.kind == "O":  # variable-length strings
-                    items = [x if isinstance(x, bytes) else x.encode() for x in np.asarray(raw).reshape(-1)]
-                else:
-                    items = _decode_strings(np.asarray(raw), None if lengths is None else
-                                            [int(n) for n in lengths])
-                flat = out.reshape(-1)
-                for i, item in enumerate(items):
-                    flat[i] = item
-            elif out.size:
-                ds.read_direct(out)
-        except (OSError, RuntimeError, ValueError, TypeError) as exc:
-            raise CorruptCheckpointError(f"{self.path}: HDF5 cannot read tensor {info.key!r}: {exc}") from exc
-
-    def close(self) -> None:
-        self._h5.close()
-
-    @property
-    def file(self) -> Any:
-        """The open h5py.File (for layouts such as Keras's that read its attributes)."""
-        return self._h5
-
-
-#: Other programs' HDF5 layouts (Keras registers one): each is called with the H5pyReader of
-#: a file without ckpt's index and returns a reader that takes it over, or None.
-LAYOUTS: list[Any] = []
-
-
-def adopt_layout(reader: H5pyReader) -> BaseReader:
-    """Let the first matching registered layout take over ``reader``; else return it unchanged."""
-    try:
-        for layout in LAYOUTS:
-            adopted = layout(reader)
-            if adopted is not None:
-                return adopted  # type: ignore[no-any-return]
-    except BaseException:
-        reader.close()
-        raise
-    return reader
-
-
-def _all() -> Any:
-    from h5py import h5s
-
-    return h5s.ALL

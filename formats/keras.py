@@ -36,7 +36,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _zip
 from .base import BaseReader, TensorInfo
-from .hdf5 import H5pyReader
+from .h5plain import H5pyReader
 
 WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
@@ -46,7 +46,7 @@ _MAX_JSON = 16 << 20
 
 class KerasFormat:
     """The .keras zip (Keras 3). Keras HDF5 files are recognised by the hdf5 format, which
-    hands them to :func:`adopt` (see ``formats.hdf5.LAYOUTS``)."""
+    hands them to :func:`adopt` (see ``formats.h5plain.LAYOUTS``)."""
 
     name = "keras"
     extensions = (".keras",)

@@ -14,7 +14,7 @@ from conftest import assert_bit_exact, data_offset, every_dtype_tensors
 
 import ckpt
 from ckpt.formats import base
-from ckpt.formats import hdf5 as h5fmt
+from ckpt.formats import h5plain
 from ckpt.formats import msgpack as mpfmt
 
 
@@ -109,7 +109,7 @@ def test_repacked_ckpt_file_is_read_through_its_attributes(tmp_path, tensors):
         for k, v in src.attrs.items():
             dst.attrs[k] = v
     with base.open_reader(copy) as reader:
-        assert isinstance(reader, h5fmt.H5pyReader) and not reader.checksummed
+        assert isinstance(reader, h5plain.H5pyReader) and not reader.checksummed
         for key, value in tensors:
             assert_bit_exact(value, reader.read(key))
 
@@ -215,7 +215,7 @@ def test_damaged_hdf5_magic_never_reaches_libhdf5(tmp_path, bit, monkeypatch):
     raw = bytearray(open(path, "rb").read())
     raw[bit // 8] ^= 1 << (bit % 8)
     open(path, "wb").write(raw)
-    monkeypatch.setattr(h5fmt, "H5pyReader", None)  # any route to libhdf5 would fail loudly
+    monkeypatch.setattr(h5plain, "H5pyReader", None)  # any route to libhdf5 would fail loudly
     with pytest.raises(ckpt.CorruptCheckpointError, match="magic bytes are damaged"):
         ckpt.load_checkpoint(path)
 

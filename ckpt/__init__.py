@@ -12,12 +12,14 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util as _importlib_util
 import os as _os
 
-# A source checkout keeps formats/ and cli/ beside ckpt/ (an install nests them as
-# ckpt.formats and ckpt.cli); let imports from the checkout's root find them too.
+# A source checkout keeps formats/ and cli/ beside ckpt/ (installs nest them as ckpt.formats and
+# ckpt.cli). When this package was imported from a checkout that is not what is installed (say
+# `python -m benchmarks` run from its root), let those two be found beside it.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and \
+if _importlib_util.find_spec(".formats", __name__) is None and \
         _os.path.isfile(_os.path.join(_root, "formats", "base.py")):
     __path__.append(_root)
 

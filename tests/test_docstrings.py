@@ -8,7 +8,6 @@ import pkgutil
 
 import pytest
 
-import ckpt
 
 
 def _modules() -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import os
 import random
 
 import pytest

@@ -19,7 +19,6 @@ import collections
 import os
 import tempfile
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -375,6 +375,16 @@ def key_problem(key: object) -> str:
     return ""
 
 
+def check_version(version: Any, supported: int, what: str, path: str) -> None:
+    """Refuse a format version that is not a positive int, or newer than ``supported``."""
+    if type(version) is not int or version < 1:
+        raise CorruptCheckpointError(f"{path}: invalid format version {version!r}")
+    if version > supported:
+        raise UnsupportedCheckpointError(
+            f"{path}: written by a newer ckpt ({what} format version {version}; this version of ckpt "
+            f"reads up to {supported}): upgrade ckpt to read it")
+
+
 _FILE_DTYPES = {name: dtypes.as_dtype(name) for name in dtypes.NAMES}
 
 

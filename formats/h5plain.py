@@ -28,8 +28,8 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
-from .base import BaseReader, TensorInfo, check_metadata, key_problem
-from .hdf5 import _check_version, _decode_strings
+from .base import BaseReader, TensorInfo, check_metadata, check_version, key_problem
+from .hdf5 import VERSION, _decode_strings
 
 #: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
 _DEFLATE_RATIO = 1032
@@ -69,7 +69,7 @@ class H5pyReader(BaseReader):
         if version is not None:
             if not isinstance(version, (int, np.integer)):
                 raise CorruptCheckpointError(f"{path}: the ckpt_version attribute is {version!r}, not a number")
-            _check_version(int(version), path)
+            check_version(int(version), VERSION, "HDF5", path)
         try:
             self._metadata = check_metadata(json.loads(f.attrs.get("ckpt_metadata", "{}")), path)
         except (TypeError, ValueError, RecursionError) as exc:

@@ -37,11 +37,11 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
 
 from . import _io
-from .base import (BaseReader, FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise,
-                   key_problem, materialize, normalize_metadata, validate_keys)
+from .base import (BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
+                   dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
 VERSION = 1
@@ -262,7 +262,7 @@ class Hdf5Reader(FileReader):
         magic, version, userblock, index_len, index_crc, head_crc = _HEADER.unpack(head)
         if _io.crc32c(head[:-4]) != head_crc:
             raise CorruptCheckpointError(f"{path}: the ckpt header in the HDF5 user block is damaged")
-        _check_version(version, path)
+        check_version(version, VERSION, "HDF5", path)
         if userblock < 512 or userblock & (userblock - 1) or _HEADER.size + index_len > userblock \
                 or userblock > size:
             raise CorruptCheckpointError(f"{path}: the header describes a {userblock}-byte user block "
@@ -274,7 +274,7 @@ class Hdf5Reader(FileReader):
         index = _unpack_index(raw, path)
         if index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the user block does not hold a ckpt HDF5 index")
-        _check_version(index.get("version"), path)
+        check_version(index.get("version"), VERSION, "HDF5", path)
         file_size, metadata = index.get("file_size"), index.get("metadata")
         self._meta_crc = index.get("metadata_crc32c")
         entries = index.get("tensors")
@@ -336,16 +336,6 @@ class Hdf5Reader(FileReader):
             problems.append(f"{self.path}: the HDF5 structure (groups, dataset headers, attributes) "
                             "fails its checksum: the file is damaged")
         return problems
-
-
-
-def _check_version(version: Any, path: str) -> None:
-    if not isinstance(version, int) or version < 1:
-        raise CorruptCheckpointError(f"{path}: invalid format version {version!r}")
-    if version > VERSION:
-        raise UnsupportedCheckpointError(
-            f"{path}: written by a newer ckpt (HDF5 format version {version}; this version of ckpt "
-            f"reads up to {VERSION}): upgrade ckpt to read it")
 
 
 def _unpack_index(raw: bytes, path: str) -> dict[str, Any]:

@@ -31,11 +31,11 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError
 
 from . import _io
-from .base import (FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem,
-                   materialize, normalize_metadata, validate_keys)
+from .base import (FileReader, TensorInfo, check_metadata, check_shape, check_version,
+                   dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-msgpack"
 VERSION = 1
@@ -142,7 +142,7 @@ class MsgpackReader(FileReader):
         head = _io.pread(fd, 0, len(HEADER), path, "the header")
         if not head.startswith(HEADER_PREFIX):
             raise CorruptCheckpointError(f"{path}: not a ckpt msgpack checkpoint (bad header)")
-        _check_version(head[-1], path)
+        check_version(head[-1], VERSION, "msgpack", path)
         footer = _io.pread(fd, size - FOOTER_SIZE, FOOTER_SIZE, path, "the footer")
         fields = _FOOTER.unpack(footer)
         if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[5] != 0xCF or fields[7] != 0xCE:
@@ -158,7 +158,7 @@ class MsgpackReader(FileReader):
         index = _unpack(raw, path, "the index")
         if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the index is not a ckpt msgpack index")
-        _check_version(index.get("version"), path)
+        check_version(index.get("version"), VERSION, "msgpack", path)
         metadata, tensors = index.get("metadata"), index.get("tensors")
         if not isinstance(metadata, dict) or not isinstance(tensors, dict):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
@@ -244,16 +244,6 @@ class MsgpackReader(FileReader):
         if pos != self._index_offset:
             return [f"{self.path}: {self._index_offset - pos} unexpected bytes before the index at {pos}"]
         return []
-
-
-
-def _check_version(version: Any, path: str) -> None:
-    if not isinstance(version, int) or version < 1:
-        raise CorruptCheckpointError(f"{path}: invalid format version {version!r}")
-    if version > VERSION:
-        raise UnsupportedCheckpointError(
-            f"{path}: written by a newer ckpt (msgpack format version {version}; this version of "
-            f"ckpt reads up to {VERSION}): upgrade ckpt to read it")
 
 
 def _no_ext(code: int, data: bytes) -> Any:

@@ -375,6 +375,19 @@ def key_problem(key: object) -> str:
     return ""
 
 
+def unique_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A decoder's map from its (key, value) pairs; ValueError for a key given twice.
+
+    For ``object_pairs_hook`` (json, msgpack): a plain dict would keep the last value silently.
+    """
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[Any] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"duplicate key {dup!r}")
+    return out
+
+
 def check_version(version: Any, supported: int, what: str, path: str) -> None:
     """Refuse a format version that is not a positive int, or newer than ``supported``."""
     if type(version) is not int or version < 1:

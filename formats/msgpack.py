@@ -34,8 +34,8 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CorruptCheckpointError
 
 from . import _io
-from .base import (FileReader, TensorInfo, check_metadata, check_shape, check_version,
-                   dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
+from .base import (FileReader, TensorInfo, check_metadata, check_shape, check_version, dtype_or_raise,
+                   key_problem, materialize, normalize_metadata, unique_pairs, validate_keys)
 
 FORMAT_NAME = "ckpt-msgpack"
 VERSION = 1
@@ -250,15 +250,6 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not part of the ckpt format")
 
 
-def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        keys = [k for k, _ in pairs]
-        dup = next(k for k in keys if keys.count(k) > 1)
-        raise ValueError(f"duplicate map key {dup!r}")
-    return out
-
-
 def _unpack(raw: bytes, path: str, what: str, max_items: int | None = None) -> Any:
     """Decode one msgpack object with every size limit set from what the file can hold."""
     import msgpack
@@ -266,7 +257,7 @@ def _unpack(raw: bytes, path: str, what: str, max_items: int | None = None) -> A
     n = len(raw)
     try:
         return msgpack.unpackb(
-            raw, raw=False, use_list=True, strict_map_key=True, object_pairs_hook=_pairs,
+            raw, raw=False, use_list=True, strict_map_key=True, object_pairs_hook=unique_pairs,
             ext_hook=_no_ext, max_str_len=n, max_bin_len=n,
             max_array_len=n if max_items is None else min(n, max_items), max_map_len=n, max_ext_len=n)
     except (ValueError, msgpack.UnpackException) as exc:  # FormatError, StackError, ExtraData, UTF-8...

@@ -35,7 +35,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
-from .base import FileReader, TensorInfo, materialize, normalize_metadata, validate_keys
+from .base import FileReader, TensorInfo, materialize, normalize_metadata, unique_pairs, validate_keys
 
 #: The reference implementation's limit on the header length.
 MAX_HEADER = 100_000_000
@@ -180,19 +180,11 @@ def _parse_header(raw: bytes, path: str) -> dict[str, Any]:
     if not raw.startswith(b"{"):
         raise CorruptCheckpointError(f"{path}: the header does not start with '{{': not a safetensors file")
 
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out = dict(pairs)
-        if len(out) != len(pairs):
-            names = [k for k, _ in pairs]
-            dup = next(k for k in names if names.count(k) > 1)
-            raise ValueError(f"duplicate key {dup!r}")
-        return out
-
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates, parse_constant=no_constant)
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant)
     except (ValueError, RecursionError) as exc:  # includes UnicodeDecodeError and JSONDecodeError
         raise CorruptCheckpointError(f"{path}: the header is not valid: {exc}") from exc
     if not isinstance(header, dict):

@@ -190,23 +190,15 @@ def hdf5_edits(raw: bytes) -> list[Case]:
     header_case("header index crc off by one bit", index_crc=head[4] ^ 1)
     header_case("header crc off by one bit", header_crc=1)
 
-    def edited(field: str, value: object) -> dict:
-        new = dict(index)
-        if value is _MISSING:
-            del new[field]
-        else:
-            new[field] = value
-        return new
-
     for field, values in {"format": ["ckpt-msgpack", 5, None, _MISSING], "version": [0, 2, -1, "1", None],
                           "file_size": [size - 1, size + 1, 0, -1, 2 ** 64 - 1, "big", None],
                           "metadata": [[], None, "x"], "tensors": [None, {}, "x", 5]}.items():
         for value in values:
-            index_case(f"index {field} = {value!r}", edited(field, value))
-    index_case("index metadata crc off by one bit", edited("metadata_crc32c", index["metadata_crc32c"] ^ 1),
+            index_case(f"index {field} = {value!r}", edited(index, field, value))
+    index_case("index metadata crc off by one bit", edited(index, "metadata_crc32c", index["metadata_crc32c"] ^ 1),
                frozenset({"verify-error"}))
-    index_case("index without tensors", edited("tensors", []), frozenset({"read-error"}))
-    index_case("index with a tensor listed twice", edited("tensors", index["tensors"] + index["tensors"][:1]))
+    index_case("index without tensors", edited(index, "tensors", []), frozenset({"read-error"}))
+    index_case("index with a tensor listed twice", edited(index, "tensors", index["tensors"] + index["tensors"][:1]))
 
     entries = index["tensors"]
     numeric = next(i for i, e in enumerate(entries) if e[1] == "float32" and e[4])
@@ -233,7 +225,7 @@ def hdf5_edits(raw: bytes) -> list[Case]:
     for label, (entry, expect) in variants.items():
         new = list(entries)
         new[numeric] = entry
-        index_case(f"float32 entry: {label}", edited("tensors", new), expect)
+        index_case(f"float32 entry: {label}", edited(index, "tensors", new), expect)
 
     sbase = entries[string]
     for label, entry in {"itemsize 0": sbase[:6] + [0, sbase[7]], "itemsize -1": sbase[:6] + [-1, sbase[7]],
@@ -244,7 +236,7 @@ def hdf5_edits(raw: bytes) -> list[Case]:
                          "no itemsize": sbase[:6]}.items():
         new = list(entries)
         new[string] = entry
-        index_case(f"string entry: {label}", edited("tensors", new))
+        index_case(f"string entry: {label}", edited(index, "tensors", new))
     return cases
 
 
@@ -276,19 +268,11 @@ def msgpack_edits(raw: bytes) -> list[Case]:
     def index_case(label: str, new_index: dict, expect=OPEN) -> None:
         cases.append(Case(label, msgpack_rebuild(raw, packb(new_index)), expect, region="msgpack index edit"))
 
-    def edited(field: str, value: object) -> dict:
-        new = dict(index)
-        if value is _MISSING:
-            del new[field]
-        else:
-            new[field] = value
-        return new
-
     for field, values in {"format": ["ckpt-hdf5", 5, None, _MISSING], "version": [0, 2, -1, "1", None],
                           "metadata": [[], None, "x"], "tensors": [None, [], "x", 5]}.items():
         for value in values:
-            index_case(f"index {field} = {value!r}", edited(field, value))
-    index_case("index without tensors", edited("tensors", {}), frozenset({"read-error"}))
+            index_case(f"index {field} = {value!r}", edited(index, field, value))
+    index_case("index without tensors", edited(index, "tensors", {}), frozenset({"read-error"}))
 
     tensors = index["tensors"]
     numeric = next(k for k, e in tensors.items() if e[0] == "float32" and e[2][0][1])
@@ -312,13 +296,23 @@ def msgpack_edits(raw: bytes) -> list[Case]:
     for crc in (2 ** 32, -1, "x"):
         variants[f"crc {crc!r}"] = (base[:3] + [crc], OPEN)
     for label, (entry, expect) in variants.items():
-        index_case(f"float32 entry: {label}", edited("tensors", {**tensors, numeric: entry}), expect)
+        index_case(f"float32 entry: {label}", edited(index, "tensors", {**tensors, numeric: entry}), expect)
     for key in ("", "a/../b", "/lead", "trail/", "a//b", "nul\x00", "."):
-        index_case(f"key {key!r}", edited("tensors", {**tensors, key: tensors[numeric]}))
+        index_case(f"key {key!r}", edited(index, "tensors", {**tensors, key: tensors[numeric]}))
     return cases
 
 
 _MISSING = object()
+
+
+def edited(index: dict, field: str, value: object) -> dict:
+    """A copy of ``index`` with ``field`` set to ``value`` (or removed, for _MISSING)."""
+    new = dict(index)
+    if value is _MISSING:
+        del new[field]
+    else:
+        new[field] = value
+    return new
 
 
 @pytest.mark.parametrize("fmt", EXT)

@@ -10,8 +10,6 @@ Example:
     array([1.5, 2.5], dtype=float32)
 """
 
-from __future__ import annotations
-
 import importlib.util as _importlib_util
 import os as _os
 

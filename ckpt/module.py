@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
+import weakref
 from typing import Any, Callable, Iterator, TypeVar
 
 from . import scopes
@@ -37,7 +39,31 @@ from .variables import Variable
 __all__ = ["Module"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_OWN_ATTRIBUTES = frozenset({"_module_name", "_module_scope"})
+_OWN_ATTRIBUTES = frozenset({"_module_name", "_module_scope", "__weakref__"})
+
+# (parent scope, name) -> the live module holding that name; weak, so a dropped model frees its names
+_live_names: dict[tuple[str, str], weakref.ref[Module]] = {}
+_names_lock = threading.Lock()
+
+
+def _claim_name(parent: str, name: str | None, default: str, module: Module) -> str:
+    """Return ``name``, or for None the first of default, default_1, ... no live module in
+    ``parent`` holds (as Keras and TF1 graphs name layers), and record it as taken."""
+    with _names_lock:
+        if name is None:
+            name, n = default, 0
+            while (ref := _live_names.get((parent, name))) is not None and ref() is not None:
+                n += 1
+                name = f"{default}_{n}"
+        slot = (parent, name)
+
+        def release(ref: weakref.ref[Module]) -> None:
+            with _names_lock:
+                if _live_names.get(slot) is ref:
+                    del _live_names[slot]
+
+        _live_names[slot] = weakref.ref(module, release)
+        return name
 
 
 def _snake_case(name: str) -> str:
@@ -49,9 +75,10 @@ class Module:
     """A named container of variables and other modules.
 
     Args:
-        name: the module's name (default: the class name in snake_case). It must be a valid
-            Python identifier. Variables created under ``with self.name_scope:`` are named
-            "<enclosing scopes>/<name>/<variable name>:0".
+        name: the module's name. It must be a valid Python identifier. Without one, the
+            class name in snake_case made unique among the live modules of the enclosing
+            name scope, as Keras names layers: "dense", "dense_1", ... Variables created under
+            ``with self.name_scope:`` are named "<enclosing scopes>/<name>/<variable name>:0".
 
     Example:
         >>> import ckpt
@@ -62,13 +89,19 @@ class Module:
         ...             self.w = ckpt.Variable(2.0, name="w")
         >>> Scale().w.name
         'scale/w:0'
+        >>> class Pair(ckpt.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         with self.name_scope:
+        ...             self.parts = [Scale(), Scale()]
+        >>> [v.name for v in Pair().variables]
+        ['pair/scale/w:0', 'pair/scale_1/w:0']
     """
 
     def __init__(self, name: str | None = None) -> None:
-        if name is None:
-            name = _snake_case(type(self).__name__)
-        if not isinstance(name, str) or not name.isidentifier():
+        if name is not None and (not isinstance(name, str) or not name.isidentifier()):
             raise ValueError(f"{name!r} is not a valid module name: use a Python identifier")
+        name = _claim_name(scopes.current_name_scope(), name, _snake_case(type(self).__name__), self)
         self._module_name = name
         with scopes.name_scope(name) as scope:
             self._module_scope = scope  # absolute: includes the scopes active at construction

@@ -30,6 +30,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 from . import dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
 from .gcpause import gc_paused
+from .module import Module
 from .reader import open_checkpoint
 from .variables import Variable, global_variables
 
@@ -149,7 +150,7 @@ def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Vari
         return RestoreResult(reader.path, [k for k, _ in pairs], missing, unexpected)
 
 
-AssignmentTarget = Any  # a Variable, a list of Variables, a variable name, or a scope ("new/")
+AssignmentTarget = Any  # a Variable, a list of Variables, a variable name, a scope ("new/"), a Module
 
 
 def _transposed_keys(transpose: Collection[str] | Callable[[str], bool], keys: list[str],
@@ -166,7 +167,8 @@ def _transposed_keys(transpose: Collection[str] | Callable[[str], bool], keys: l
 
 
 def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
-                         assignment_map: Mapping[str, AssignmentTarget] | Sequence[tuple[str, AssignmentTarget]],
+                         assignment_map: Mapping[str, AssignmentTarget] | Sequence[tuple[str, AssignmentTarget]]
+                         | Module,
                          transpose: Collection[str] | Callable[[str], bool] = (),
                          ) -> list[tuple[str, Variable]]:
     """Restore checkpoint tensors into existing variables, with TensorFlow's assignment maps.
@@ -179,7 +181,10 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
             * ``"old_scope/": "new_scope/"`` maps every live variable under "new_scope/" to the
               key with "old_scope/" in its place ("old_scope/" does not match "old_scope_1/");
             * ``"/": "new_scope/"`` maps the checkpoint's root; ``"old/": "/"`` the model's;
-            * ``"key": variable`` (or a variable's name, or a list of variables) maps one tensor.
+            * ``"key": variable`` (or a variable's name, or a list of variables) maps one tensor;
+            * ``"old_scope/": module`` maps every variable of a Module, by the keys a
+              ``Saver(module)`` writes ("layers/0/kernel"), to "old_scope/" + that key; ``"/"``
+              (or passing the Module itself as the map) uses its keys as they are.
         transpose: checkpoint keys (a collection, or a predicate on keys) whose tensors are
             transposed before they are assigned, for frameworks that store a layer the other
             way round: PyTorch's ``Linear.weight`` is (out_features, in_features), a Dense
@@ -201,6 +206,8 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
         >>> pairs = ckpt.init_from_checkpoint("torch_state.pt", {"fc1.weight": layer1},
         ...                                   transpose=["fc1.weight"])  # doctest: +SKIP
     """
+    if isinstance(assignment_map, Module):
+        assignment_map = {"/": assignment_map}
     items = list(assignment_map.items()) if isinstance(assignment_map, Mapping) else list(assignment_map)
     by_name: dict[str, list[Variable]] = defaultdict(list)
     live = global_variables()
@@ -216,6 +223,12 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
             if ckpt_key.endswith("/"):
                 problems.append(f"{ckpt_key!r} is a scope; map it to a scope such as 'new_scope/'")
             pairs.extend((ckpt_key, v) for v in ([target] if isinstance(target, Variable) else target))
+        elif isinstance(target, Module):
+            if not ckpt_key.endswith("/"):
+                problems.append(f"{ckpt_key!r} -> {target!r}: a Module maps from a checkpoint scope "
+                                f"ending in '/' (write {ckpt_key + '/'!r}, or '/' for the root)")
+                continue
+            pairs.extend((ckpt_key.lstrip("/") + key, v) for key, v in target.named_variables())
         elif isinstance(target, str) and ckpt_key.endswith("/"):
             if not target.endswith("/"):
                 problems.append(f"{ckpt_key!r} -> {target!r}: a scope maps to a scope ending in '/'")
@@ -239,7 +252,7 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
                 pairs.append((ckpt_key, found[0]))
         else:
             problems.append(f"{ckpt_key!r} -> {target!r}: the target must be a Variable, a list of "
-                            "Variables, a variable name or a scope")
+                            "Variables, a variable name, a scope or a Module")
     seen: dict[int, str] = {}
     for key, var in pairs:
         if id(var) in seen and seen[id(var)] != key:

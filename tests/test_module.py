@@ -155,3 +155,64 @@ def test_module_created_later_in_another_scope():
         assert scope == "outer/inner/"
         v = ckpt.Variable(1.0, name="late")
     assert v.name == "outer/inner/late:0"
+
+
+def readme_classes():
+    """The README's Dense pattern, exactly (no name given, variables under its name scope),
+    and a Net of them: classes named as a user names them, since names come from them."""
+
+    class Dense(ckpt.Module):
+        def __init__(self, n_in, n_out, name=None):
+            super().__init__(name=name)
+            with self.name_scope:
+                self.kernel = ckpt.Variable(ckpt.initializers.GlorotUniform(), shape=(n_in, n_out), name="kernel")
+                self.bias = ckpt.Variable(ckpt.initializers.Zeros(), shape=(n_out,), name="bias")
+
+    class Net(ckpt.Module):
+        def __init__(self, n_layers, name=None):
+            super().__init__(name=name)
+            with self.name_scope:
+                self.layers = [Dense(4, 4) for _ in range(n_layers)]
+
+    return Dense, Net
+
+
+ReadmeDense, ReadmeNet = readme_classes()
+
+
+def test_unnamed_modules_get_unique_names_within_their_scope():
+    net = ReadmeNet(6, name="net")
+    assert [layer.name for layer in net.layers] == ["dense"] + [f"dense_{i}" for i in range(1, 6)]
+    assert len({v.name for v in net.variables}) == 12
+    assert net.layers[3].kernel.name == "net/dense_3/kernel:0"
+    other = ReadmeNet(2, name="other")  # another scope: its own "dense"
+    assert other.layers[0].kernel.name == "other/dense/kernel:0"
+    # every variable name is a distinct key, so saving by name works
+    assert len(ckpt.Saver(net.variables + other.variables).var_list) == 16
+
+
+def test_unique_names_skip_explicit_names_and_are_freed_with_their_module():
+    with ckpt.name_scope("fresh_scope"):
+        explicit = ReadmeDense(1, 1, name="dense")
+        auto = ReadmeDense(1, 1)
+        assert (explicit.name, auto.name) == ("dense", "dense_1")
+        del explicit
+        assert ReadmeDense(1, 1).name == "dense"  # the dropped module's name is free again
+        kept = [ReadmeNet(0), ReadmeNet(0)]
+        assert [m.name for m in kept] == ["net", "net_1"]
+
+
+def test_scope_maps_work_with_the_readme_pattern(tmp_path):
+    small = ReadmeNet(2, name="small_net")
+    path = ckpt.Saver(small.variables).save(str(tmp_path / "s.h5"))  # keys: variable names
+    with ckpt.deferred_init():
+        big = ReadmeNet(3, name="big_net")
+    pairs = ckpt.init_from_checkpoint(path, {"small_net/dense/": "big_net/dense/",
+                                             "small_net/dense_1/": "big_net/dense_1/"})
+    assert len(pairs) == 4
+    np.testing.assert_array_equal(big.layers[1].kernel.numpy(), small.layers[1].kernel.numpy())
+    assert not big.layers[2].kernel.is_initialized()
+
+
+def test_dir_ckpt_lists_no_future_import():
+    assert "annotations" not in dir(ckpt)

@@ -155,3 +155,26 @@ def test_five_layers_into_six(tmp_path, how):
     assert big_losses[-1] < big_losses[0]
     again = ckpt.Saver(big).save(str(tmp_path / "mlp6.h5"), global_step=60)
     assert ckpt.list_variables(again)[-1] == ("layers/5/kernel", [4, 1])
+
+
+def test_init_from_checkpoint_takes_a_module_or_a_scope_to_module_map(tmp_path):
+    small = MLP([3, 4, 2], name="pre")
+    path = ckpt.Saver(small).save(str(tmp_path / "pre.h5"))  # keys: layers/0/kernel, ...
+    with ckpt.deferred_init():
+        same = MLP([3, 4, 2], name="same")
+    pairs = ckpt.init_from_checkpoint(path, same)  # the Module itself: its keys as they are
+    assert sorted(key for key, _ in pairs) == sorted(k for k, _ in small.named_variables())
+    np.testing.assert_array_equal(same.layers[1].kernel.numpy(), small.layers[1].kernel.numpy())
+
+    with ckpt.deferred_init():
+        big = MLP([3, 4, 4, 2], name="big")
+    # one pretrained layer into the bigger model's first layer, by checkpoint scope
+    pairs = ckpt.init_from_checkpoint(path, {"layers/0/": big.layers[0]})
+    assert sorted(key for key, _ in pairs) == ["layers/0/bias", "layers/0/kernel"]
+    np.testing.assert_array_equal(big.layers[0].kernel.numpy(), small.layers[0].kernel.numpy())
+    assert not big.layers[1].kernel.is_initialized()
+
+    with pytest.raises(ValueError, match="scope ending in '/'"):
+        ckpt.init_from_checkpoint(path, {"layers/0": big.layers[0]})
+    with pytest.raises(ckpt.KeyNotFoundError, match="layers/2/kernel"):
+        ckpt.init_from_checkpoint(path, big)  # the checkpoint has two layers, the model three

@@ -24,6 +24,7 @@ if _importlib_util.find_spec(".formats", __name__) is None and \
 from . import dtypes as dtypes
 from . import initializers as initializers
 from . import random as random
+from .async_save import SaveFuture as SaveFuture
 from .errors import CheckpointError as CheckpointError
 from .errors import CheckpointNotFoundError as CheckpointNotFoundError
 from .errors import CheckpointWriteError as CheckpointWriteError

@@ -27,7 +27,8 @@ from typing import Iterator
 
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
 
-__all__ = ["replace_atomically", "is_temporary", "clean_stale_temporaries", "fsync_directory"]
+__all__ = ["replace_atomically", "require_directory", "is_temporary", "clean_stale_temporaries",
+           "fsync_directory"]
 
 _TEMP_MARK = ".ckpt-tmp-"
 
@@ -68,6 +69,14 @@ def _create_locked(directory: str, base: str) -> tuple[int, str]:
     raise CheckpointWriteError(f"{directory}: could not create a temporary file")
 
 
+def require_directory(path: str) -> None:
+    """Raise CheckpointNotFoundError unless the directory ``path`` is to be written in exists."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CheckpointNotFoundError(f"{os.path.abspath(path)}: the directory {directory} does not exist; "
+                                      "create it before saving")
+
+
 @contextmanager
 def replace_atomically(path: str) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it atomically becomes ``path``.
@@ -83,9 +92,7 @@ def replace_atomically(path: str) -> Iterator[str]:
     """
     path = os.path.abspath(path)
     directory, base = os.path.split(path)
-    if not os.path.isdir(directory):
-        raise CheckpointNotFoundError(f"{path}: the directory {directory} does not exist; create it "
-                                      "before saving")
+    require_directory(path)
     try:
         fd, tmp = _create_locked(directory, base)
     except OSError as exc:

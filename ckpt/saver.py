@@ -23,9 +23,11 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from contextlib import nullcontext
+from typing import Any, Literal, Union, overload
 
-from .atomic import clean_stale_temporaries, replace_atomically
+from .async_save import BackgroundSaves, SaveFuture
+from .atomic import clean_stale_temporaries, replace_atomically, require_directory
 from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError, UninitializedVariableError
 from .gcpause import gc_paused
 from .module import Module
@@ -91,15 +93,20 @@ class Saver:
             (None keeps all).
         keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
         format: the format for paths without a known extension ("hdf5" or "msgpack").
+        staging_bytes: for ``save(..., blocking=False)``: the most memory the snapshot of the
+            variables may take (None: a model's worth). Below the model's size, ``save``
+            writes all but the last ``staging_bytes`` itself and returns with only those left.
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
-            key, or nothing to save.
+            key, nothing to save, or a negative staging_bytes.
     """
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
-                 keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5") -> None:
+                 keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
+                 staging_bytes: int | None = None) -> None:
         self._vars = _key_map(var_list)
+        self._background = BackgroundSaves(staging_bytes)
         if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
             raise ValueError(f"max_to_keep must be a positive int or None (keep all), got {max_to_keep!r}")
         if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
@@ -134,18 +141,33 @@ class Saver:
             path = f"{path[:len(path) - len(ext)]}-{step}{path[len(path) - len(ext):]}"
         return path, fmt
 
+    @overload
     def save(self, path: str | os.PathLike[str], global_step: Any = None,
-             metadata: Mapping[str, Any] | None = None) -> str:
+             metadata: Mapping[str, Any] | None = None, *, blocking: Literal[True] = True) -> str: ...
+
+    @overload
+    def save(self, path: str | os.PathLike[str], global_step: Any = None,
+             metadata: Mapping[str, Any] | None = None, *, blocking: bool) -> str | SaveFuture: ...
+
+    def save(self, path: str | os.PathLike[str], global_step: Any = None,
+             metadata: Mapping[str, Any] | None = None, *, blocking: bool = True) -> str | SaveFuture:
         """Write a checkpoint atomically and record it in the directory's state file.
+
+        Every save first waits for this Saver's asynchronous save in flight, if any, and
+        raises that save's error if it failed and nobody has seen the error yet.
 
         Args:
             path: the file; its extension (.h5, .hdf5, .msgpack) picks the format, a path
                 without one gets the Saver's format and its extension.
             global_step: an int (or int Variable) appended to the name: "model-1000.h5".
             metadata: a JSON-like dict stored with the tensors.
+            blocking: False copies the variables' values into staging memory and writes
+                them in a background thread (docs/async.md): the checkpoint holds the values
+                of this call, whatever training does to the variables afterwards.
 
         Returns:
-            The path written.
+            The path written; with ``blocking=False`` a :class:`ckpt.SaveFuture` whose
+            ``result()`` is that path once the checkpoint is committed.
 
         Raises:
             CheckpointNotFoundError: the parent directory does not exist.
@@ -153,6 +175,7 @@ class Saver:
                 the state file are untouched.
             UninitializedVariableError: a variable has no value yet.
         """
+        self._background.wait()
         path, fmt = self._target(path, global_step)
         step = None if global_step is None else operator.index(global_step)
         tensors = []
@@ -175,9 +198,19 @@ class Saver:
             listed_before = state is not None and any(
                 e.path == os.path.basename(path) for e in state.all_entries())
             clean_stale_temporaries(directory)
+        if not blocking:
+            require_directory(path)  # found now, not later in the background
+            return self._background.submit(
+                path, tensors, lambda sources: self._commit(path, fmt, sources, metadata, step, listed_before,
+                                                            background=True))
+        return self._commit(path, fmt, tensors, metadata, step, listed_before)
+
+    def _commit(self, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
+                listed_before: bool, background: bool = False) -> str:
+        """Write the file atomically, then record it in the state file; return its path."""
         flush_error: ReplacedWriteError | None = None
-        try:
-            with replace_atomically(path) as tmp, gc_paused():
+        try:  # the GC switch is process-wide: a background save leaves it to the training loop
+            with replace_atomically(path) as tmp, gc_paused() if not background else nullcontext():
                 fmt.write(tmp, tensors, metadata)
         except ReplacedWriteError as exc:
             flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
@@ -185,6 +218,21 @@ class Saver:
         if flush_error is not None:
             raise flush_error
         return path
+
+    def wait(self) -> None:
+        """Wait until this Saver's asynchronous save, if one is in flight, is committed.
+
+        Raises:
+            CheckpointError: that save failed, and its error was not already seen through its
+                future (``result()``/``exception()``) or raised by a later ``save``.
+
+        Example:
+            >>> import ckpt, os, tempfile
+            >>> saver = ckpt.Saver([ckpt.Variable(1.0, name="w")])
+            >>> _ = saver.save(os.path.join(tempfile.mkdtemp(), "m.h5"), blocking=False)
+            >>> saver.wait()
+        """
+        self._background.wait()
 
     @staticmethod
     def _check_state_owner(directory: str, path: str) -> CheckpointState | None:

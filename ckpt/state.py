@@ -101,7 +101,7 @@ def read_state(directory: str) -> CheckpointState | None:
     path = os.path.join(directory, STATE_FILE)
     try:
         with open(path, "rb") as f:
-            raw = f.read(16 << 20)
+            raw = f.read(min(os.fstat(f.fileno()).st_size, 16 << 20))  # read(N) mallocs N bytes first
     except (FileNotFoundError, NotADirectoryError):
         return None
     if raw.lstrip().startswith((b"model_checkpoint_path", b"all_model_checkpoint_paths")):

@@ -4,7 +4,7 @@ Modes:
   zygote             import and warm up ckpt once, then fork one saving child per JSON
                      command read from stdin, so a SIGKILL test pays for start-up only once.
                      Protocol (one line each): parent sends {"dir", "ext", "start",
-                     "max_to_keep"}; zygote answers "pid <pid>", then "exit <pid> <code>" once
+                     "max_to_keep", "blocking" (optional)}; zygote answers "pid <pid>", then "exit <pid> <code>" once
                      the child is gone (code -9: killed by SIGKILL).
   saver DIR WRITER EXT STEPS MAX_TO_KEEP
                      save STEPS checkpoints "w<WRITER>-<step><EXT>" into DIR (concurrency tests).
@@ -38,8 +38,12 @@ from reliability_support import read_outcome, restore_outcome, small_tensors, st
 
 
 def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,
-              stop: int | None = None) -> None:
-    """Save consecutive steps forever (or until ``stop``), every tensor encoding the step."""
+              stop: int | None = None, blocking: bool = True) -> None:
+    """Save consecutive steps forever (or until ``stop``), every tensor encoding the step.
+
+    With ``blocking=False`` each save runs in the background while the loop already assigns
+    the next step's values (a torn snapshot would mix two steps).
+    """
     variables = {key: ckpt.Variable(value) for key, value in step_tensors(start, writer).items()}
     saver = ckpt.Saver(variables, max_to_keep=max_to_keep)
     prefix = "model" if writer == 0 else f"w{writer}"
@@ -47,8 +51,9 @@ def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: in
     while stop is None or step < stop:
         for key, value in step_tensors(step, writer).items():
             variables[key].assign(value)
-        saver.save(os.path.join(directory, prefix + ext), global_step=step)
+        saver.save(os.path.join(directory, prefix + ext), global_step=step, blocking=blocking)
         step += 1
+    saver.wait()
 
 
 def zygote() -> None:
@@ -63,7 +68,8 @@ def zygote() -> None:
         if pid == 0:
             code = 1
             try:
-                save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"])
+                save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"],
+                          blocking=command.get("blocking", True))
             except BaseException:
                 traceback.print_exc()
             finally:

@@ -26,7 +26,8 @@ from ckpt.atomic import is_temporary
 from ckpt.state import LOCK_FILE, STATE_FILE, read_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KILLS_PER_FORMAT = 100  # x --reliability-scale; 200 kills in all by default
+KILLS_PER_FORMAT = 100  # x --reliability-scale; 200 kills of blocking saves in all by default
+ASYNC_KILLS_PER_FORMAT = 50  # and 100 of asynchronous ones
 MAX_TO_KEEP = 2
 MIN_MAX_DELAY = 0.012  # seconds; the delays span several saves, so kills land in every phase
 
@@ -120,10 +121,12 @@ def check_directory(directory: str, ext: str, stats: collections.Counter) -> tup
     return step, temporaries
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
 @pytest.mark.parametrize("ext", [".h5", ".msgpack"])
-def test_sigkill_during_save_loop(tmp_path, ext, reliability_scale):
-    kills = KILLS_PER_FORMAT * reliability_scale
-    rng = random.Random(f"kill{ext}")
+def test_sigkill_during_save_loop(tmp_path, ext, blocking, reliability_scale):
+    """Async saves (``blocking=False``): the child assigns the next step while a save is in flight."""
+    kills = (KILLS_PER_FORMAT if blocking else ASYNC_KILLS_PER_FORMAT) * reliability_scale
+    rng = random.Random(f"kill{ext}{'' if blocking else 'async'}")
     directory = str(tmp_path / "run")
     os.mkdir(directory)
     parent_vars = {key: ckpt.Variable(value) for key, value in step_tensors(0).items()}
@@ -142,7 +145,7 @@ def test_sigkill_during_save_loop(tmp_path, ext, reliability_scale):
     step, old_temporaries, saves_by_children = 0, set(), 0
     try:
         for kill in range(kills):
-            pid = zygote.spawn(dir=directory, ext=ext, start=step + 1, max_to_keep=MAX_TO_KEEP)
+            pid = zygote.spawn(dir=directory, ext=ext, start=step + 1, max_to_keep=MAX_TO_KEEP, blocking=blocking)
             time.sleep(rng.uniform(0, max_delay))
             os.kill(pid, signal.SIGKILL)
             code = zygote.reap(pid)
@@ -160,7 +163,12 @@ def test_sigkill_during_save_loop(tmp_path, ext, reliability_scale):
             if kill % 2:  # every other time the parent is "the next save" and checks it cleans up
                 for key, value in step_tensors(step + 1).items():
                     parent_vars[key].assign(value)
-                path = parent_saver.save(os.path.join(directory, "model" + ext), global_step=step + 1)
+                path = parent_saver.save(os.path.join(directory, "model" + ext), global_step=step + 1,
+                                         blocking=blocking)
+                if not blocking:
+                    for key, value in step_tensors(step + 2).items():  # the snapshot must not see these
+                        parent_vars[key].assign(value)
+                    path = path.result()
                 assert ckpt.latest_checkpoint(directory) == path
                 # nothing else survives a completed save: no temporaries, and no checkpoint dropped
                 # by max_to_keep whose deletion a kill interrupted (the state's "deleting" list)
@@ -170,6 +178,6 @@ def test_sigkill_during_save_loop(tmp_path, ext, reliability_scale):
             old_temporaries = temporaries
     finally:
         zygote.close()
-    print(f"\n{ext}: {kills} kills, {saves_by_children} checkpoints completed by killed children; "
+    print(f"\n{ext} {'blocking' if blocking else 'async'}: {kills} kills, {saves_by_children} checkpoints completed by killed children; "
           f"states found after a kill: {dict(stats)}")
     assert saves_by_children > 0  # the delays are long enough for children to complete saves

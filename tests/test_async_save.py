@@ -1,0 +1,383 @@
+"""Asynchronous saves: Saver.save(..., blocking=False) -> ckpt.SaveFuture.
+
+Snapshot semantics (every dtype, every writable format, every staging bound), one save in
+flight, errors never lost, the state file seeing a checkpoint only once committed, staging
+memory reused, interpreter exit waiting for the save in flight. Timing never decides an
+outcome: a test format whose writer waits on events makes "in flight" deterministic.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+from conftest import assert_bit_exact, every_dtype_tensors
+from reliability_support import sentinel_like
+
+import ckpt
+from ckpt.atomic import is_temporary
+from ckpt.formats import base
+from ckpt.formats.msgpack import MsgpackFormat
+from ckpt.state import read_state
+
+WRITABLE = [f.name for f in base.formats() if f.can_write]
+EXT = {name: base.get_format(name).extensions[0] for name in WRITABLE}
+
+
+def storable(fmt: str) -> list[tuple[str, np.ndarray]]:
+    """every_dtype_tensors() minus what the format refuses (safetensors: no strings, no complex)."""
+    tensors = every_dtype_tensors()
+    if fmt == "safetensors":
+        from ckpt.formats.safetensors import _CODE_OF
+        tensors = [(k, v) for k, v in tensors if v.dtype in _CODE_OF]
+    return tensors
+
+
+def model_of(tensors):
+    return {key: ckpt.Variable(value.copy() if value.dtype.kind != "O" else value.copy())
+            for key, value in tensors}
+
+
+def load_all(path):
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.verify() == []
+        return {key: reader.get_tensor(key) for key in reader.tensors}
+
+
+class GatedFormat(MsgpackFormat):
+    """ckpt's msgpack format under another name whose writer waits for the test's go-ahead."""
+
+    name = "gated"
+    extensions = (".gated",)
+
+    def __init__(self) -> None:
+        self.started = threading.Event()   # set when a write begins
+        self.go = threading.Event()        # the write proceeds once set
+        self.fail: BaseException | None = None  # raised instead of writing, when set
+        self.log: list[str] = []
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # never claims files: the msgpack format reads them
+
+    def write(self, path, tensors, metadata):
+        self.log.append(f"start {metadata.get('n')}")
+        self.started.set()
+        assert self.go.wait(60), "the test never let the write proceed"
+        if self.fail is not None:
+            raise self.fail
+        super().write(path, tensors, metadata)
+        self.log.append(f"end {metadata.get('n')}")
+
+
+@pytest.fixture
+def gated():
+    fmt = GatedFormat()
+    base.register_format(fmt)
+    try:
+        yield fmt
+    finally:
+        fmt.go.set()
+        base.unregister_format(fmt.name)
+
+
+def small_saver(**kwargs):
+    return ckpt.Saver({"w": ckpt.Variable(np.arange(6.0).reshape(2, 3)), "b": ckpt.Variable(np.int64(7))},
+                      **kwargs)
+
+
+# --- snapshot semantics -----------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", WRITABLE)
+@pytest.mark.parametrize("staging", [None, 0, 200], ids=["model", "zero", "partial"])
+def test_checkpoint_holds_the_values_of_the_call(tmp_path, fmt, staging):
+    tensors = storable(fmt)
+    variables = model_of(tensors)
+    saver = ckpt.Saver(variables, staging_bytes=staging)
+    future = saver.save(str(tmp_path / ("model" + EXT[fmt])), global_step=1, blocking=False)
+    for key, value in tensors:  # training changes every variable at once
+        variables[key].assign(sentinel_like(value))
+    assert isinstance(future, ckpt.SaveFuture) and isinstance(future, concurrent.futures.Future)
+    path = future.result()
+    assert path == str(tmp_path / ("model-1" + EXT[fmt]))
+    saved = load_all(path)
+    for key, value in tensors:
+        assert_bit_exact(value, saved[key])
+    if staging is not None:
+        assert saver._background.arena.nbytes <= max(staging, 64 << 10)  # the arena's minimum block
+
+
+@pytest.mark.parametrize("ext", [".h5", ".msgpack"])
+def test_large_tensors_snapshot_with_a_bound_between(tmp_path, ext):
+    """Half the model staged: the first tensors are written before save returns, the rest later."""
+    rng = np.random.default_rng(5)
+    values = {f"layer{i}/kernel": rng.standard_normal((64, 1024)).astype(np.float32) for i in range(6)}
+    variables = {k: ckpt.Variable(v) for k, v in values.items()}
+    model_bytes = sum(v.nbytes for v in values.values())
+    saver = ckpt.Saver(variables, staging_bytes=model_bytes // 2)
+    for step in range(3):
+        future = saver.save(str(tmp_path / ("m" + ext)), global_step=step, blocking=False)
+        changed = {key: value + 1 for key, value in values.items()}
+        for key, value in changed.items():
+            variables[key].assign(value)
+        saved = load_all(future.result())
+        for key, value in values.items():
+            np.testing.assert_array_equal(saved[key], value)
+        values = changed
+    assert saver._background.arena.nbytes <= model_bytes // 2
+
+
+def test_global_step_variable_is_read_at_the_call(tmp_path):
+    step = ckpt.Variable(np.int64(5), name="gs")
+    saver = ckpt.Saver({"step": step})
+    future = saver.save(str(tmp_path / "m.h5"), global_step=step, blocking=False)
+    step.assign(6)
+    assert os.path.basename(future.result()) == "m-5.h5"
+    assert int(ckpt.load_variable(future.result(), "step")) == 5
+
+
+# --- the future ------------------------------------------------------------------------------
+def test_future_interface_and_commit_visibility(tmp_path, gated):
+    saver = small_saver(max_to_keep=1)
+    first = saver.save(str(tmp_path / "m.msgpack"), global_step=1)
+    future = saver.save(str(tmp_path / "m.gated"), global_step=2, metadata={"n": 2}, blocking=False)
+    gated.started.wait(60)
+    assert not future.done() and future.running()
+    assert not future.cancel()  # a save in flight cannot be cancelled
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.result(timeout=0.01)
+    # not committed yet: the state file, retention and latest_checkpoint still see the previous one
+    assert ckpt.latest_checkpoint(str(tmp_path)) == first
+    assert [e.path for e in read_state(str(tmp_path)).checkpoints] == ["m-1.msgpack"]
+    assert os.path.exists(first)
+    called = []
+    future.add_done_callback(lambda f: called.append(f.result()))
+    gated.go.set()
+    path = future.result(timeout=60)
+    assert path == str(tmp_path / "m-2.gated") and future.done() and future.exception() is None
+    assert called == [path]
+    assert ckpt.latest_checkpoint(str(tmp_path)) == path
+    assert not os.path.exists(first)  # max_to_keep=1 applied at commit
+    assert saver.last_checkpoints == [path]
+    future.add_done_callback(lambda f: called.append("late"))  # on a finished future: runs at once
+    assert called == [path, "late"]
+
+
+def test_one_save_in_flight(tmp_path, gated):
+    saver = small_saver()
+    future = saver.save(str(tmp_path / "m.gated"), global_step=1, metadata={"n": 1}, blocking=False)
+    gated.started.wait(60)
+    second: list[object] = []
+    thread = threading.Thread(target=lambda: second.append(
+        saver.save(str(tmp_path / "m.gated"), global_step=2, metadata={"n": 2})))
+    thread.start()
+    thread.join(0.2)
+    assert thread.is_alive() and gated.log == ["start 1"]  # the second save waits for the first
+    gated.go.set()
+    thread.join(60)
+    assert gated.log == ["start 1", "end 1", "start 2", "end 2"]
+    assert future.result() == str(tmp_path / "m-1.gated") and second == [str(tmp_path / "m-2.gated")]
+    assert [e.step for e in read_state(str(tmp_path)).checkpoints] == [1, 2]
+
+
+def test_wait_waits_for_the_save_in_flight(tmp_path, gated):
+    saver = small_saver()
+    future = saver.save(str(tmp_path / "m.gated"), blocking=False)
+    gated.started.wait(60)
+    threading.Timer(0.05, gated.go.set).start()
+    saver.wait()
+    assert future.done() and ckpt.latest_checkpoint(str(tmp_path)) == future.result()
+    saver.wait()  # nothing in flight: returns at once
+
+
+# --- errors are never lost -------------------------------------------------------------------
+def failing_save(tmp_path, gated, saver):
+    gated.fail = OSError(errno.ENOSPC, "No space left on device")
+    future = saver.save(str(tmp_path / "m.gated"), global_step=2, blocking=False)
+    gated.go.set()
+    concurrent.futures.wait([future])
+    return future
+
+
+def assert_nothing_half_written(tmp_path, latest):
+    assert ckpt.latest_checkpoint(str(tmp_path)) == latest
+    assert not [n for n in os.listdir(tmp_path) if is_temporary(n) or n.endswith(".gated")]
+
+
+def test_error_raised_by_result(tmp_path, gated):
+    saver = small_saver()
+    latest = saver.save(str(tmp_path / "m.msgpack"), global_step=1)
+    future = failing_save(tmp_path, gated, saver)
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left") as info:
+        future.result()
+    assert str(tmp_path / "m-2.gated") in str(info.value) and ".ckpt-tmp-" not in str(info.value)
+    assert isinstance(future.exception(), ckpt.CheckpointWriteError)
+    assert_nothing_half_written(tmp_path, latest)
+    gated.fail = None
+    saver.wait()  # seen through the future: not raised again
+    assert saver.save(str(tmp_path / "m.msgpack"), global_step=3)
+
+
+def test_error_raised_by_the_next_save(tmp_path, gated):
+    saver = small_saver()
+    latest = saver.save(str(tmp_path / "m.msgpack"), global_step=1)
+    failing_save(tmp_path, gated, saver)
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left"):
+        saver.save(str(tmp_path / "m.msgpack"), global_step=3, blocking=False)
+    assert_nothing_half_written(tmp_path, latest)  # the save that raised did not start
+    saver.wait()  # raised once: not again
+    assert saver.save(str(tmp_path / "m.msgpack"), global_step=3) == str(tmp_path / "m-3.msgpack")
+
+
+def test_error_raised_by_wait(tmp_path, gated):
+    saver = small_saver()
+    latest = saver.save(str(tmp_path / "m.msgpack"), global_step=1)
+    failing_save(tmp_path, gated, saver)
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left"):
+        saver.wait()
+    saver.wait()
+    assert_nothing_half_written(tmp_path, latest)
+
+
+def test_directory_removed_during_the_write(tmp_path, gated):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    saver = small_saver()
+    future = saver.save(str(directory / "m.gated"), blocking=False)
+    gated.started.wait(60)
+    shutil.rmtree(directory)
+    gated.go.set()
+    with pytest.raises(ckpt.CheckpointError, match="m.gated"):
+        future.result()
+    assert not directory.exists()
+
+
+def test_errors_found_at_the_call_raise_at_once(tmp_path):
+    saver = small_saver()
+    with pytest.raises(ckpt.CheckpointNotFoundError):
+        saver.save(str(tmp_path / "missing" / "m.h5"), blocking=False)
+    with pytest.raises(ValueError, match="metadata"):
+        saver.save(str(tmp_path / "m.h5"), metadata={"x": object()}, blocking=False)
+    with ckpt.deferred_init():
+        unset = ckpt.Variable(ckpt.initializers.Zeros(), shape=(2,), name="unset_async")
+    with pytest.raises(ckpt.UninitializedVariableError):
+        ckpt.Saver([unset]).save(str(tmp_path / "u.h5"), blocking=False)
+    saver.wait()
+    assert os.listdir(tmp_path) == []
+
+
+def test_staging_bytes_is_checked():
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="staging_bytes"):
+            small_saver(staging_bytes=bad)
+
+
+class TwiceFormat(MsgpackFormat):
+    """A writer breaking the contract: it reads every source twice."""
+
+    name, extensions = "twice", (".twice",)
+
+    def sniff(self, head):
+        return False
+
+    def write(self, path, tensors, metadata):
+        for _, source in tensors:
+            base.materialize(source)
+        super().write(path, tensors, metadata)
+
+
+def test_a_writer_reading_a_live_tensor_again_fails_instead_of_tearing(tmp_path):
+    base.register_format(TwiceFormat())
+    try:
+        saver = small_saver(staging_bytes=0)
+        future = saver.save(str(tmp_path / "m.twice"), blocking=False)
+        with pytest.raises(ckpt.CheckpointWriteError, match="read twice"):
+            future.result()
+        # with the whole model staged, reading twice is harmless
+        assert small_saver().save(str(tmp_path / "m.twice"), blocking=False).result()
+    finally:
+        base.unregister_format("twice")
+
+
+# --- memory ------------------------------------------------------------------------------------
+def test_staging_memory_is_reused(tmp_path):
+    rng = np.random.default_rng(3)
+    variables = {f"t{i}": ckpt.Variable(rng.standard_normal(50_000 + i).astype(np.float64)) for i in range(8)}
+    variables["small"] = ckpt.Variable(np.float32(1.0))
+    model_bytes = sum(v.numpy().nbytes for v in variables.values())
+    saver = ckpt.Saver(variables, max_to_keep=2)
+    saver.save(str(tmp_path / "m.msgpack"), global_step=0, blocking=False).result()
+    block = saver._background.arena.nbytes
+    address = saver._background.arena._block.ctypes.data
+    assert model_bytes <= block <= model_bytes + 9 * 4096  # one model's worth, page-rounded
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        for step in range(1, 21):
+            saver.save(str(tmp_path / "m.msgpack"), global_step=step, blocking=False)
+            variables["t0"].assign_add(1.0)
+        saver.wait()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert saver._background.arena._block.ctypes.data == address and saver._background.arena.nbytes == block
+    assert current - before < model_bytes // 20  # no growth over 20 saves
+    assert peak - before < model_bytes // 2  # no per-save copy of the model either
+
+
+# --- interpreter exit --------------------------------------------------------------------------
+EXIT_SCRIPT = """
+import os, sys, threading
+import numpy as np
+import ckpt
+from ckpt.formats import base
+from ckpt.formats.msgpack import MsgpackFormat
+
+class AfterMain(MsgpackFormat):
+    # writes only once the main thread has finished: the save is in flight at exit
+    name, extensions = "aftermain", (".aftermain",)
+    def sniff(self, head):
+        return False
+    def write(self, path, tensors, metadata):
+        threading.main_thread().join()
+        if os.environ.get("FAIL"):
+            raise OSError(28, "No space left on device")
+        super().write(path, tensors, metadata)
+
+base.register_format(AfterMain())
+v = ckpt.Variable(np.arange(1000.0), name="v")
+saver = ckpt.Saver([v])
+saver.save(os.path.join(sys.argv[1], "m.aftermain"), global_step=7, blocking=False)
+v.assign(np.zeros(1000))
+print("main done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_exit_waits_for_the_save_in_flight(tmp_path, fail):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(EXIT_SCRIPT))
+    directory = tmp_path / "run"
+    directory.mkdir()
+    env = dict(os.environ, FAIL="1" if fail else "")
+    proc = subprocess.run([sys.executable, str(script), str(directory)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "main done\n"
+    if fail:  # nobody waited: the error is printed, not lost; nothing half-written remains
+        assert "background save of" in proc.stderr and "No space left on device" in proc.stderr
+        assert "m-7.aftermain" in proc.stderr
+        assert os.listdir(directory) == []
+    else:
+        assert proc.stderr == ""
+        path = ckpt.latest_checkpoint(str(directory))
+        assert path == str(directory / "m-7.aftermain")
+        np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(1000.0))

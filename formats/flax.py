@@ -37,7 +37,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from .base import FileReader, TensorInfo
-from .msgpack import HEADER_PREFIX as CKPT_MSGPACK_HEADER
+from .msgpack import is_ckpt_msgpack
 
 _EXT_NDARRAY, _EXT_COMPLEX, _EXT_SCALAR = 1, 2, 3
 _CHUNKED = "__msgpack_chunked_array__"
@@ -55,7 +55,7 @@ class FlaxFormat:
 
     def sniff(self, head: bytes) -> bool:
         # a map whose first key is a string; ckpt's own msgpack files start with a map too
-        if not head or head.startswith(CKPT_MSGPACK_HEADER):
+        if not head or is_ckpt_msgpack(head):
             return False
         if head == b"\x80":  # an empty state dict
             return True

@@ -1,8 +1,10 @@
 """ckpt's msgpack checkpoint format (.msgpack).
 
-The file is a valid msgpack stream that any msgpack library decodes without ckpt:
+The whole file is one msgpack array (version 2), so ``msgpack.unpackb(data)`` and a
+streaming ``msgpack.Unpacker`` both decode it without ckpt:
 
-    header   {"format": "ckpt-msgpack", "version": 1}
+    array32  dd + the number of elements below (uint32, big-endian)
+    header   {"format": "ckpt-msgpack", "version": 2}
     payload  one bin object per tensor (several bin32 objects above 4 GiB - 1 bytes);
              a byte-string tensor is one array of bin objects
     index    {"format", "version", "metadata": {...},
@@ -10,7 +12,8 @@ The file is a valid msgpack stream that any msgpack library decodes without ckpt
     footer   [b"ckpt-idx", index offset (uint64), index length (uint64), index crc32c (uint32)]
 
 The footer has a fixed size (34 bytes), so a reader finds the index from the end of the
-file and then reads only the tensors it is asked for. docs/formats.md specifies every byte.
+file and then reads only the tensors it is asked for. Version 1 files (the same objects as
+a stream, without the array header) are still read. docs/formats.md specifies every byte.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -38,9 +41,14 @@ from .base import (FileReader, TensorInfo, check_metadata, check_shape, check_ve
                    key_problem, materialize, normalize_metadata, unique_pairs, validate_keys)
 
 FORMAT_NAME = "ckpt-msgpack"
-VERSION = 1
+VERSION = 2
 HEADER_PREFIX = b"\x82\xa6format\xac" + FORMAT_NAME.encode() + b"\xa7version"
 HEADER = HEADER_PREFIX + bytes([VERSION])
+#: Version 2 files open with an array 32 header: this byte, then the element count (4 bytes).
+ARRAY32 = 0xDD
+#: Where payloads start: after the array header and the header map (version 1: after the map).
+DATA_START = 5 + len(HEADER)
+DATA_START_V1 = len(HEADER)
 FOOTER_MAGIC = b"ckpt-idx"
 _FOOTER = struct.Struct(">B2s8sBQBQBI")
 FOOTER_SIZE = _FOOTER.size  # 34
@@ -56,6 +64,11 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + n.to_bytes(4, "big")
 
 
+def _header_len(n: int) -> int:
+    """The length of _bin_header(n)."""
+    return 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5
+
+
 def _padding(data_start: int) -> bytes:
     """A zero-filled bin object that moves ``data_start`` to the next multiple of PAGE."""
     gap = -data_start % PAGE
@@ -66,6 +79,12 @@ def _padding(data_start: int) -> bytes:
     if gap - 2 < 256:
         return b"\xc4" + bytes([gap - 2]) + bytes(gap - 2)
     return b"\xc5" + (gap - 3).to_bytes(2, "big") + bytes(gap - 3)  # bin 16 even below 256 bytes
+
+
+def is_ckpt_msgpack(head: bytes) -> bool:
+    """True when ``head`` (a file's first bytes) starts a ckpt msgpack file of any version."""
+    return head.startswith(HEADER_PREFIX) or (head[:1] == bytes([ARRAY32]) and
+                                              head[5:5 + len(HEADER_PREFIX)] == HEADER_PREFIX)
 
 
 def _packb(obj: Any) -> bytes:
@@ -82,24 +101,27 @@ class MsgpackFormat:
     can_write = True
 
     def sniff(self, head: bytes) -> bool:
-        return head.startswith(HEADER_PREFIX)
+        return is_ckpt_msgpack(head)
 
     def open(self, path: str) -> MsgpackReader:
         return MsgpackReader(path)
 
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Stream every tensor's buffer to ``path`` (lazy sources one at a time), then the index."""
+        """Stream every tensor's buffer to ``path`` (lazy sources one at a time), then the index;
+        the array header's element count is filled in last."""
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         entries: dict[str, list[Any]] = {}
         with open(path, "wb", buffering=1 << 20) as f:
-            f.write(HEADER)
-            pos = len(HEADER)
+            f.write(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER)
+            pos = DATA_START
+            objects = 3  # the header, the index and the footer
             for key, source in tensors:
                 arr = _io.c_contiguous(materialize(source))  # a lazy source is read only now
                 if dtypes.is_string(arr.dtype):
                     view = memoryview(_packb([bytes(x) for x in arr.reshape(-1)]))
                     extents = [[pos, len(view)]]
+                    objects += 1
                     f.write(view)
                     pos += len(view)
                     checksum = _io.crc32c(view)
@@ -111,11 +133,13 @@ class MsgpackFormat:
                         padding = _padding(pos + len(_bin_header(min(len(view), MAX_BIN))))
                         f.write(padding)
                         pos += len(padding)
+                        objects += bool(padding)
                     for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
                         piece = view[start:start + MAX_BIN]
                         header = _bin_header(len(piece))
                         pos += len(header)
                         extents.append([pos, len(piece)])
+                        objects += 1
                         pos += len(piece)
                         f.write(header)
                         f.write(piece)
@@ -126,6 +150,8 @@ class MsgpackFormat:
             f.write(index)
             f.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
                                  _io.crc32c(index)))
+            f.seek(1)
+            f.write(objects.to_bytes(4, "big"))
 
 
 class MsgpackReader(FileReader):
@@ -136,20 +162,21 @@ class MsgpackReader(FileReader):
     def _open(self) -> None:
         path, fd = self.path, self._fd
         size = _io.file_size(fd)
-        if size < len(HEADER) + FOOTER_SIZE:
+        if size < DATA_START_V1 + FOOTER_SIZE:
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt msgpack "
                                          "checkpoint: it is truncated")
-        head = _io.pread(fd, 0, len(HEADER), path, "the header")
-        if not head.startswith(HEADER_PREFIX):
-            raise CorruptCheckpointError(f"{path}: not a ckpt msgpack checkpoint (bad header)")
-        check_version(head[-1], VERSION, "msgpack", path)
+        head = _io.pread(fd, 0, min(DATA_START, size), path, "the header")
+        version, start, count = _parse_head(head, path)
+        if start + FOOTER_SIZE > size:
+            raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt msgpack "
+                                         "checkpoint: it is truncated")
         footer = _io.pread(fd, size - FOOTER_SIZE, FOOTER_SIZE, path, "the footer")
         fields = _FOOTER.unpack(footer)
         if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[5] != 0xCF or fields[7] != 0xCE:
             raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated "
                                          "(no index found at its end)")
         index_offset, index_len, index_crc = fields[4], fields[6], fields[8]
-        if index_offset < len(HEADER) or index_offset + index_len + FOOTER_SIZE != size:
+        if index_offset < start or index_offset + index_len + FOOTER_SIZE != size:
             raise CorruptCheckpointError(f"{path}: the footer points to an index at {index_offset} "
                                          f"(+{index_len} bytes) in a {size}-byte file")
         raw = _io.pread(fd, index_offset, index_len, path, "the index")
@@ -159,11 +186,19 @@ class MsgpackReader(FileReader):
         if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the index is not a ckpt msgpack index")
         check_version(index.get("version"), VERSION, "msgpack", path)
+        if index["version"] != version:
+            raise CorruptCheckpointError(f"{path}: the header says format version {version}, the index "
+                                         f"{index['version']}")
         metadata, tensors = index.get("metadata"), index.get("tensors")
         if not isinstance(metadata, dict) or not isinstance(tensors, dict):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
         self._metadata = check_metadata(metadata, path)
-        self._tensors = _parse_entries(tensors, path, index_offset)
+        self._tensors, objects = _parse_entries(tensors, path, start, index_offset)
+        if count is not None and count != objects:
+            raise CorruptCheckpointError(f"{path}: the file's array header counts {count} objects, its "
+                                         f"index describes {objects}: the file is damaged")
+        self.version = version
+        self._start = start
         self._index_offset = index_offset
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
@@ -231,7 +266,7 @@ class MsgpackReader(FileReader):
         decodes the stream too."""
         spans = sorted((offset, n, key, dtypes.is_string(info.dtype))
                        for key, info in self._tensors.items() for offset, n in info.extra[0])
-        pos = len(HEADER)
+        pos = self._start
         for offset, n, key, is_string in spans:
             prefix = b"" if is_string else _bin_header(n)  # a string extent is its whole array object
             if offset != pos + len(prefix) and not is_string:
@@ -244,6 +279,22 @@ class MsgpackReader(FileReader):
         if pos != self._index_offset:
             return [f"{self.path}: {self._index_offset - pos} unexpected bytes before the index at {pos}"]
         return []
+
+
+def _parse_head(head: bytes, path: str) -> tuple[int, int, int | None]:
+    """(format version, payload start, array element count or None) from a file's first bytes."""
+    if head.startswith(HEADER_PREFIX):  # version 1: a stream of objects, no array around them
+        version, start, count = head[len(HEADER) - 1], DATA_START_V1, None
+    elif is_ckpt_msgpack(head) and len(head) == DATA_START:
+        version, start, count = head[-1], DATA_START, int.from_bytes(head[1:5], "big")
+    else:
+        raise CorruptCheckpointError(f"{path}: not a ckpt msgpack checkpoint (bad header)")
+    check_version(version, VERSION, "msgpack", path)
+    if (version == 1) != (count is None):
+        raise CorruptCheckpointError(f"{path}: the header says format version {version}, but the file "
+                                     f"{'has' if count is not None else 'lacks'} the array header of "
+                                     "version 2")
+    return version, start, count
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -275,12 +326,15 @@ def _dtype_name(dtype: np.dtype) -> str:
     return name
 
 
-def _parse_entries(tensors: dict[Any, Any], path: str, data_end: int) -> dict[str, TensorInfo]:
+def _parse_entries(tensors: dict[Any, Any], path: str, start: int,
+                   data_end: int) -> tuple[dict[str, TensorInfo], int]:
     """Validate every index entry against the file before any data is read (a hot loop: an
-    index can hold 10,000s of entries)."""
+    index can hold 10,000s of entries); return them and the number of msgpack objects the
+    file holds (header, payloads, padding, index, footer)."""
     out: dict[str, TensorInfo] = {}
-    start = last_end = len(HEADER)
+    last_end = start
     ordered = True
+    objects = 3
     for key, entry in tensors.items():
         problem = key_problem(key)
         if problem:
@@ -293,6 +347,7 @@ def _parse_entries(tensors: dict[Any, Any], path: str, data_end: int) -> dict[st
         if type(crc) is not int or not 0 <= crc < 2 ** 32 or type(extents) is not list or not extents:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
         nbytes = 0
+        is_string = dtype.kind == "O"
         for extent in extents:
             if type(extent) is not list or len(extent) != 2:
                 raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
@@ -301,6 +356,8 @@ def _parse_entries(tensors: dict[Any, Any], path: str, data_end: int) -> dict[st
                 raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset!r} (+{n!r} bytes) lies "
                                              f"outside the payload area [{start}, {data_end})")
             ordered = ordered and offset >= last_end
+            # a gap wider than the extent's bin header holds a padding object (strings have none)
+            objects += 1 + (offset - last_end > (0 if is_string else _header_len(n)))
             last_end = offset + n
             nbytes += n
         if dtype.kind == "O":
@@ -315,15 +372,20 @@ def _parse_entries(tensors: dict[Any, Any], path: str, data_end: int) -> dict[st
                 f"{_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
         out[key] = TensorInfo(key, dtype, shape, nbytes, (extents, crc))
     if not ordered:  # ckpt writes tensors in index order; anything else must not overlap
-        _check_disjoint([(o, n, k) for k, info in out.items() for o, n in info.extra[0]], path)
-    return out
+        objects = _check_disjoint([(o, n, k, 0 if info.dtype.kind == "O" else _header_len(n))
+                                   for k, info in out.items() for o, n in info.extra[0]], path, start)
+    return out, objects
 
 
 _BYTE = np.dtype(np.uint8)
 
 
-def _check_disjoint(spans: list[tuple[int, int, str]], path: str) -> None:
+def _check_disjoint(spans: list[tuple[int, int, str, int]], path: str, start: int) -> int:
+    """Refuse overlapping extents (offset, length, key, bin header length); return the object
+    count as _parse_entries counts it."""
     spans.sort()
-    for (a_off, a_n, a_key), (b_off, _, b_key) in zip(spans, spans[1:]):
+    for (a_off, a_n, a_key, _), (b_off, _, b_key, _) in zip(spans, spans[1:]):
         if a_off + a_n > b_off:
             raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
+    ends = [start] + [offset + n for offset, n, _, _ in spans]
+    return 3 + sum(1 + (offset - end > header) for (offset, _, _, header), end in zip(spans, ends))

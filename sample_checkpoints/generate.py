@@ -11,6 +11,9 @@ Writes, in both formats where it says so:
 * steps/: a Saver's directory: softmax regression on 7x7 pooled digits saved every 100 steps
   with max_to_keep=3, so model-300/400/500.msgpack and the state file remain.
 
+v1/ holds msgpack files of format version 1, which ckpt no longer writes; this script leaves
+them alone.
+
 Seeds are fixed, BLAS runs on one thread, and the state file's clock is pinned, so two runs
 write byte-identical files. tests/test_sample_checkpoints.py reads them back.
 """

@@ -199,7 +199,7 @@ def reaches_libhdf5(data: bytes) -> bool:
     libhdf5 may crash or hang on damaged input, so such cases run in a child process.
     """
     return not data.startswith(hdf5_format.MAGIC) and \
-        hdf5_format.Hdf5Format().sniff(data[:4096]) and not data.startswith(msgpack_format.HEADER_PREFIX)
+        hdf5_format.Hdf5Format().sniff(data[:4096]) and not msgpack_format.is_ckpt_msgpack(data)
 
 
 class Hang(Exception):

@@ -20,3 +20,26 @@ def test_every_markdown_file_a_doc_names_exists():
             if not os.path.exists(here) and not os.path.exists(os.path.join(ROOT, name)):
                 missing.append(f"{os.path.relpath(doc, ROOT)} names {name}")
     assert not missing, missing
+
+
+def python_blocks(doc: str) -> list[str]:
+    """The ```python blocks of a markdown file under ROOT, in order."""
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+
+
+def test_formats_md_plain_msgpack_recipe_runs(tmp_path):
+    import numpy as np
+
+    import ckpt
+
+    path = str(tmp_path / "plain.msgpack")
+    big = np.arange(1 << 15, dtype=np.float32)  # large enough for a padding object before it
+    ckpt.Saver({"a": ckpt.Variable([1, 2]), "big": ckpt.Variable(big)}).save(path)
+    (recipe,) = [b for b in python_blocks("docs/formats.md") if "msgpack.Unpacker" in b]
+    scope = {"path": path}
+    exec(recipe, scope)
+    assert scope["header"] == {"format": "ckpt-msgpack", "version": 2}
+    assert scope["footer"][0] == b"ckpt-idx" and set(scope["index"]["tensors"]) == {"a", "big"}
+    assert scope["payloads"][0] == np.array([1, 2], np.int32).tobytes()
+    assert scope["payloads"][-1] == big.tobytes() and not any(scope["payloads"][1])  # padding

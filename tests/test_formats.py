@@ -138,12 +138,24 @@ def test_h5py_reader_refuses_links_and_foreign_storage(tmp_path, kind):
 
 
 # --- plain msgpack as an oracle ---------------------------------------------------------------
-def test_plain_msgpack_decodes_the_stream(tmp_path, tensors):
-    path = write(base.get_format("msgpack"), tmp_path / "oracle.msgpack", tensors, {"k": "v"})
+def plain_objects(path):
+    """The file's objects as plain msgpack decodes them: the whole file is one array."""
     with open(path, "rb") as f:
-        objects = list(msgpack.Unpacker(f, raw=False, max_buffer_size=1 << 20))
+        return msgpack.unpackb(f.read(), raw=False)
+
+
+def test_plain_msgpack_unpackb_and_a_streaming_unpacker_decode_the_file(tmp_path, tensors):
+    path = write(base.get_format("msgpack"), tmp_path / "oracle.msgpack", tensors, {"k": "v"})
+    objects = plain_objects(path)  # one object: unpackb raises ExtraData on anything after it
+    with open(path, "rb") as f:  # streaming, one element at a time, with a small buffer
+        unpacker = msgpack.Unpacker(f, raw=False, max_buffer_size=1 << 20)
+        assert [unpacker.unpack() for _ in range(unpacker.read_array_header())] == objects
+        with pytest.raises(msgpack.OutOfData):
+            unpacker.unpack()
+    with open(path, "rb") as f:
+        assert list(msgpack.Unpacker(f, raw=False)) == [objects]
     header, payloads, index, footer = objects[0], objects[1:-2], objects[-2], objects[-1]
-    assert header == {"format": "ckpt-msgpack", "version": 1}
+    assert header == {"format": "ckpt-msgpack", "version": 2} and index["version"] == 2
     assert index["format"] == "ckpt-msgpack" and index["metadata"] == {"k": "v"}
     assert footer[0] == b"ckpt-idx"
     assert len(payloads) == len(tensors)
@@ -164,8 +176,7 @@ def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
     monkeypatch.setattr(mpfmt, "MAX_BIN", 7)
     value = np.arange(10, dtype=np.float32)  # 40 bytes -> 6 bin objects
     path = write(base.get_format("msgpack"), tmp_path / "split.msgpack", [("v", value), ("w", np.ones(2))])
-    with open(path, "rb") as f:
-        objects = list(msgpack.Unpacker(f, raw=False))
+    objects = plain_objects(path)
     extents = objects[-2]["tensors"]["v"][2]
     assert [n for _, n in extents] == [7, 7, 7, 7, 7, 5]
     assert b"".join(objects[1:7]) == value.tobytes()
@@ -178,9 +189,9 @@ def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
 def test_newer_msgpack_version_is_a_clear_error(tmp_path):
     path = write(base.get_format("msgpack"), tmp_path / "v.msgpack", [("a", np.zeros(2))])
     raw = bytearray(open(path, "rb").read())
-    raw[len(mpfmt.HEADER) - 1] = 2  # the header's version
+    raw[mpfmt.DATA_START - 1] = 3  # the header's version
     open(path, "wb").write(raw)
-    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 2"):
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 3"):
         ckpt.load_checkpoint(path)
 
 
@@ -330,8 +341,7 @@ def test_large_tensors_start_page_aligned(tmp_path, fmt):
         assert reader.verify() == []
         np.testing.assert_array_equal(reader.read("big"), big)
     if fmt.name == "msgpack":  # padding is zero-filled bin objects, outside every tensor
-        with open(path, "rb") as f:
-            objects = list(msgpack.Unpacker(f, raw=False))
+        objects = plain_objects(path)
         payloads = [o for o in objects[1:-2]]
         assert payloads[0] == b"\x01\x01\x01" and payloads[2] == big.tobytes()
         assert not any(payloads[1]) and not any(payloads[3])  # the padding before each big tensor
@@ -341,7 +351,7 @@ def test_damaged_msgpack_padding_is_reported_by_verify(tmp_path):
     big = np.arange(1 << 16, dtype=np.float32)
     path = write(base.get_format("msgpack"), tmp_path / "pad.msgpack", [("small", np.ones(3, np.int8)), ("big", big)])
     raw = bytearray(open(path, "rb").read())
-    padding_header = raw.index(b"\xc5", len(mpfmt.HEADER) + 5)  # the bin 16 padding after "small"
+    padding_header = raw.index(b"\xc5", mpfmt.DATA_START + 5)  # the bin 16 padding after "small"
     raw[padding_header] ^= 0x01
     open(path, "wb").write(raw)
     with base.open_reader(path) as reader:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import msgpack
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -36,7 +37,7 @@ def load_generator():
 generate = load_generator()
 
 
-@pytest.mark.parametrize("name", ["mlp.h5", "mlp.msgpack"])
+@pytest.mark.parametrize("name", ["mlp.h5", "mlp.msgpack", "v1/mlp.msgpack"])
 def test_trained_mlp_classifies_the_generated_digits(name):
     with ckpt.load_checkpoint(os.path.join(SAMPLES, name)) as reader:
         assert reader.get_variable_to_shape_map() == MLP_KEYS
@@ -57,7 +58,7 @@ def test_both_mlp_files_hold_the_same_tensors():
             assert_bit_exact(a.get_tensor(key), b.get_tensor(key))
 
 
-@pytest.mark.parametrize("name", ["dtypes.h5", "dtypes.msgpack"])
+@pytest.mark.parametrize("name", ["dtypes.h5", "dtypes.msgpack", "v1/dtypes.msgpack"])
 def test_every_dtype_reads_back_exactly(name):
     expected = generate.every_dtype()
     assert {f"dtypes/{n}" for n in ckpt.dtypes.NAMES} <= set(expected)  # a new dtype needs new sample files
@@ -67,6 +68,32 @@ def test_every_dtype_reads_back_exactly(name):
         for key, value in expected.items():
             assert_bit_exact(value, reader.get_tensor(key))
         assert reader.verify() == []
+
+
+@pytest.mark.parametrize("name", ["mlp", "dtypes"])
+def test_msgpack_golden_files_of_both_versions(name):
+    """v1/ keeps files of msgpack format version 1 (a stream of objects) as ckpt wrote them;
+    the files beside it are version 2 (one array). Both read back to the same tensors."""
+    v1, v2 = (os.path.join(SAMPLES, p, f"{name}.msgpack") for p in ("v1", ""))
+    raw1, raw2 = open(v1, "rb").read(), open(v2, "rb").read()
+    objects = list(msgpack.Unpacker(open(v1, "rb"), raw=False))
+    assert objects[0] == {"format": "ckpt-msgpack", "version": 1} and objects[-1][0] == b"ckpt-idx"
+    with pytest.raises(msgpack.ExtraData):
+        msgpack.unpackb(raw1, raw=False)
+    whole = msgpack.unpackb(raw2, raw=False)
+    assert whole[0] == {"format": "ckpt-msgpack", "version": 2} and whole[-1][0] == b"ckpt-idx"
+    assert whole[-2]["metadata"] == objects[-2]["metadata"]
+    with ckpt.load_checkpoint(v1) as a, ckpt.load_checkpoint(v2) as b:
+        assert list(a.tensors) == list(b.tensors) and a.verify() == [] and b.verify() == []
+        for key in a.tensors:
+            assert_bit_exact(a.get_tensor(key), b.get_tensor(key))
+
+
+def test_the_msgpack_writer_reproduces_the_version_2_golden_file_byte_for_byte(tmp_path):
+    path = str(tmp_path / "dtypes.msgpack")
+    generate.write_file(path, sorted(generate.every_dtype().items()),
+                        {"description": "every dtype ckpt supports"})
+    assert open(path, "rb").read() == open(os.path.join(SAMPLES, "dtypes.msgpack"), "rb").read()
 
 
 def test_steps_directory():

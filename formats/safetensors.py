@@ -8,8 +8,12 @@ tensor's size equal to dtype size x shape, the tensors covering the buffer exact
 holes, no overlaps, nothing after the last), no duplicate keys.
 
 Files carry no checksums. ckpt adds them when it writes: ``__metadata__`` then holds
-"ckpt_crc32c" (a JSON map key -> crc32c of the tensor's bytes, verified on every read) and
-"ckpt_metadata" (the checkpoint's metadata as JSON), next to "format": "np".
+"ckpt_crc32c" (a JSON map key -> crc32c of the tensor's bytes, verified on every read),
+"ckpt_metadata" (the checkpoint's metadata as JSON) and "ckpt_header_crc32c" (the crc32c of
+the header's meaning: every key, dtype, shape and data_offsets, every ``__metadata__`` entry
+but this one, and the header length; verified on open), next to "format": "np". A file with
+any "ckpt_" field in ``__metadata__`` is ckpt's own: if any of the three is missing or wrong,
+it is damaged, never read as an unchecksummed foreign file.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -41,6 +45,8 @@ from .base import FileReader, TensorInfo, materialize, normalize_metadata, uniqu
 MAX_HEADER = 100_000_000
 _N = struct.Struct("<Q")
 _MAX_CRC = 2 ** 32 - 1  # the widest checksum, for planning the header's size
+#: ckpt's fields in ``__metadata__``: all present in a file ckpt wrote.
+_CKPT_FIELDS = ("ckpt_metadata", "ckpt_crc32c", "ckpt_header_crc32c")
 #: safetensors dtype codes, in the order of the format's Dtype enum (increasing alignment):
 #: the writer orders tensors by it, as safetensors does, so every tensor stays aligned.
 _CODES: dict[str, np.dtype] = {
@@ -95,11 +101,13 @@ class SafetensorsFormat:
             layout[key] = {"dtype": code, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
             pos += nbytes
 
-        def header(crcs: dict[str, int]) -> bytes:
+        def header(crcs: dict[str, int], length: int | None) -> bytes:
             meta = {"format": "np", "ckpt_metadata": json.dumps(metadata), "ckpt_crc32c": json.dumps(crcs)}
-            return json.dumps({"__metadata__": meta, **layout}, separators=(",", ":")).encode("utf-8")
+            head = {"__metadata__": meta, **layout}
+            meta["ckpt_header_crc32c"] = str(_MAX_CRC if length is None else _header_crc(head, length))
+            return json.dumps(head, separators=(",", ":")).encode("utf-8")
 
-        size = len(header({key: _MAX_CRC for _, key, *_ in plans}))  # the widest checksums
+        size = len(header({key: _MAX_CRC for _, key, *_ in plans}, None))  # the widest checksums
         size += -(size + _N.size) % 8  # data starts 8-byte aligned
         crcs = {}
         with open(path, "wb", buffering=1 << 20) as f:
@@ -114,7 +122,7 @@ class SafetensorsFormat:
                 f.write(view)
                 crcs[key] = checksum()
             f.seek(0)
-            f.write(_N.pack(size) + header(crcs).ljust(size))  # safetensors pads headers with spaces
+            f.write(_N.pack(size) + header(crcs, size).ljust(size))  # safetensors pads headers with spaces
 
 
 class SafetensorsReader(FileReader):
@@ -135,10 +143,13 @@ class SafetensorsReader(FileReader):
                                          f"{size - _N.size} after it: it is truncated")
         raw = _io.pread(self._fd, _N.size, n, path, "the header")
         header = _parse_header(raw, path)
-        meta = header.pop("__metadata__", None)
+        meta = header.get("__metadata__")
         if meta is not None and (not isinstance(meta, dict) or
                                  not all(isinstance(v, str) for v in meta.values())):
             raise CorruptCheckpointError(f"{path}: __metadata__ must map strings to strings")
+        if meta is not None and any(k.startswith("ckpt_") for k in meta):  # ckpt wrote it: check first
+            _check_header_crc(header, meta, n, path)
+        header.pop("__metadata__", None)
         self._data_start = _N.size + n
         self._tensors = {}
         for key, spec in header.items():
@@ -233,6 +244,29 @@ def _check_coverage(tensors: dict[str, TensorInfo], data_size: int, path: str) -
             f"{'truncated' if pos > data_size else 'followed by unindexed bytes'}")
 
 
+def _header_crc(header: dict[str, Any], length: int) -> int:
+    """crc32c of what a header means: its entries and ``__metadata__`` but the crc itself, and
+    its length, in one canonical JSON form (key order and padding do not matter)."""
+    meta = {k: v for k, v in header.get("__metadata__", {}).items() if k != "ckpt_header_crc32c"}
+    canonical = json.dumps([length, {**header, "__metadata__": meta}], sort_keys=True, separators=(",", ":"))
+    return _io.crc32c(canonical.encode("utf-8"))
+
+
+def _check_header_crc(header: dict[str, Any], meta: dict[str, str], length: int, path: str) -> None:
+    """A header carrying ckpt's marks must carry all of them, and its meaning must match its crc."""
+    missing = [k for k in _CKPT_FIELDS if k not in meta]
+    if missing:
+        raise CorruptCheckpointError(
+            f"{path}: __metadata__ has ckpt's fields but lacks {', '.join(missing)}: the header was "
+            "damaged or edited after ckpt wrote it")
+    stored, got = meta["ckpt_header_crc32c"], _header_crc(header, length)
+    if stored != str(got):
+        expected = f"{int(stored):#010x}" if stored.isdigit() and len(stored) < 11 else repr(stored)
+        raise CorruptCheckpointError(
+            f"{path}: the header fails its checksum (crc32c {got:#010x}, expected {expected}): names, "
+            "dtypes, shapes, offsets or metadata were damaged or edited after ckpt wrote it")
+
+
 def _ckpt_fields(meta: dict[str, str], tensors: dict[str, TensorInfo], path: str,
                  ) -> tuple[dict[str, Any], dict[str, int] | None]:
     """(metadata, checksums): ckpt's own fields when ckpt wrote the file, else the string map."""
@@ -240,7 +274,7 @@ def _ckpt_fields(meta: dict[str, str], tensors: dict[str, TensorInfo], path: str
         return dict(meta), None
     try:
         crcs = json.loads(meta["ckpt_crc32c"])
-        metadata = json.loads(meta.get("ckpt_metadata", "{}"))
+        metadata = json.loads(meta["ckpt_metadata"])
     except (ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path}: ckpt's checksums or metadata in __metadata__ are not "
                                      "JSON") from exc

@@ -288,6 +288,21 @@ def hdf5_rebuild(raw: bytes, index: bytes, *, version: int | None = None, userbl
     return user + raw[block:]
 
 
+def safetensors_split(raw: bytes) -> tuple[int, dict[str, Any]]:
+    """(header length, decoded header) of a safetensors file."""
+    (n,) = struct.unpack("<Q", raw[:8])
+    return n, json.loads(raw[8:8 + n])
+
+
+def safetensors_rebuild(raw: bytes, header: dict[str, Any]) -> bytes:
+    """``raw`` with a new JSON header, padded with spaces to the old header's length (or, when
+    longer, to the next multiple of 8; data offsets count from the data, so they still hold)."""
+    n, _ = safetensors_split(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    size = n if len(text) <= n else len(text) + (-len(text) % 8)
+    return struct.pack("<Q", size) + text.ljust(size) + raw[8 + n:]
+
+
 def write_checkpoint(path: str, tensors: Sequence[tuple[str, np.ndarray]],
                      metadata: dict[str, Any] | None = None) -> bytes:
     """Save ``tensors`` with a Saver at ``path`` and return the file's bytes."""

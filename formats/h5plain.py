@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from .base import BaseReader, TensorInfo, check_metadata, check_version, key_problem
 from .hdf5 import VERSION, _decode_strings
@@ -65,13 +65,24 @@ class H5pyReader(BaseReader):
         import h5py
 
         path, f = self.path, self._h5
-        version = f.attrs.get("ckpt_version")
+        try:
+            marks = [name for name in ("ckpt_format", "ckpt_version", "ckpt_metadata") if name in f.attrs]
+            if marks and f.userblock_size:  # ckpt's layout and attributes, its index gone: damaged
+                raise CorruptCheckpointError(
+                    f"{path}: ckpt wrote this HDF5 file (attribute {marks[0]!r}) but its user block holds "
+                    "no valid ckpt header: the index is damaged, so no value can be checked")
+            version = f.attrs.get("ckpt_version")
+            metadata = f.attrs.get("ckpt_metadata", "{}")
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CorruptCheckpointError(f"{path}: HDF5 cannot read the root group's attributes: {exc}") from exc
         if version is not None:
             if not isinstance(version, (int, np.integer)):
                 raise CorruptCheckpointError(f"{path}: the ckpt_version attribute is {version!r}, not a number")
             check_version(int(version), VERSION, "HDF5", path)
         try:
-            self._metadata = check_metadata(json.loads(f.attrs.get("ckpt_metadata", "{}")), path)
+            self._metadata = check_metadata(json.loads(metadata), path)
         except (TypeError, ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
         self._tensors = {}

@@ -118,6 +118,11 @@ class Hdf5Format:
             return Hdf5Reader(path)
         if _damaged_magic(head):  # ckpt's own file: do not hand its (damaged) bytes to libhdf5
             raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
+        mark = _ckpt_mark(path)
+        if mark:  # ckpt wrote it and its index is gone: damaged, never an unchecksummed foreign file
+            raise CorruptCheckpointError(
+                f"{path}: ckpt wrote this HDF5 file ({mark}) but its user block holds no valid ckpt "
+                "header: the index is damaged, so no value can be checked")
         from . import h5plain  # an HDF5 file from elsewhere: read through h5py
 
         return h5plain.adopt_layout(h5plain.H5pyReader(path))
@@ -206,6 +211,35 @@ class Hdf5Format:
         except Exception as exc:  # h5py reports some failures as RuntimeError/ValueError
             raise CheckpointWriteError(f"{path}: HDF5 could not write the file: {exc}") from exc
         return offsets
+
+
+#: Bytes only ckpt's HDF5 files hold near their start: its index's format name (user block),
+#: the names of its root and dataset attributes (HDF5 object headers).
+MARKS = (FORMAT_NAME.encode(), b"ckpt_format", b"ckpt_version", b"ckpt_metadata", b"ckpt_dtype", b"ckpt_lengths")
+#: How much of a file's start is searched for MARKS (a small file's whole HDF5 structure).
+MARK_WINDOW = 1 << 16
+
+
+def _ckpt_mark(path: str) -> str:
+    """Which of ckpt's marks a file with a user block but no ckpt header shows, or "".
+
+    A file rewritten without a user block (h5repack, an h5py copy) lost nothing by damage and
+    is read through h5py; one whose user block is there but holds no ckpt header was damaged.
+    Searched: the start of the user block and of the HDF5 structure after it.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = 512  # HDF5's signature sits at 0 or at a user block's end: 512, 1024, 2048, ...
+        while offset + 8 <= size and os.pread(f.fileno(), 8, offset) != HDF5_SIGNATURE:
+            offset *= 2
+        if offset + 8 > size or os.pread(f.fileno(), 8, 0) == HDF5_SIGNATURE:
+            return ""
+        for start in (0, offset):
+            window = os.pread(f.fileno(), MARK_WINDOW, start)
+            for mark in MARKS:
+                if mark in window:
+                    return f"{mark.decode()!r} at byte {start + window.index(mark)}"
+    return ""
 
 
 def _damaged_magic(head: bytes) -> bool:

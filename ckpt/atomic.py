@@ -23,7 +23,7 @@ import errno
 import fcntl
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
 
@@ -78,11 +78,13 @@ def require_directory(path: str) -> None:
 
 
 @contextmanager
-def replace_atomically(path: str) -> Iterator[str]:
+def replace_atomically(path: str, before_rename: Callable[[], object] | None = None) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it atomically becomes ``path``.
 
     On any error before the rename the temporary file is removed, ``path`` is untouched and
     the error is re-raised (OS errors as CheckpointWriteError naming the file).
+    ``before_rename`` is called once the new file is on disk, just before the rename (the
+    Saver takes the directory's state lock there, so renaming and recording are one step).
 
     Raises:
         CheckpointNotFoundError: the directory of ``path`` does not exist.
@@ -105,6 +107,8 @@ def replace_atomically(path: str) -> Iterator[str]:
         try:
             yield tmp
             os.fsync(fd)
+            if before_rename is not None:
+                before_rename()
             os.replace(tmp, path)
             replaced = True
         except BaseException as exc:

@@ -23,7 +23,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from typing import Any, Literal, Union, overload
 
 from .async_save import BackgroundSaves, SaveFuture
@@ -209,12 +209,24 @@ class Saver:
                 listed_before: bool, background: bool = False) -> str:
         """Write the file atomically, then record it in the state file; return its path."""
         flush_error: ReplacedWriteError | None = None
-        try:  # the GC switch is process-wide: a background save leaves it to the training loop
-            with replace_atomically(path) as tmp, gc_paused() if not background else nullcontext():
-                fmt.write(tmp, tensors, metadata)
-        except ReplacedWriteError as exc:
-            flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
-        self._record(path, step, listed_before)
+        directory = os.path.dirname(os.path.abspath(path))
+        with ExitStack() as commit:
+            # rename, record and max_to_keep's deletions happen under the directory's lock, so
+            # another saver's retention never deletes a file this save put in place
+            def lock() -> None:
+                try:
+                    commit.enter_context(state_lock(directory))
+                except CheckpointWriteError as exc:
+                    raise CheckpointWriteError(f"{path}: not saved, the state file cannot be locked: {exc}; "
+                                               "the previous checkpoint is still the latest") from exc
+
+            try:  # the GC switch is process-wide: a background save leaves it to the training loop
+                with replace_atomically(path, before_rename=lock) as tmp, \
+                        gc_paused() if not background else nullcontext():
+                    fmt.write(tmp, tensors, metadata)
+            except ReplacedWriteError as exc:
+                flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
+            self._record(path, step, listed_before)
         if flush_error is not None:
             raise flush_error
         return path
@@ -247,6 +259,8 @@ class Saver:
     def _record(self, path: str, step: int | None, listed_before: bool) -> None:
         """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours.
 
+        The caller holds the directory's state lock (taken before the rename).
+
         If the state file cannot be updated, a new checkpoint file is removed again (no orphan
         the size of a model stays on a full disk); one that replaced a listed file is kept.
         """
@@ -277,30 +291,29 @@ class Saver:
         self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
 
     def _update_state(self, directory: str, path: str, step: int | None) -> tuple[list[str], list[str]]:
-        """Under the directory's lock, write the new state; return (kept names, names to delete)."""
+        """Write the new state (the caller holds the lock); return (kept names, names to delete)."""
         name = os.path.basename(path)
         now = time.time()
         doomed: list[str] = []
-        with state_lock(directory):
-            state = self._check_state_owner(directory, path) or CheckpointState()
-            state.checkpoints = [e for e in state.checkpoints if e.path != name]
-            state.preserved = [e for e in state.preserved if e.path != name]
-            state.checkpoints.append(CheckpointEntry(name, now, step))
-            if state.last_preserved_time is None:
-                state.last_preserved_time = now
-            while self._max_to_keep is not None and len(state.checkpoints) > self._max_to_keep:
-                old = state.checkpoints.pop(0)
-                if self._keep_hours and old.time - self._keep_hours * 3600 >= state.last_preserved_time:
-                    state.preserved.append(old)
-                    state.last_preserved_time = old.time
-                else:
-                    doomed.append(old.path)
-            # recorded before deleting: a save killed in between leaves the files to the next save
-            kept = {e.path for e in state.checkpoints + state.preserved}
-            leftover = [n for n in state.deleting if os.path.lexists(os.path.join(directory, n))]
-            state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
-            write_state(directory, state)
-            return [e.path for e in state.checkpoints], list(state.deleting)
+        state = self._check_state_owner(directory, path) or CheckpointState()
+        state.checkpoints = [e for e in state.checkpoints if e.path != name]
+        state.preserved = [e for e in state.preserved if e.path != name]
+        state.checkpoints.append(CheckpointEntry(name, now, step))
+        if state.last_preserved_time is None:
+            state.last_preserved_time = now
+        while self._max_to_keep is not None and len(state.checkpoints) > self._max_to_keep:
+            old = state.checkpoints.pop(0)
+            if self._keep_hours and old.time - self._keep_hours * 3600 >= state.last_preserved_time:
+                state.preserved.append(old)
+                state.last_preserved_time = old.time
+            else:
+                doomed.append(old.path)
+        # recorded before deleting: a save killed in between leaves the files to the next save
+        kept = {e.path for e in state.checkpoints + state.preserved}
+        leftover = [n for n in state.deleting if os.path.lexists(os.path.join(directory, n))]
+        state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
+        write_state(directory, state)
+        return [e.path for e in state.checkpoints], list(state.deleting)
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True) -> RestoreResult:
         """Restore this Saver's variables from a checkpoint file or a directory's latest.

@@ -171,3 +171,42 @@ def test_restore_retries_when_the_latest_is_deleted_between_sniffing_and_opening
     deleted.clear()
     with pytest.raises(ckpt.CheckpointNotFoundError, match=f"w1-1{re.escape(ext)}"):
         ckpt.load_checkpoint(os.path.join(directory, f"w1-1{ext}"))
+
+
+def test_retention_never_deletes_a_file_another_saver_just_saved(tmp_path, monkeypatch):
+    """Saver A drops "m-1" (max_to_keep) and, before A deletes it, Saver B saves a new "m-1".
+    B's save returned, so its file must stay and the state file must list only existing files."""
+    directory = str(tmp_path)
+    a = ckpt.Saver({"v": ckpt.Variable(np.float64(1.0))}, max_to_keep=1)
+    b_var = ckpt.Variable(np.float64(2.0))
+    b = ckpt.Saver({"v": b_var}, max_to_keep=None)
+    a.save(os.path.join(directory, "m"), global_step=1)
+    real_unlink, b_done, b_errors = os.unlink, threading.Event(), []
+
+    def b_save() -> None:
+        try:
+            b.save(os.path.join(directory, "m"), global_step=1)
+            b_done.set()
+        except BaseException as exc:  # reported by the main thread
+            b_errors.append(exc)
+
+    def unlink(path, *args, **kwargs):
+        if os.path.basename(str(path)) == "m-1.h5" and threading.current_thread() is threading.main_thread() \
+                and not hasattr(unlink, "thread"):
+            unlink.thread = threading.Thread(target=b_save)  # B saves m-1 while A is about to delete it
+            unlink.thread.start()
+            b_done.wait(2.0)  # B finishes here unless A's retention holds the directory's lock
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    a.save(os.path.join(directory, "m"), global_step=2)
+    unlink.thread.join(30)
+    assert not b_errors and b_done.is_set()
+    monkeypatch.undo()
+    state = read_state(directory)
+    listed = [e.path for e in state.checkpoints]
+    assert "m-1.h5" in listed
+    missing = [name for name in listed if not os.path.exists(os.path.join(directory, name))]
+    assert not missing, f"the state file lists deleted checkpoints: {missing}"
+    ckpt.Saver({"v": b_var}).restore(os.path.join(directory, "m-1.h5"))
+    assert float(b_var.value()) == 2.0

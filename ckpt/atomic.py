@@ -25,7 +25,7 @@ import os
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
+from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError
 
 __all__ = ["replace_atomically", "require_directory", "is_temporary", "clean_stale_temporaries",
            "fsync_directory"]
@@ -70,11 +70,32 @@ def _create_locked(directory: str, base: str) -> tuple[int, str]:
 
 
 def require_directory(path: str) -> None:
-    """Raise CheckpointNotFoundError unless the directory ``path`` is to be written in exists."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise CheckpointNotFoundError(f"{os.path.abspath(path)}: the directory {directory} does not exist; "
-                                      "create it before saving")
+    """Make sure the directory ``path`` is to be written in exists: create it and its missing
+    parents as TensorFlow, orbax and torch do, durably (each new directory's entry is fsynced
+    in its parent, so a crash cannot lose the directory of a saved checkpoint).
+
+    Raises:
+        CheckpointWriteError: naming ``path``, when a directory cannot be created (a file in
+            the way, no permission, a full disk).
+    """
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    missing = []
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for new in reversed(missing):
+        try:
+            try:
+                os.mkdir(new)
+            except FileExistsError:
+                if not os.path.isdir(new):
+                    raise
+                continue  # another process made it first (and made it durable)
+            fsync_directory(os.path.dirname(new))
+        except OSError as exc:
+            raise CheckpointWriteError(f"{path}: cannot create the directory {new}: "
+                                       f"{exc.strerror or exc}") from exc
 
 
 @contextmanager
@@ -86,8 +107,9 @@ def replace_atomically(path: str, before_rename: Callable[[], object] | None = N
     ``before_rename`` is called once the new file is on disk, just before the rename (the
     Saver takes the directory's state lock there, so renaming and recording are one step).
 
+    Missing parent directories are created first (see ``require_directory``).
+
     Raises:
-        CheckpointNotFoundError: the directory of ``path`` does not exist.
         CheckpointWriteError: the file could not be written (full disk, permissions, ...).
         ReplacedWriteError: (a CheckpointWriteError) ``path`` was replaced, but closing the file
             or flushing the directory failed afterwards.

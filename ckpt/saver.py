@@ -170,9 +170,9 @@ class Saver:
             ``result()`` is that path once the checkpoint is committed.
 
         Raises:
-            CheckpointNotFoundError: the parent directory does not exist.
-            CheckpointWriteError: the disk is full or unwritable; the previous checkpoint and
-                the state file are untouched.
+            CheckpointWriteError: the disk is full or unwritable, or a missing directory
+                cannot be created (missing ones are); the previous checkpoint and the state
+                file are untouched.
             UninitializedVariableError: a variable has no value yet.
         """
         self._background.wait()

@@ -513,8 +513,12 @@ def test_convert_missing_source_or_destination_directory(tmp_path):
     result = run("convert", tmp_path / "none.h5", tmp_path / "out.h5")
     assert result.exit_code == 1 and result.stderr == f"Error: {tmp_path / 'none.h5'}: no such checkpoint file\n"
     src = save(tmp_path / "src.h5", model())
-    result = run("convert", src, tmp_path / "no" / "out.h5")
-    assert result.exit_code == 1 and "the directory" in result.stderr and "does not exist" in result.stderr
+    result = run("convert", src, tmp_path / "no" / "out.h5")  # missing directories are created
+    assert result.exit_code == 0, result.output
+    assert ckpt.list_variables(tmp_path / "no" / "out.h5") == ckpt.list_variables(src)
+    (tmp_path / "file").write_text("")
+    result = run("convert", src, tmp_path / "file" / "out.h5")
+    assert result.exit_code == 1 and "cannot create the directory" in result.stderr
 
 
 def test_convert_that_does_not_read_back_leaves_dst_untouched(tmp_path, monkeypatch):

@@ -142,9 +142,28 @@ def test_global_step_may_be_a_variable(tmp_path):
         ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / "m.h5"), global_step=1.5)
 
 
-def test_missing_parent_directory_is_a_clear_error(tmp_path):
-    with pytest.raises(ckpt.CheckpointNotFoundError, match="does not exist"):
-        ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / "no" / "such" / "model.h5"))
+@pytest.mark.parametrize("blocking", [True, False])
+def test_missing_parent_directories_are_created_durably(tmp_path, monkeypatch, blocking):
+    from ckpt import atomic
+
+    synced = []
+    real = atomic.fsync_directory
+    monkeypatch.setattr(atomic, "fsync_directory", lambda d: (synced.append(d), real(d)))
+    v = ckpt.Variable([1.0, 2.0])
+    saved = ckpt.Saver([v]).save(str(tmp_path / "run" / "a" / "model.h5"), global_step=3, blocking=blocking)
+    path = saved if blocking else saved.result()
+    assert path == str(tmp_path / "run" / "a" / "model-3.h5")
+    assert ckpt.latest_checkpoint(tmp_path / "run" / "a") == path
+    # each new directory's entry was flushed in its parent before the file's own rename
+    assert synced[:2] == [str(tmp_path), str(tmp_path / "run")]
+    np.testing.assert_array_equal(ckpt.load_variable(path, v.key), [1.0, 2.0])
+
+
+def test_a_file_in_the_way_of_a_directory_is_a_write_error(tmp_path):
+    (tmp_path / "run").write_text("not a directory")
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"cannot create the directory .*run"):
+        ckpt.Saver([ckpt.Variable(1.0)]).save(str(tmp_path / "run" / "model.h5"))
+    assert (tmp_path / "run").read_text() == "not a directory"
 
 
 def test_saving_uninitialized_variables_is_refused(tmp_path):

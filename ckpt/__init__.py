@@ -34,6 +34,8 @@ from .errors import MismatchError as MismatchError
 from .errors import ReplacedWriteError as ReplacedWriteError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
+from .files import load_file as load_file
+from .files import save_file as save_file
 from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
 from .module import Module as Module
 from .reader import CheckpointReader as CheckpointReader

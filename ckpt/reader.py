@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -53,8 +54,10 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Any:
     raise AssertionError("unreachable")
 
 
-class CheckpointReader:
-    """TensorFlow's CheckpointReader over any supported checkpoint file.
+class CheckpointReader(Mapping[str, np.ndarray]):
+    """TensorFlow's CheckpointReader over any supported checkpoint file, and a read-only
+    Mapping of key -> tensor: ``reader["k"]`` reads that tensor only, ``"k" in reader``,
+    ``len(reader)``, iteration and ``.keys()`` use the index alone.
 
     Use it as a context manager (or call ``close``) to release the file.
 
@@ -65,10 +68,32 @@ class CheckpointReader:
         >>> with ckpt.load_checkpoint(path) as reader:
         ...     reader.get_variable_to_shape_map(), reader.get_tensor("w")
         ({'w': [2]}, array([1, 2], dtype=int32))
+        >>> with ckpt.load_checkpoint(path) as reader:
+        ...     list(reader), "w" in reader, len(reader), reader["w"]
+        (['w'], True, 1, array([1, 2], dtype=int32))
     """
 
     def __init__(self, reader: Any) -> None:
         self._reader = reader
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        """Read one tensor; a missing key raises KeyNotFoundError (a KeyError)."""
+        return self.get_tensor(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._reader.tensors)
+
+    def __len__(self) -> int:
+        return len(self._reader.tensors)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._reader.tensors  # the index only: no tensor is read
+
+    # a reader is a file handle: equal only to itself (Mapping would compare every tensor)
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
 
     @property
     def path(self) -> str:

@@ -27,7 +27,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from . import dtypes
+import numpy as np
+
+from . import casting, dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
 from .gcpause import gc_paused
 from .module import Module
@@ -58,15 +60,26 @@ def _describe(dtype: Any) -> str:
     return dtypes.dt_name_or_none(dtype) or str(dtype)
 
 
-def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
-          transposed: Collection[str] = (),
-          ) -> tuple[list[tuple[str, Variable]], list[str]]:
-    """Return (pairs to read, missing keys); raise once listing every problem.
+def _castable(src: np.dtype, dst: np.dtype) -> bool:
+    """True when the assign rule (numpy's same_kind) allows ``src`` values into ``dst``."""
+    try:
+        casting.check_cast(np.empty(0, src), False, dst, "")
+    except TypeError:
+        return False
+    return True
 
-    Keys in ``transposed`` are matched with their axes reversed (2-D at most).
+
+def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
+          transposed: Collection[str] = (), allow_cast: bool = False,
+          ) -> tuple[list[tuple[str, Variable]], list[str], set[str]]:
+    """Return (pairs to read, missing keys, keys to cast); raise once listing every problem.
+
+    Keys in ``transposed`` are matched with their axes reversed (2-D at most); with
+    ``allow_cast`` a dtype the assign rule converts is accepted.
     """
     name = os.path.basename(reader.path)
     pairs, missing, problems = [], [], []
+    cast: set[str] = set()
     any_missing = False
     for key, var in wanted:
         info = reader.tensors.get(key)
@@ -86,27 +99,53 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
             else:
                 hint = ""
             problems.append(f"{key}: shape {var.shape} in the model, {info.shape} in {name}{hint}")
-        elif info.dtype != var.dtype:
-            problems.append(f"{key}: dtype {_describe(var.dtype)} in the model, {_describe(info.dtype)} in {name}")
+        elif info.dtype != var.dtype and not (allow_cast and key not in transposed
+                                              and _castable(info.dtype, var.dtype)):
+            hint = " (restore(..., allow_cast=True) converts it)" if key not in transposed and \
+                _castable(info.dtype, var.dtype) else ""
+            problems.append(f"{key}: dtype {_describe(var.dtype)} in the model, {_describe(info.dtype)} in "
+                            f"{name}{hint}")
         else:
+            if info.dtype != var.dtype:
+                cast.add(key)
             pairs.append((key, var))
     if problems:
         error = KeyNotFoundError if any_missing else MismatchError
         noun = "problem" if len(problems) == 1 else "problems"
         raise error(f"cannot restore from {reader.path} ({len(problems)} {noun}; no variable was "
                     "changed):\n  " + "\n  ".join(problems))
-    return pairs, missing
+    return pairs, missing, cast
+
+
+def _read_cast(reader: Any, pairs: Sequence[tuple[str, Variable]], cast: Collection[str]) -> dict[str, Any]:
+    """Read the tensors to cast into temporary arrays and check their values fit, before any
+    variable changes (an int64 value may not fit an int32 variable)."""
+    staged, problems = {}, []
+    for key, var in pairs:
+        if key in cast:
+            staged[key] = value = reader.read(key)
+            try:
+                casting.prepare(np.broadcast_to(np.empty((), var.dtype), var.shape), value, key)
+            except TypeError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise MismatchError(f"cannot restore from {reader.path} ({len(problems)} "
+                            f"{'problem' if len(problems) == 1 else 'problems'}; no variable was changed):"
+                            "\n  " + "\n  ".join(problems))
+    return staged
 
 
 _BATCH_BYTES = 64 << 20  # small tensors are read in batches (one syscall for many)
 
 
 def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
-                         transposed: Collection[str] = ()) -> None:
+                         transposed: Collection[str] = (), staged: Mapping[str, Any] | None = None) -> None:
     """Read each tensor into its variable's buffer; on failure, uninitialize what was touched.
 
-    Tensors whose keys are in ``transposed`` are read whole, then assigned transposed.
+    Tensors whose keys are in ``transposed`` are read whole, then assigned transposed; those
+    in ``staged`` (already read, to be cast) are copied with the assign cast rule.
     """
+    staged = staged or {}
     touched: list[Variable] = []
     try:
         batch: list[tuple[str, Any]] = []
@@ -116,6 +155,9 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
             touched.append(var)  # before the read: a failed read may have written part of it
             if key in transposed:
                 buffer[...] = reader.read(key).T
+                continue
+            if key in staged:
+                casting.copy_into(buffer, staged[key], key)
                 continue
             batch.append((key, buffer))
             size += buffer.nbytes
@@ -138,14 +180,16 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
 
 
 def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Variable],
-                      strict: bool = True) -> RestoreResult:
+                      strict: bool = True, allow_cast: bool = False) -> RestoreResult:
     """Restore ``variables`` (checkpoint key -> Variable) from a file or a directory's latest.
 
-    With ``strict=False`` missing keys are skipped and reported instead of raising.
+    With ``strict=False`` missing keys are skipped and reported instead of raising; with
+    ``allow_cast=True`` tensors whose dtype the assign rule converts (same_kind) are cast.
     """
     with open_checkpoint(path) as reader, gc_paused():
-        pairs, missing = _plan(reader, list(variables.items()), allow_missing=not strict)
-        _read_into_variables(reader, pairs)
+        pairs, missing, cast = _plan(reader, list(variables.items()), allow_missing=not strict,
+                                     allow_cast=allow_cast)
+        _read_into_variables(reader, pairs, staged=_read_cast(reader, pairs, cast))
         unexpected = [k for k in reader.tensors if k not in variables]
         return RestoreResult(reader.path, [k for k, _ in pairs], missing, unexpected)
 
@@ -264,6 +308,6 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
     unique = {(key, id(var)): (key, var) for key, var in pairs}  # the same pair twice is one assignment
     pairs = list(unique.values())
     with open_checkpoint(ckpt_dir_or_file) as reader, gc_paused():
-        checked, _ = _plan(reader, pairs, allow_missing=False, transposed=transposed)
+        checked, _, _ = _plan(reader, pairs, allow_missing=False, transposed=transposed)
         _read_into_variables(reader, checked, transposed)
     return checked

@@ -90,7 +90,7 @@ class Saver:
             file (``Saver({"my_v2": v2})``). A Module: keyed by its attribute paths
             ("layers/0/kernel").
         max_to_keep: keep the newest N checkpoints of the directory, delete older ones
-            (None keeps all).
+            (None or 0 keeps all, as in TF1).
         keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
         format: the format for paths without a known extension ("hdf5" or "msgpack").
         staging_bytes: for ``save(..., blocking=False)``: the most memory the snapshot of the
@@ -107,17 +107,18 @@ class Saver:
                  staging_bytes: int | None = None) -> None:
         self._vars = _key_map(var_list)
         self._background = BackgroundSaves(staging_bytes)
-        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
-            raise ValueError(f"max_to_keep must be a positive int or None (keep all), got {max_to_keep!r}")
+        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 0):
+            raise ValueError(f"max_to_keep must be a positive int, or None or 0 (keep all), got {max_to_keep!r}")
         if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
             raise ValueError("keep_checkpoint_every_n_hours must be positive or None")
         fmt = _registry().get_format(format)
         if not fmt.can_write:
             raise ValueError(f"format {format!r} can be read but not written")
         self._format = fmt
-        self._max_to_keep = max_to_keep
+        self._max_to_keep = max_to_keep or None  # TF1: 0 keeps every checkpoint
         self._keep_hours = keep_checkpoint_every_n_hours
         self._last_checkpoints: list[str] = []
+        self._saved = False  # until the first save, a restore's directory gives last_checkpoints
 
     @property
     def var_list(self) -> dict[str, Variable]:
@@ -126,7 +127,11 @@ class Saver:
 
     @property
     def last_checkpoints(self) -> list[str]:
-        """The kept checkpoints of the directory last saved to, oldest first."""
+        """The kept checkpoints of the directory last saved to, oldest first.
+
+        Before its first save, a Saver that restored from a directory's checkpoint lists that
+        directory's checkpoints (a Saver is bound to no directory until it saves or restores).
+        """
         return list(self._last_checkpoints)
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
@@ -289,6 +294,7 @@ class Saver:
             except OSError as exc:
                 warnings.warn(f"could not delete old checkpoint {old}: {exc}", stacklevel=3)
         self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
+        self._saved = True
 
     def _update_state(self, directory: str, path: str, step: int | None) -> tuple[list[str], list[str]]:
         """Write the new state (the caller holds the lock); return (kept names, names to delete)."""
@@ -315,7 +321,8 @@ class Saver:
         write_state(directory, state)
         return [e.path for e in state.checkpoints], list(state.deleting)
 
-    def restore(self, path: str | os.PathLike[str], strict: bool = True) -> RestoreResult:
+    def restore(self, path: str | os.PathLike[str], strict: bool = True,
+                allow_cast: bool = False) -> RestoreResult:
         """Restore this Saver's variables from a checkpoint file or a directory's latest.
 
         Everything is checked before any variable changes: missing keys (a KeyError, with the
@@ -326,11 +333,29 @@ class Saver:
             path: a checkpoint file, or a directory (its latest checkpoint).
             strict: with False, keys missing from the file are skipped and listed in the
                 result's ``missing`` instead of raising (mismatched shapes still raise).
+            allow_cast: with True, a tensor whose dtype differs from its variable's is cast
+                when the assign rule allows it (numpy's same_kind: float32 -> float64,
+                float64 -> float32, int -> float; an integer that does not fit still fails,
+                before any variable changes). Off by default.
 
         Returns:
             A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
         """
-        return restore_variables(path, self._vars, strict=strict)
+        result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast)
+        if not self._saved:
+            self._adopt_directory(result.path)
+        return result
+
+    def _adopt_directory(self, path: str) -> None:
+        """Take the checkpoint list of the directory ``path`` was restored from (TF1 users
+        expect ``last_checkpoints`` to show a run they resume)."""
+        directory = os.path.dirname(path)
+        try:
+            state = read_state(directory or ".")
+        except (OSError, ValueError):
+            return  # a restore never fails over the state file; the list just stays as it was
+        if state is not None and any(e.path == os.path.basename(path) for e in state.all_entries()):
+            self._last_checkpoints = [os.path.join(directory, e.path) for e in state.checkpoints]
 
     def __repr__(self) -> str:
         return f"<ckpt.Saver {len(self._vars)} variables format={self._format.name}>"

@@ -111,7 +111,7 @@ def test_var_list_errors():
         ckpt.Saver({"a": np.zeros(2)})
     assert list(ckpt.Saver([a, a]).var_list) == ["same"]  # listed twice, saved once
     with pytest.raises(ValueError):
-        ckpt.Saver([a], max_to_keep=0)
+        ckpt.Saver([a], max_to_keep=-1)
     with pytest.raises(ValueError, match="unknown checkpoint format"):
         ckpt.Saver([a], format="zip")
 
@@ -449,3 +449,50 @@ def test_write_errors_name_the_checkpoint_not_the_temporary_file(tmp_path):
         ckpt.Saver({"z": z}).save(target)
     assert target in str(info.value) and "ckpt-tmp" not in str(info.value)
     assert os.listdir(tmp_path) == []
+
+
+# --- TF1 habits -------------------------------------------------------------------------------
+def test_max_to_keep_zero_keeps_every_checkpoint_as_in_tf1(tmp_path):
+    saver = ckpt.Saver([ckpt.Variable(1.0)], max_to_keep=0)
+    paths = [saver.save(str(tmp_path / "m.h5"), global_step=s) for s in range(7)]
+    assert saver.last_checkpoints == paths
+    assert all(os.path.exists(p) for p in paths)
+    with pytest.raises(ValueError, match="max_to_keep"):
+        ckpt.Saver([ckpt.Variable(1.0)], max_to_keep=-1)
+
+
+def test_a_new_saver_restoring_a_directory_lists_its_checkpoints(tmp_path):
+    v = ckpt.Variable([1.0, 2.0])
+    paths = [ckpt.Saver({"v": v}, max_to_keep=3).save(str(tmp_path / "m.h5"), global_step=s) for s in range(4)]
+    resumed = ckpt.Saver({"v": v}, max_to_keep=3)
+    assert resumed.last_checkpoints == []  # bound to no directory yet
+    resumed.restore(str(tmp_path))
+    assert resumed.last_checkpoints == paths[1:]
+    by_file = ckpt.Saver({"v": v})
+    by_file.restore(paths[2])
+    assert by_file.last_checkpoints == paths[1:]
+    newest = resumed.save(str(tmp_path / "m.h5"), global_step=9)
+    assert resumed.last_checkpoints == paths[2:] + [newest]
+    resumed.restore(ckpt.Saver({"v": v}).save(str(tmp_path / "other" / "x.h5")))  # after a save: its own list
+    assert resumed.last_checkpoints == paths[2:] + [newest]
+
+
+def test_restore_allow_cast_converts_same_kind_dtypes_only(tmp_path):
+    path = ckpt.save_file({"w": np.array([1.5, -2.25], np.float32), "i": np.array([1, 2], np.int64),
+                           "big": np.array([2 ** 40], np.int64)}, str(tmp_path / "f32.h5"))
+    w64 = ckpt.Variable(np.zeros(2, np.float64))
+    with pytest.raises(ckpt.MismatchError, match=r"w: dtype float64 in the model, float32 .*allow_cast=True"):
+        ckpt.Saver({"w": w64}).restore(path)
+    assert ckpt.Saver({"w": w64, "i": (f := ckpt.Variable(np.zeros(2, np.float32)))}).restore(
+        path, allow_cast=True).restored == ["w", "i"]
+    assert w64.dtype == np.float64 and w64.numpy().tolist() == [1.5, -2.25]
+    assert f.numpy().tolist() == [1.0, 2.0]  # int -> float
+    to_int = ckpt.Variable(np.zeros(2, np.int32))
+    with pytest.raises(ckpt.MismatchError, match=r"w: dtype int32 in the model, float32") as info:
+        ckpt.Saver({"w": to_int}).restore(path, allow_cast=True)  # float -> int is not same_kind
+    assert "allow_cast=True" not in str(info.value)
+    small = ckpt.Variable(np.zeros(1, np.int32))
+    untouched = ckpt.Variable(np.zeros(2, np.float64))
+    with pytest.raises(ckpt.MismatchError, match=r"big: value 1099511627776 does not fit in int32"):
+        ckpt.Saver({"w": untouched, "big": small}).restore(path, allow_cast=True)
+    assert untouched.numpy().tolist() == [0.0, 0.0] and small.numpy().tolist() == [0]  # nothing changed

@@ -119,6 +119,7 @@ class Saver:
         self._keep_hours = keep_checkpoint_every_n_hours
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
+        self._restored_from: str | None = None
 
     @property
     def var_list(self) -> dict[str, Variable]:
@@ -132,6 +133,8 @@ class Saver:
         Before its first save, a Saver that restored from a directory's checkpoint lists that
         directory's checkpoints (a Saver is bound to no directory until it saves or restores).
         """
+        if not self._saved and self._restored_from is not None:
+            return self._listed_beside(self._restored_from)
         return list(self._last_checkpoints)
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
@@ -342,20 +345,21 @@ class Saver:
             A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
         """
         result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast)
-        if not self._saved:
-            self._adopt_directory(result.path)
+        self._restored_from = result.path
         return result
 
-    def _adopt_directory(self, path: str) -> None:
-        """Take the checkpoint list of the directory ``path`` was restored from (TF1 users
-        expect ``last_checkpoints`` to show a run they resume)."""
+    @staticmethod
+    def _listed_beside(path: str) -> list[str]:
+        """The checkpoints the state file of ``path``'s directory lists, if it lists ``path``
+        (TF1 users expect ``last_checkpoints`` to show a run they resume)."""
         directory = os.path.dirname(path)
         try:
             state = read_state(directory or ".")
         except (OSError, ValueError):
-            return  # a restore never fails over the state file; the list just stays as it was
-        if state is not None and any(e.path == os.path.basename(path) for e in state.all_entries()):
-            self._last_checkpoints = [os.path.join(directory, e.path) for e in state.checkpoints]
+            return []  # an unreadable state file lists nothing; restores and saves report it
+        if state is None or not any(e.path == os.path.basename(path) for e in state.all_entries()):
+            return []
+        return [os.path.join(directory, e.path) for e in state.checkpoints]
 
     def __repr__(self) -> str:
         return f"<ckpt.Saver {len(self._vars)} variables format={self._format.name}>"

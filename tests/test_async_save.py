@@ -261,8 +261,9 @@ def test_directory_removed_during_the_write(tmp_path, gated):
 
 def test_errors_found_at_the_call_raise_at_once(tmp_path):
     saver = small_saver()
-    with pytest.raises(ckpt.CheckpointNotFoundError):
-        saver.save(str(tmp_path / "missing" / "m.h5"), blocking=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ckpt.CheckpointWriteError, match="cannot create the directory"):
+        saver.save(str(tmp_path / "file" / "m.h5"), blocking=False)  # a file where a directory must go
     with pytest.raises(ValueError, match="metadata"):
         saver.save(str(tmp_path / "m.h5"), metadata={"x": object()}, blocking=False)
     with ckpt.deferred_init():
@@ -270,7 +271,7 @@ def test_errors_found_at_the_call_raise_at_once(tmp_path):
     with pytest.raises(ckpt.UninitializedVariableError):
         ckpt.Saver([unset]).save(str(tmp_path / "u.h5"), blocking=False)
     saver.wait()
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ["file"]
 
 
 def test_staging_bytes_is_checked():

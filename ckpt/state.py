@@ -210,8 +210,16 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def _is_checkpoint_dir(path: str) -> bool:
+    """True when a format reads the directory itself as one checkpoint (no state file needed)."""
+    from .formats.base import formats
+
+    return any(getattr(f, "claims", None) is not None and f.claims(path) for f in formats())
+
+
 def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
-    """A checkpoint file as is; a directory -> its latest checkpoint.
+    """A checkpoint file as is; a directory -> its latest checkpoint, or itself when a format reads
+    whole directories (a Hugging Face model directory without a state file).
 
     Raises:
         CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
@@ -219,6 +227,8 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
         latest = latest_checkpoint(path)
+        if latest is None and _is_checkpoint_dir(path):  # a Hugging Face model directory, say
+            return path
         if latest is None:
             raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory (no '{STATE_FILE}' "
                                           "state file naming an existing checkpoint)")

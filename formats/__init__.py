@@ -13,6 +13,7 @@ from .hdf5 import Hdf5Format
 from .keras import KerasFormat, adopt as adopt_keras
 from .msgpack import MsgpackFormat
 from .safetensors import SafetensorsFormat
+from .sharded import ShardedFormat
 from .tensorflow import TensorFlowFormat
 from .torch import TorchFormat
 
@@ -23,4 +24,5 @@ register_format(TorchFormat())
 register_format(KerasFormat())
 register_format(FlaxFormat())
 register_format(TensorFlowFormat())
+register_format(ShardedFormat())
 h5plain.LAYOUTS.append(adopt_keras)  # Keras's HDF5 files reach the reader through the hdf5 format

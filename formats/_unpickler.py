@@ -8,10 +8,12 @@ function named in the file is ever called. A GLOBAL resolves only to one of thes
 
 * ``collections.OrderedDict``: called with no arguments or a list of pairs -> a dict; a
   later BUILD with a dict state (torch's ``_metadata`` versions) is accepted and ignored;
-* ``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])``
-  and ``torch._utils._rebuild_tensor_v3(..., dtype[, metadata])`` -> a :class:`TensorRef`;
+* ``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])``,
+  ``torch._utils._rebuild_tensor_v3(..., dtype[, metadata])`` and PyTorch 0.4's
+  ``_rebuild_tensor(storage, offset, size, stride)`` -> a :class:`TensorRef`; the metadata may only
+  mark a lazily conjugated or negated view (``{"conj": True}``, ``{"neg": True}``);
 * ``torch._utils._rebuild_parameter(data, requires_grad, hooks)`` -> its tensor;
-* ``torch.<Type>Storage`` / ``torch.UntypedStorage`` and ``torch.<dtype>`` (float32, bfloat16,
+* ``torch.<Type>Storage`` / ``torch.storage.UntypedStorage`` and ``torch.<dtype>`` (float32, bfloat16,
   float8_e4m3fn, ...): markers naming an element type, never called;
 * ``_codecs.encode(text, "latin1")``, how protocol 2 writes bytes -> bytes.
 
@@ -20,7 +22,8 @@ UnsupportedCheckpointError naming it, before anything is called. Opcodes that bu
 arbitrary objects (NEWOBJ, INST, OBJ, EXT*, out-of-band buffers) are refused the same
 way; REDUCE calls only the functions above, BUILD applies only to an OrderedDict. Dict keys
 and set items must be strings, numbers, bytes or None (hashing anything deeper could crash).
-Persistent ids (BINPERSID) must be torch's ``("storage", type, key, location, numel)``.
+Persistent ids (BINPERSID) must be torch's ``("storage", type, key, location, numel)`` (the
+legacy format adds a sixth item, which must be None: storage views are refused).
 
 Example:
     >>> data = b"\\x80\\x02}q\\x00(X\\x04\\x00\\x00\\x00stepq\\x01K\\x03u."  # {"step": 3}, protocol 2
@@ -31,8 +34,9 @@ Example:
 from __future__ import annotations
 
 import io
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -59,6 +63,9 @@ class TensorRef:
     offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    #: torch's lazy views: the values are the storage's conjugated / negated.
+    conj: bool = False
+    neg: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,19 +101,22 @@ _SCALARS = (str, int, float, bool, bytes, type(None))
 class Unpickler:
     """Interprets one pickle; ``persistent_load(pid)`` turns storage ids into StorageRefs."""
 
-    def __init__(self, data: bytes, path: str, persistent_load: Callable[[StorageRef], StorageRef]) -> None:
+    def __init__(self, data: bytes | BinaryIO, path: str,
+                 persistent_load: Callable[[StorageRef], StorageRef]) -> None:
         self._data, self._path, self._persistent_load = data, path, persistent_load
         self._globals: dict[tuple[str, str], Any] = {
             ("collections", "OrderedDict"): self._ordered_dict,
             ("torch._utils", "_rebuild_tensor_v2"): self._rebuild_tensor_v2,
             ("torch._utils", "_rebuild_tensor_v3"): self._rebuild_tensor_v3,
             ("torch._utils", "_rebuild_parameter"): self._rebuild_parameter,
+            ("torch._utils", "_rebuild_tensor"): self._rebuild_tensor,
             ("_codecs", "encode"): self._encode,
         }
         for name, dtype in _STORAGES.items():
             self._globals[("torch", name)] = _ElementType(NUMPY_DTYPES[dtype])
         for name, dtype in _TORCH_DTYPES.items():
             self._globals[("torch", name)] = _ElementType(NUMPY_DTYPES[dtype])
+        self._globals[("torch.storage", "UntypedStorage")] = self._globals[("torch", "UntypedStorage")]
 
     def load(self) -> Any:
         import pickletools  # parses opcodes only; imported on first use
@@ -114,23 +124,29 @@ class Unpickler:
         stack: list[Any] = []
         memo: dict[int, Any] = {}
         try:
-            for opcode, arg, pos in pickletools.genops(io.BytesIO(self._data)):
-                if opcode.name == "STOP":
-                    if len(stack) != 1:
-                        raise CorruptCheckpointError(f"{self._path}: the pickle ends with {len(stack)} "
-                                                     "values on its stack")
-                    return stack[0]
-                handler = getattr(self, "_op_" + opcode.name, None)
-                if handler is None:
-                    raise UnsupportedCheckpointError(
-                        f"{self._path}: the pickle uses opcode {opcode.name} (at byte {pos}), which ckpt does "
-                        "not allow (it builds tensors, dicts, lists and plain values only)")
-                handler(stack, memo, arg)
+            stream = io.BytesIO(self._data) if isinstance(self._data, bytes) else self._data
+            with warnings.catch_warnings():  # a protocol-0 STRING's bad escape warns (an error under -W error)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return self._run(pickletools.genops(stream), stack, memo)
         except (ValueError, TypeError, IndexError, KeyError, RecursionError, OverflowError) as exc:
             if isinstance(exc, (CorruptCheckpointError, UnsupportedCheckpointError)):
                 raise
             raise CorruptCheckpointError(f"{self._path}: the pickle is malformed ({type(exc).__name__}: "
                                          f"{exc})") from exc
+
+    def _run(self, ops: Any, stack: list[Any], memo: dict[int, Any]) -> Any:
+        for opcode, arg, pos in ops:  # genops stops right after STOP
+            if opcode.name == "STOP":
+                if len(stack) != 1:
+                    raise CorruptCheckpointError(f"{self._path}: the pickle ends with {len(stack)} values on "
+                                                 "its stack")
+                return stack[0]
+            handler = getattr(self, "_op_" + opcode.name, None)
+            if handler is None:
+                raise UnsupportedCheckpointError(
+                    f"{self._path}: the pickle uses opcode {opcode.name} (at byte {pos}), which ckpt does not "
+                    "allow (it builds tensors, dicts, lists and plain values only)")
+            handler(stack, memo, arg)
         raise CorruptCheckpointError(f"{self._path}: the pickle has no STOP opcode: it is truncated")
 
     # --- opcodes --------------------------------------------------------------------------
@@ -331,6 +347,8 @@ class Unpickler:
 
     def _op_BINPERSID(self, stack: list[Any], memo: dict[int, Any], arg: Any) -> None:
         pid = self._pop(stack)
+        if type(pid) is tuple and len(pid) == 6 and pid[5] is None:  # the legacy format's, no view
+            pid = pid[:5]
         if type(pid) is not tuple or len(pid) != 5 or pid[0] not in ("storage", b"storage") or \
                 not isinstance(pid[1], _ElementType) or type(pid[2]) is not str or \
                 type(pid[4]) is not int or pid[4] < 0:
@@ -356,6 +374,10 @@ class Unpickler:
             raise CorruptCheckpointError(f"{self._path}: a tensor is rebuilt from {storage!r}, not a storage")
         return self._tensor(storage, storage.dtype, offset, size, stride, metadata)
 
+    def _rebuild_tensor(self, storage: Any, offset: Any, size: Any, stride: Any) -> TensorRef:
+        """PyTorch 0.4's rebuild function, still in files of the legacy format."""
+        return self._rebuild_tensor_v2(storage, offset, size, stride, False, None)
+
     def _rebuild_tensor_v3(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
                            hooks: Any, dtype: Any, metadata: Any = None) -> TensorRef:
         if not isinstance(storage, StorageRef) or not isinstance(dtype, _ElementType):
@@ -367,14 +389,20 @@ class Unpickler:
         def ints(x: Any) -> bool:
             return type(x) in (tuple, list) and len(x) <= 64 and all(type(d) is int and d >= 0 for d in x)
 
-        if metadata:  # e.g. a conjugate or negative view: its values are not the storage's
-            raise UnsupportedCheckpointError(f"{self._path}: a tensor carries metadata {metadata!r}; ckpt "
-                                             "reads plain tensors only")
+        flags = {"conj": False, "neg": False}
+        if metadata:  # torch's lazy views: values conjugated or negated relative to the storage
+            if type(metadata) not in (dict, _OrderedDict) or not set(metadata) <= set(flags) or \
+                    not all(type(v) is bool for v in metadata.values()):
+                raise UnsupportedCheckpointError(f"{self._path}: a tensor carries metadata {metadata!r}; ckpt "
+                                                 "reads plain tensors and conjugated or negated views only")
+            flags.update(metadata)
+            if flags["conj"] and dtype.kind != "c":
+                raise CorruptCheckpointError(f"{self._path}: a {dtype} tensor is marked as a conjugate view")
         if type(offset) is not int or offset < 0 or not ints(size) or not ints(stride) or \
                 len(size) != len(stride):
             raise CorruptCheckpointError(f"{self._path}: a tensor has an invalid offset, size or stride "
                                          f"({offset!r}, {size!r}, {stride!r})")
-        return TensorRef(storage, dtype, offset, tuple(size), tuple(stride))
+        return TensorRef(storage, dtype, offset, tuple(size), tuple(stride), flags["conj"], flags["neg"])
 
     def _rebuild_parameter(self, data: Any, requires_grad: Any, hooks: Any) -> Any:
         if not isinstance(data, TensorRef):
@@ -388,6 +416,10 @@ class Unpickler:
         return text.encode("latin-1")
 
 
-def load(data: bytes, path: str, persistent_load: Callable[[StorageRef], StorageRef]) -> Any:
-    """Interpret a pickle with the restricted machine (see the module docstring)."""
+def load(data: bytes | BinaryIO, path: str, persistent_load: Callable[[StorageRef], StorageRef]) -> Any:
+    """Interpret a pickle with the restricted machine (see the module docstring).
+
+    ``data`` is the pickle's bytes, or a binary file positioned at its start: then the file is left
+    just after its STOP opcode (the legacy torch.save format is several pickles in a row).
+    """
     return Unpickler(data, path, persistent_load).load()

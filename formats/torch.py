@@ -37,6 +37,9 @@ from .base import FileReader, TensorInfo
 #: torch's magic number as a LONG1.
 LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 _MAX_DEPTH = 100
+#: The legacy format's first two pickles: torch's magic number and its protocol version.
+_LEGACY_NUMBER = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL = 1001
 
 
 class TorchFormat:
@@ -62,10 +65,11 @@ class TorchReader(FileReader):
 
     def _open(self) -> None:
         path = self.path
+        self._storages: dict[str, tuple[StorageRef, int, int, int | None]] = {}
         if self._file.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC:
-            raise UnsupportedCheckpointError(
-                f"{path}: written by torch.save's legacy format (PyTorch < 1.6 or "
-                "_use_new_zipfile_serialization=False); load and re-save it with a current PyTorch")
+            self._file.seek(0)
+            self._open_legacy()
+            return
         self._file.seek(0)
         self._zip = _zip.open_archive(self._file, path)
         names = self._zip.namelist()
@@ -80,16 +84,61 @@ class TorchReader(FileReader):
         if order != b"little":
             raise UnsupportedCheckpointError(f"{path}: written on a {order!r}-endian machine; ckpt reads "
                                              "little-endian files")
-        self._storages: dict[str, tuple[StorageRef, int, int, int]] = {}
         pickled = self._member(pickles[0])
-        root = load(pickled, path, self._storage)
+        self._list(load(pickled, path, self._storage), len(pickled))
+
+    def _list(self, root: Any, budget: int) -> None:
+        """The tensors and metadata of the unpickled object (``budget``: the pickle's size)."""
         if not isinstance(root, (dict, list, tuple)):
             what = "tensor" if isinstance(root, TensorRef) else type(root).__name__
-            raise UnsupportedCheckpointError(f"{path}: holds a single {what}, not a state dict; ckpt reads "
-                                             "dicts (or lists) of tensors")
+            raise UnsupportedCheckpointError(f"{self.path}: holds a single {what}, not a state dict; ckpt "
+                                             "reads dicts (or lists) of tensors")
         self._tensors, self._metadata = {}, {}
-        self._budget = len(pickled)
+        self._budget = budget
         self._flatten(root, [], set())
+
+    def _open_legacy(self) -> None:
+        """The legacy format: pickles of the magic number, the protocol version, the system info, the
+        object and the sorted storage keys; then each storage as an int64 element count and its bytes.
+        There are no checksums."""
+        path, f = self.path, _Bounded(self._file, _io.file_size(self._fd))
+        if load(f, path, _no_storage) != _LEGACY_NUMBER or load(f, path, _no_storage) != _LEGACY_PROTOCOL:
+            raise UnsupportedCheckpointError(f"{path}: a legacy torch.save file of an unknown version")
+        info = load(f, path, _no_storage)
+        if not isinstance(info, dict) or info.get("little_endian") is not True:
+            raise UnsupportedCheckpointError(f"{path}: not written on a little-endian machine (system info "
+                                             f"{info!r}); ckpt reads little-endian files")
+        self.checksummed = False
+        refs: dict[str, StorageRef] = {}
+        start = f.tell()
+        root = load(f, path, lambda ref: self._legacy_storage(ref, refs))
+        budget = f.tell() - start
+        keys = load(f, path, _no_storage)
+        if type(keys) is not list or not all(type(k) is str for k in keys) or len(keys) != len(refs) or \
+                set(keys) != set(refs):
+            raise CorruptCheckpointError(f"{path}: the list of storage keys does not match the storages the "
+                                         "pickle uses")
+        pos, size = f.tell(), _io.file_size(self._fd)
+        for key in keys:  # each storage: its element count (int64) then its bytes, in this order
+            ref = refs[key]
+            numel = int.from_bytes(_io.pread(self._fd, pos, 8, path, f"storage {key!r}"), "little", signed=True)
+            nbytes = numel * ref.dtype.itemsize
+            if numel != ref.numel or pos + 8 + nbytes > size:
+                raise CorruptCheckpointError(
+                    f"{path}: storage {key!r} at byte {pos} holds {numel} elements, the pickle says "
+                    f"{ref.numel}" if numel != ref.numel else
+                    f"{path}: storage {key!r} needs bytes {pos + 8}..{pos + 8 + nbytes} of a {size}-byte file: "
+                    "it is truncated")
+            self._storages[key] = (ref, pos + 8, nbytes, None)
+            pos += 8 + nbytes
+        if pos != size:
+            raise CorruptCheckpointError(f"{path}: {size - pos} bytes follow the last storage")
+        self._list(root, budget)
+
+    def _legacy_storage(self, ref: StorageRef, refs: dict[str, StorageRef]) -> StorageRef:
+        if refs.setdefault(ref.key, ref) != ref:
+            raise CorruptCheckpointError(f"{self.path}: storage {ref.key!r} is described twice, differently")
+        return ref
 
     def _member(self, name: str) -> bytes:
         """A small member's bytes (data.pkl, byteorder), checked against its CRC-32."""
@@ -170,21 +219,30 @@ class TorchReader(FileReader):
         if ref.offset == 0 and info.nbytes == size and _is_c_contiguous(ref):
             view = _io.byte_view(out)
             _io.pread_into(self._fd, view, offset, self.path, what)
-            self._check(info.key, _zip.crc32(view), crc)
-            return
-        storage = np.empty(size, np.uint8)  # a view of part of a storage: gather it from the whole
-        _io.pread_into(self._fd, _io.byte_view(storage), offset, self.path, what)
-        self._check(info.key, _zip.crc32(storage), crc)
-        itemsize = ref.dtype.itemsize
-        out[...] = np.ndarray(ref.shape, ref.dtype, buffer=storage, offset=ref.offset * itemsize,
-                              strides=tuple(s * itemsize for s in ref.stride))
+            self._check(info.key, view, crc)
+        else:
+            storage = np.empty(size, np.uint8)  # a view of part of a storage: gather it from the whole
+            _io.pread_into(self._fd, _io.byte_view(storage), offset, self.path, what)
+            self._check(info.key, storage, crc)
+            itemsize = ref.dtype.itemsize
+            out[...] = np.ndarray(ref.shape, ref.dtype, buffer=storage, offset=ref.offset * itemsize,
+                                  strides=tuple(s * itemsize for s in ref.stride))
+        if ref.conj:  # torch's lazy views: resolve them as torch.load's .resolve_conj() would
+            np.conjugate(out, out=out)
+        if ref.neg:
+            np.negative(out, out=out)
 
-    def _check(self, key: str, got: int, expected: int) -> None:
+    def _check(self, key: str, data: Any, expected: int | None) -> None:
+        if expected is None:  # the legacy format has no checksums
+            return
+        got = _zip.crc32(data)
         if got != expected:
             raise CorruptCheckpointError(f"{self.path}: tensor {key!r}: its storage fails the zip's CRC-32 "
                                          f"({got:#010x}, expected {expected:#010x}): the file is damaged")
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        if not self.checksummed:  # the legacy format: every tensor still reads (structure checked)
+            return super().verify(progress)
         problems = []
         for key, (_, offset, size, crc) in self._storages.items():
             try:
@@ -200,6 +258,28 @@ class TorchReader(FileReader):
                                 f"{crc:#010x}): the file is damaged")
         return problems
 
+
+
+class _Bounded:
+    """The file as the legacy format's pickles are parsed from it: a read never asks for more than the
+    file holds (a hostile length would otherwise make the read allocate it), a line is at most 64 KiB."""
+
+    def __init__(self, file: Any, size: int) -> None:
+        self._file, self._size = file, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._size - self._file.tell()
+        return self._file.read(left if n < 0 else max(0, min(n, left)))
+
+    def readline(self) -> bytes:
+        return self._file.readline(1 << 16)
+
+    def tell(self) -> int:
+        return int(self._file.tell())
+
+
+def _no_storage(ref: StorageRef) -> StorageRef:
+    raise CorruptCheckpointError(f"a storage ({ref.key!r}) where the legacy format has none")
 
 
 def _is_c_contiguous(ref: TensorRef) -> bool:

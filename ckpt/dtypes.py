@@ -83,8 +83,21 @@ def as_dtype(spec: Any) -> np.dtype:
     return dt
 
 
+_NAMES_SEEN: dict[np.dtype, str | None] = {}
+
+
 def dt_name_or_none(dtype: np.dtype) -> str | None:
     """Return the canonical name of a supported dtype, or None."""
+    try:
+        return _NAMES_SEEN[dtype]  # a hot path: once per tensor in every save, restore and index
+    except KeyError:
+        name = _name_or_none(dtype)
+        if len(_NAMES_SEEN) < 1024:  # bounded: a program may make endless structured dtypes
+            _NAMES_SEEN[dtype] = name
+        return name
+
+
+def _name_or_none(dtype: np.dtype) -> str | None:
     if dtype.kind == "O":
         return "string"
     if dtype == bfloat16:

@@ -260,6 +260,18 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+def pwritev_all(fd: int, pieces: Sequence[Any], offset: int) -> None:
+    """Write ``pieces`` (bytes or flat byte memoryviews) back to back from ``offset``, many per
+    system call, without joining them into one copy."""
+    for start in range(0, len(pieces), _MAX_IOV):
+        batch = pieces[start:start + _MAX_IOV]
+        total = sum(map(len, batch))
+        done = os.pwritev(fd, batch, offset)
+        if done < total:  # a short write (a signal, a full quota): finish piece by piece
+            pwrite_all(fd, b"".join(batch)[done:], offset + done)
+        offset += total
+
+
 def file_size(fd: int) -> int:
     return os.fstat(fd).st_size
 

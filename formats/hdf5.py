@@ -39,7 +39,7 @@ from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
 
-from . import _io
+from . import _h5struct, _io
 from .base import (BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
                    dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
 
@@ -50,6 +50,7 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # magic, layout version, user block size, index length, index crc32c, crc32c of the preceding 28 bytes
 _HEADER = struct.Struct("<8sIIQII")
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
+_RUN_PIECES, _RUN_BYTES = 512, 8 << 20  # bounds on small tensors written by one pwritev
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
 LIBVER = ("v110", "v110")
 
@@ -128,7 +129,7 @@ class Hdf5Format:
         return h5plain.adopt_layout(h5plain.H5pyReader(path))
 
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Write with h5py (structure), then the tensor bytes and the index ourselves.
+        """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index.
 
         Tensors may be lazy sources (see ``base.materialize``): each is read when its bytes
         are written, so memory stays bounded by the largest tensor.
@@ -148,10 +149,20 @@ class Hdf5Format:
         userblock = max(512, 1 << (bound - 1).bit_length())
         if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
             userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
-        offsets = self._write_structure(path, plans, metadata, userblock)
-        fd = os.open(path, os.O_RDWR)
+        structure = _structure(plans, metadata, userblock)
+        if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 does it
+            offsets = self._write_structure(path, plans, metadata, userblock)
+            fd = os.open(path, os.O_RDWR)
+        else:
+            offsets = structure.offsets
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
+            if structure is not None:
+                _io.pwrite_all(fd, structure.head, userblock)
+                _io.pwritev_all(fd, structure.metadata, structure.metadata_offset)
             entries, extents = [], []
+            run: list[Any] = []  # small tensors back to back in the file: written by one pwritev
+            run_start = run_end = 0
             for plan, offset in zip(plans, offsets):
                 data = _io.c_contiguous(materialize(plan.source))
                 if data.dtype != plan.file_dtype or data.shape != plan.shape:
@@ -159,10 +170,23 @@ class Hdf5Format:
                                      f"declared {plan.file_dtype} {plan.shape}")
                 view = _io.byte_view(data)
                 checksum = _io.checksum_async(view)  # overlaps with the write below
-                if len(view):
-                    _io.pwrite_all(fd, view, offset)
-                    extents.append((offset, len(view)))
+                n = len(view)
+                if n:
+                    if run and (offset != run_end or len(run) >= _RUN_PIECES or
+                                run_end - run_start + n > _RUN_BYTES or n >= _io.BIG):
+                        _io.pwritev_all(fd, run, run_start)
+                        run = []
+                    if n >= _io.BIG:
+                        _io.pwrite_all(fd, view, offset)
+                    else:
+                        if not run:
+                            run_start = offset
+                        run.append(view)  # keeps its array alive until the run is written
+                        run_end = offset + n
+                    extents.append((offset, n))
                 entries.append(_entry(plan, offset or 0, checksum()))
+            if run:
+                _io.pwritev_all(fd, run, run_start)
             size = _io.file_size(fd)
             try:
                 meta_crc = _metadata_crc(fd, userblock, size, extents, path)
@@ -177,7 +201,9 @@ class Hdf5Format:
 
     def _write_structure(self, path: str, plans: list[Any], metadata: dict[str, Any],
                          userblock: int) -> list[int | None]:
-        """Create the file's groups and datasets (space allocated, no data); return data offsets."""
+        """Create the file's groups and datasets with libhdf5 (space allocated, no data); return
+        data offsets. Only for files whose attributes _h5struct cannot hold (lengths of more than
+        ~8,000 strings); version 2 object headers store them densely."""
         import h5py
         from h5py import h5d, h5p, h5s
 
@@ -240,6 +266,29 @@ def _ckpt_mark(path: str) -> str:
                 if mark in window:
                     return f"{mark.decode()!r} at byte {start + window.index(mark)}"
     return ""
+
+
+_TYPE_MESSAGES: dict[np.dtype, bytes] = {}
+
+
+def _structure(plans: list[_Plan], metadata: dict[str, Any], userblock: int) -> _h5struct.Layout | None:
+    """The file's HDF5 structure as ckpt writes it, or None when it needs libhdf5's dense attributes."""
+    datasets = []
+    for plan in plans:
+        message = _TYPE_MESSAGES.get(plan.file_dtype)
+        if message is None:
+            message = _TYPE_MESSAGES[plan.file_dtype] = _h5struct.dtype_message(_h5_type(plan.file_dtype))
+        attrs: list[tuple[str, Any]] = []
+        if dtypes.is_string(plan.dtype) or plan.dtype == dtypes.bfloat16:
+            attrs.append(("ckpt_dtype", dtypes.dtype_name(plan.dtype)))
+            if plan.lengths is not None:
+                attrs.append(("ckpt_lengths", np.asarray(plan.lengths, dtype=np.uint64)))
+        datasets.append(_h5struct.Dataset(plan.key, message, plan.shape, plan.nbytes, attrs))
+    root = [("ckpt_format", FORMAT_NAME), ("ckpt_version", VERSION), ("ckpt_metadata", json.dumps(metadata))]
+    try:
+        return _h5struct.layout(datasets, root, userblock, ALIGN_MIN_BYTES if userblock >= PAGE else 1 << 62, PAGE)
+    except ValueError:
+        return None
 
 
 def _damaged_magic(head: bytes) -> bool:

@@ -256,7 +256,8 @@ def test_ckpt_hdf5_file_given_an_external_link_afterwards_never_follows_it(tmp_p
         f["dense/evil"] = h5py.ExternalLink("/etc/passwd", "/")
     kind, detail = read_outcome(path, small_tensors())
     assert kind in ("open-error", "verify-error"), (kind, detail)
-    with pytest.raises(ckpt.KeyNotFoundError):
+    # a link that grows the file makes ckpt refuse it as modified; else the key is simply not there
+    with pytest.raises((ckpt.KeyNotFoundError, ckpt.CorruptCheckpointError)):
         ckpt.load_variable(path, "dense/evil")
 
 

@@ -164,6 +164,9 @@ class Hdf5Format:
             run: list[Any] = []  # small tensors back to back in the file: written by one pwritev
             run_start = run_end = 0
             for plan, offset in zip(plans, offsets):
+                if run and not isinstance(plan.source, np.ndarray):
+                    _io.pwritev_all(fd, run, run_start)  # a lazy source's predecessors are written
+                    run = []  # before it is read (the Format contract: one source at a time)
                 data = _io.c_contiguous(materialize(plan.source))
                 if data.dtype != plan.file_dtype or data.shape != plan.shape:
                     raise ValueError(f"{path}: tensor {plan.key!r} gave {data.dtype} {data.shape}, it "

@@ -360,7 +360,7 @@ def global_variables() -> list[Variable]:
     Example:
         >>> import ckpt
         >>> v = ckpt.Variable(1.0, name="counted")
-        >>> v in ckpt.global_variables()
+        >>> any(x is v for x in ckpt.global_variables())  # not ``in``: == compares values
         True
     """
     with _registry_lock:

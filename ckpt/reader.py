@@ -136,6 +136,28 @@ class CheckpointReader(Mapping[str, np.ndarray]):
         """
         return self._reader.read(key)  # type: ignore[no-any-return]
 
+    def get_slice(self, key: str, index: Any) -> np.ndarray:
+        """Read a block of one tensor: ``index`` is ints and step-1 slices, as ``np.s_[2:4, :]``.
+
+        Formats that can read part of a tensor do (TensorFlow's sliced variables read just the
+        slices the block overlaps); others read the tensor and cut the block out.
+
+        Example:
+            >>> import ckpt, numpy as np, tempfile, os
+            >>> path = os.path.join(tempfile.mkdtemp(), "s.h5")
+            >>> _ = ckpt.Saver({"w": ckpt.Variable(np.arange(6).reshape(2, 3))}).save(path)
+            >>> ckpt.load_checkpoint(path).get_slice("w", np.s_[1, 1:])
+            array([4, 5])
+        """
+        read_slice = getattr(self._reader, "read_slice", None)
+        if read_slice is not None:
+            return read_slice(key, index)  # type: ignore[no-any-return]
+        from .formats._slicing import box
+
+        bounds, shape = box(index, tuple(self._reader.tensors[key].shape) if key in self._reader.tensors
+                            else tuple(self._reader.info(key).shape))
+        return self.get_tensor(key)[tuple(slice(a, b) for a, b in bounds)].reshape(shape)
+
     @property
     def checksummed(self) -> bool:
         """Whether the file carries checksums (False for e.g. HDF5 written by other tools)."""

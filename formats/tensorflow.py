@@ -10,9 +10,11 @@ A checkpoint is a prefix ("run/model.ckpt-7") naming two kinds of files:
 Open the prefix, the .index or a .data file, or the directory (its "checkpoint" state file
 names the latest prefix). Keys are TensorFlow's as they are: "encoder/dense/kernel" for
 TF1 Savers, "model/w/.ATTRIBUTES/VARIABLE_VALUE" for TF2's object-based checkpoints. The
-index blocks' and every tensor's crc32c are verified. Entries that are not tensors (the
-TF2 object graph, resource or variant values, partitioned variables) are listed in the
-metadata's "non_tensors" and explained when asked for.
+index blocks' and every tensor's crc32c are verified. Variables saved in slices (TF1
+partitioners, TF2's MaxShardSizePolicy) are reassembled under their full name, and
+``read_slice`` reads a block from just the slices it overlaps. Entries that are not tensors
+(the TF2 object graph, resource or variant values) are listed in the metadata's
+"non_tensors" and explained when asked for.
 
 Example:
     >>> import ckpt
@@ -22,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from typing import Any
@@ -35,6 +38,7 @@ from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNot
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
+from ._slicing import box
 from .base import BaseReader, TensorInfo
 
 #: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
@@ -47,6 +51,7 @@ _DTYPES: dict[int, np.dtype] = {
     26: NUMPY_DTYPES["float8_e4m3fnuz"], 27: NUMPY_DTYPES["float8_e4m3b11fnuz"],
     28: NUMPY_DTYPES["float8_e5m2fnuz"],
 }
+_DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
 _OTHER_DTYPES = {11: "qint8", 12: "quint8", 13: "qint32", 15: "qint16", 16: "quint16",
                  20: "resource", 21: "variant", 29: "int4", 30: "uint4"}
 #: The TF2 checkpoint's serialized TrackableObjectGraph: a string, not a variable.
@@ -115,6 +120,10 @@ class TensorFlowReader(BaseReader):
     def _read_index(self, fd: int) -> None:
         self._tensors = {}
         self._entries: dict[str, tuple[int, int, int, int]] = {}  # shard, offset, size, masked crc32c
+        #: sliced variables: name -> [(box: (start, length) per dimension, entry)], and the slices read
+        #: from the index before their variable (TensorFlow sorts them first)
+        self._pieces: dict[str, list[tuple[tuple[tuple[int, int], ...], tuple[int, int, int, int]]]] = {}
+        self._slices: dict[str, dict[tuple[tuple[int, int], ...], dict[str, Any]]] = {}
         self._notes: dict[str, str] = {}
         header = None
         seen: set[bytes] = set()
@@ -124,12 +133,16 @@ class TensorFlowReader(BaseReader):
             seen.add(raw_key)
             if raw_key == b"":
                 header = _parse_header(value, self._index)
-            elif raw_key.startswith(b"\x00"):
-                continue  # one slice of a partitioned variable; noted under the variable's own key
+            elif raw_key.startswith(b"\x00"):  # one slice of a sliced variable (sorted before all names)
+                self._add_slice(raw_key, value)
             else:
                 self._add(raw_key, value)
         if header is None:
             raise CorruptCheckpointError(f"{self._index}: the index has no header entry")
+        orphans = set(self._slices) - set(self._pieces) - set(self._notes)
+        if orphans:
+            raise CorruptCheckpointError(f"{self._index}: slices of {sorted(orphans)[0]!r}, a variable the "
+                                         "index does not list")
         self._num_shards = header
         self._check_extents()
         self._metadata = {"non_tensors": dict(self._notes)} if self._notes else {}
@@ -137,7 +150,9 @@ class TensorFlowReader(BaseReader):
     def _check_extents(self) -> None:
         """Every tensor must lie inside its shard's data file (checked before anything is allocated)."""
         sizes: dict[int, int] = {}
-        for key, (shard, offset, size, _) in self._entries.items():
+        entries = [*self._entries.items(), *((key, entry) for key, pieces in self._pieces.items()
+                                             for _, entry in pieces)]
+        for key, (shard, offset, size, _) in entries:
             if shard >= self._num_shards:
                 raise CorruptCheckpointError(f"{self._index}: tensor {key!r} is in shard {shard} of "
                                              f"{self._num_shards}")
@@ -159,8 +174,11 @@ class TensorFlowReader(BaseReader):
         entry = _parse_entry(value, self._index, key)
         code, shape, slices = entry["dtype"], entry["shape"], entry["slices"]
         dtype = _DTYPES.get(code)
-        if slices:
-            self._notes[key] = f"partitioned variable in {slices} slices (ckpt does not reassemble them)"
+        if slices and (dtype is None or dtypes.is_string(dtype)):
+            what = "string" if dtype is not None else _OTHER_DTYPES.get(code, f"type-{code}")
+            self._notes[key] = f"a {what} variable in {len(slices)} slices, not a tensor ckpt reads"
+        elif slices:
+            self._add_sliced(check_key(key, self._index), dtype, shape, slices)
         elif key == OBJECT_GRAPH_KEY:
             self._notes[key] = f"TensorFlow's object graph (a serialized proto of {entry['size']} bytes)"
         elif dtype is None:
@@ -179,6 +197,63 @@ class TensorFlowReader(BaseReader):
             self._tensors[key] = TensorInfo(key, dtype, shape, nbytes)
             self._entries[key] = (entry["shard"], entry["offset"], nbytes, entry["crc32c"])
 
+    def _add_slice(self, raw_key: bytes, value: bytes) -> None:
+        """Keep one slice's entry until its variable's own entry (which lists the slices) is read."""
+        try:
+            name, extents = decode_slice_key(raw_key)
+        except SSTableError as exc:
+            raise CorruptCheckpointError(f"{self._index}: {exc}") from exc
+        found = self._slices.setdefault(name, {})
+        if extents in found:
+            raise CorruptCheckpointError(f"{self._index}: the slice {extents} of {name!r} appears twice")
+        found[extents] = _parse_entry(value, self._index, f"{name} slice {extents}")
+
+    def _add_sliced(self, key: str, dtype: np.dtype, shape: tuple[int, ...], slices: list[bytes]) -> None:
+        """A variable saved in slices (TF1 partitioners, TF2's MaxShardSizePolicy): check that its
+        slices are all there, of its dtype, and tile its shape exactly; it reads as one tensor."""
+        found = self._slices.get(key, {})
+        pieces = []
+        try:
+            for raw in slices:
+                extents = _parse_slice(raw, len(shape))
+                entry = found.get(extents)
+                if entry is None:
+                    raise SSTableError(f"its slice {extents} is missing from the index")
+                region = tuple((s, d if n == -1 else n) for (s, n), d in zip(extents, shape))
+                lengths = tuple(n for _, n in region)
+                if entry["dtype"] != _DTYPE_CODES[dtype] or entry["shape"] != lengths or \
+                        entry["size"] != _io.expected_nbytes(dtype, lengths):
+                    raise SSTableError(f"its slice {extents} holds {entry['size']} bytes of type {entry['dtype']} "
+                                       f"{list(entry['shape'])}, not {dtype} {list(lengths)}")
+                pieces.append((region, (entry["shard"], entry["offset"], entry["size"], entry["crc32c"])))
+            if len(found) != len(pieces):
+                raise SSTableError(f"the index holds {len(found)} slices of it, its entry lists {len(pieces)}")
+            check_tiling([region for region, _ in pieces], shape, "it")
+        except SSTableError as exc:
+            raise CorruptCheckpointError(f"{self._index}: variable {key!r} ({dtype} {list(shape)}): {exc}") from None
+        self._pieces[key] = pieces
+        self._tensors[key] = TensorInfo(key, dtype, shape, _io.expected_nbytes(dtype, shape))
+
+    def read_slice(self, key: str, index: Any) -> np.ndarray:
+        """Read the block ``index`` (ints and step-1 slices, as ``np.s_[2:4, :]``) of a tensor.
+
+        A sliced variable is read from just the slices the block overlaps; others are read whole.
+        """
+        info = self.info(key)
+        bounds, result_shape = box(index, info.shape)
+        pieces = self._pieces.get(key)
+        if pieces is None:
+            return self.read(key)[tuple(slice(a, b) for a, b in bounds)].reshape(result_shape)
+        out = np.empty([b - a for a, b in bounds], info.dtype)
+        for region, entry in pieces:
+            overlap = [(max(a, s), min(b, s + n)) for (a, b), (s, n) in zip(bounds, region)]
+            if all(lo < hi for lo, hi in overlap):
+                piece = np.empty([n for _, n in region], info.dtype)
+                self._read_entry(entry, piece, f"tensor {key!r} slice {region}")
+                out[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, bounds))] = \
+                    piece[tuple(slice(lo - s, hi - s) for (lo, hi), (s, _) in zip(overlap, region))]
+        return out.reshape(result_shape)
+
     def info(self, key: str) -> TensorInfo:
         if key in self._notes:
             raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}")
@@ -195,13 +270,23 @@ class TensorFlowReader(BaseReader):
         return self._shards[shard]
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
-        shard, offset, size, stored_crc = self._entries[info.key]
+        pieces = self._pieces.get(info.key)
+        if pieces is None:
+            self._read_entry(self._entries[info.key], out, f"tensor {info.key!r}")
+            return
+        for region, entry in pieces:  # one slice at a time: memory for the largest slice only
+            piece = np.empty([n for _, n in region], info.dtype)
+            self._read_entry(entry, piece, f"tensor {info.key!r} slice {region}")
+            out[tuple(slice(s, s + n) for s, n in region)] = piece
+
+    def _read_entry(self, entry: tuple[int, int, int, int], out: np.ndarray, what: str) -> None:
+        shard, offset, size, stored_crc = entry
         fd = self._shard(shard).fileno()
-        name, what = self._data_name(shard), f"tensor {info.key!r}"
+        name = self._data_name(shard)
         if offset + size > _io.file_size(fd):
             raise CorruptCheckpointError(f"{name}: {what} needs bytes {offset}..{offset + size} of a "
                                          f"{_io.file_size(fd)}-byte file: it is truncated")
-        if dtypes.is_string(info.dtype):
+        if dtypes.is_string(out.dtype):
             crc = _read_strings(_io.pread(fd, offset, size, name, what), out, name, what)
         else:
             view = _io.byte_view(out)
@@ -246,7 +331,7 @@ def _parse_header(value: bytes, path: str) -> int:
 def _parse_entry(value: bytes, path: str, key: str) -> dict[str, Any]:
     """Decode a BundleEntryProto into dtype, shape, shard, offset, size, crc32c, slices."""
     entry: dict[str, Any] = {"dtype": 0, "shape": (), "shard": 0, "offset": 0, "size": 0, "crc32c": 0,
-                             "slices": 0}
+                             "slices": []}
     try:
         for number, wire, field in fields(value):
             if number == 1 and wire == 0:
@@ -258,7 +343,7 @@ def _parse_entry(value: bytes, path: str, key: str) -> dict[str, Any]:
             elif number == 6 and wire == 5:
                 entry["crc32c"] = field
             elif number == 7 and wire == 2:
-                entry["slices"] += 1
+                entry["slices"].append(field)
     except SSTableError as exc:
         raise CorruptCheckpointError(f"{path}: the entry of {key!r} is damaged: {exc}") from exc
     if min(entry["shard"], entry["offset"], entry["size"]) < 0:
@@ -309,3 +394,113 @@ def _read_strings(raw: bytes, out: np.ndarray, name: str, what: str) -> int:
         flat[i] = raw[pos:pos + n]
         pos += n
     return crc
+
+
+def _parse_slice(raw: bytes, rank: int) -> tuple[tuple[int, int], ...]:
+    """A TensorSliceProto: one Extent (start, optional length; no length = the whole dimension)."""
+    extents = []
+    for number, wire, field in fields(raw):
+        if number == 1 and wire == 2:
+            start, length = 0, -1
+            for sub, sub_wire, x in fields(field):  # type: ignore[arg-type]
+                if sub == 1 and sub_wire == 0:
+                    start = int64(x)  # type: ignore[arg-type]
+                elif sub == 2 and sub_wire == 0:
+                    length = int64(x)  # type: ignore[arg-type]
+            extents.append((start, length))
+    if len(extents) != rank:
+        raise SSTableError(f"a slice of {len(extents)} dimensions for a tensor of {rank}")
+    return tuple(extents)
+
+# --- partitioned variables and sliced tensors -----------------------------------------------------
+
+def decode_slice_key(raw: bytes) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The variable name and (start, length) per dimension an index key of one slice encodes.
+
+    TensorFlow writes it with its OrderedCode: the number 0, the name (0x00 escaped as 00 ff,
+    0xff as ff 00, ended by 00 01), the number of dimensions, then each dimension's start and
+    length as signed numbers (a length of -1 means the whole dimension).
+    """
+    if not raw.startswith(b"\x00"):
+        raise SSTableError(f"slice key {raw[:40]!r} does not start with 0")
+    pos, name = 1, bytearray()
+    while True:
+        if pos + 1 >= len(raw):
+            raise SSTableError(f"slice key {raw[:40]!r}: the name has no end")
+        b = raw[pos]
+        if b == 0x00 and raw[pos + 1] == 0x01:
+            pos += 2
+            break
+        if b in (0x00, 0xff):
+            if raw[pos + 1] != (0xff if b == 0x00 else 0x00):
+                raise SSTableError(f"slice key {raw[:40]!r}: a bad escape in the name")
+            pos += 1
+        name.append(b)
+        pos += 1
+    dims, pos = _ordered_unsigned(raw, pos)
+    if dims > 64:
+        raise SSTableError(f"slice key {raw[:40]!r}: {dims} dimensions")
+    extents = []
+    for _ in range(dims):
+        start, pos = _ordered_signed(raw, pos)
+        length, pos = _ordered_signed(raw, pos)
+        extents.append((start, length))
+    if pos != len(raw):
+        raise SSTableError(f"slice key {raw[:40]!r}: bytes after the last dimension")
+    try:
+        return name.decode("utf-8"), tuple(extents)
+    except UnicodeDecodeError:
+        raise SSTableError(f"slice key {raw[:40]!r}: the name is not UTF-8") from None
+
+
+def _ordered_unsigned(raw: bytes, pos: int) -> tuple[int, int]:
+    """OrderedCode's increasing unsigned number: a length byte, then that many big-endian bytes."""
+    if pos >= len(raw) or raw[pos] > 8 or pos + 1 + raw[pos] > len(raw):
+        raise SSTableError("a truncated number in a slice key")
+    n = raw[pos]
+    return int.from_bytes(raw[pos + 1:pos + 1 + n], "big"), pos + 1 + n
+
+
+def _ordered_signed(raw: bytes, pos: int) -> tuple[int, int]:
+    """OrderedCode's increasing signed number: the count of leading bits equal to the first (sign)
+    bit gives the length in bytes; XOR-ing those bits away leaves a big-endian two's complement."""
+    if pos >= len(raw):
+        raise SSTableError("a truncated number in a slice key")
+    head = int.from_bytes(raw[pos:pos + 2].ljust(2, b"\x00" if raw[pos] & 0x80 else b"\xff"), "big")
+    negative = not head & 0x8000
+    bits = head ^ 0xFFFF if negative else head
+    length = 0
+    while length < 16 and bits & (0x8000 >> length):
+        length += 1
+    if not 1 <= length <= 10 or pos + length > len(raw):
+        raise SSTableError("a bad number in a slice key")
+    value = int.from_bytes(raw[pos:pos + length], "big") ^ (((1 << length) - 1) << (7 * length))
+    nbits = 8 * length
+    if value >> (nbits - 1):
+        value -= 1 << nbits
+    return value, pos + length
+
+
+def check_tiling(regions: list[tuple[tuple[int, int], ...]], shape: tuple[int, ...], what: str) -> None:
+    """Raise SSTableError unless the boxes ((start, length) per dimension) tile ``shape`` exactly.
+
+    Coordinates are compressed to the boxes' own boundaries, so a grid of slices costs one cell each.
+    """
+    cuts = [sorted({0, dim} | {s for r in regions for s in (r[d][0], r[d][0] + r[d][1])})
+            for d, dim in enumerate(shape)]
+    cells = 1
+    for c in cuts:
+        cells *= max(len(c) - 1, 1)
+    if cells > 1 << 24:
+        raise SSTableError(f"{what}: {len(regions)} slices cut it into more than {1 << 24} pieces")
+    count = np.zeros([max(len(c) - 1, 1) for c in cuts] or [1], np.int32)
+    for region in regions:
+        for (start, length), dim in zip(region, shape):
+            if start < 0 or length < 0 or start + length > dim:
+                raise SSTableError(f"{what}: a slice {region} reaches outside its shape {list(shape)}")
+        index = tuple(slice(bisect.bisect_left(c, s), bisect.bisect_left(c, s + n)) for c, (s, n) in zip(cuts, region))
+        count[index or (slice(None),)] += 1
+    if any(dim == 0 for dim in shape):
+        return
+    if count.min() != 1 or count.max() != 1:
+        raise SSTableError(f"{what}: its slices " + ("overlap" if count.max() > 1 else "leave holes"))

@@ -1,0 +1,43 @@
+"""Reading a block of a tensor: turning ``np.s_[...]`` into a box of (start, stop) per dimension.
+
+Example:
+    >>> box((slice(1, 3), 0), (4, 5, 6))
+    ([(1, 3), (0, 1), (0, 6)], (2, 6))
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+
+def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple[int, ...]]:
+    """The (start, stop) per dimension an index of slices (step 1) and ints selects, and the
+    shape of the result (an int drops its dimension, as numpy does).
+
+    Raises:
+        IndexError: steps other than 1, Ellipsis, None, arrays, or more indices than dimensions.
+    """
+    items = index if isinstance(index, tuple) else (index,)
+    if len(items) > len(shape):
+        raise IndexError(f"{len(items)} indices for a tensor of {len(shape)} dimensions")
+    out, result = [], []
+    for d, dim in enumerate(shape):
+        item = items[d] if d < len(items) else slice(None)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(dim)
+            if step != 1:
+                raise IndexError("only slices with step 1 are supported")
+            stop = max(stop, start)
+            out.append((start, stop))
+            result.append(stop - start)
+            continue
+        try:
+            i = operator.index(item)
+        except TypeError:
+            raise IndexError(f"unsupported index {item!r}; use ints and slices") from None
+        if not -dim <= i < dim:
+            raise IndexError(f"index {i} is out of bounds for dimension {d} of size {dim}")
+        i %= dim
+        out.append((i, i + 1))
+    return out, tuple(result)

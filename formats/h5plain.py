@@ -87,6 +87,9 @@ class H5pyReader(BaseReader):
             raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
         self._tensors = {}
         self._datasets: dict[str, Any] = {}
+        #: 2-byte opaque datasets (Keras's legacy .h5 stores bfloat16 so): no tensors until a layout
+        #: names their type (resolve_opaque); adopt_layout refuses a file that keeps any
+        self.opaque: dict[str, Any] = {}
 
         def visit(group: Any, prefix: str) -> None:
             for name in group:
@@ -118,7 +121,9 @@ class H5pyReader(BaseReader):
         if ds.id.get_create_plist().get_external_count():
             raise UnsupportedCheckpointError(f"{self.path}: {key!r} stores its data in external files; "
                                              "ckpt refuses external storage")
-        dtype = self._dtype_of(key, ds)
+        opaque = ds.dtype.kind == "V" and ds.dtype.itemsize == 2 and ds.dtype.fields is None and \
+            "ckpt_dtype" not in ds.attrs and "dtype" not in ds.attrs
+        dtype = np.dtype(np.uint16) if opaque else self._dtype_of(key, ds)
         shape = tuple(ds.shape) if ds.shape is not None else ()
         info = TensorInfo(key, dtype, shape, int(ds.id.get_storage_size()))
         compressed = ds.id.get_create_plist().get_nfilters() > 0
@@ -129,8 +134,18 @@ class H5pyReader(BaseReader):
             raise CorruptCheckpointError(
                 f"{self.path}: dataset {key!r} declares {list(shape)} x {ds.dtype} ({logical} bytes), "
                 f"more than a {self._file_size}-byte file can hold")
-        self._tensors[key] = info
         self._datasets[key] = ds
+        if opaque:
+            self.opaque[key] = info
+        else:
+            self._tensors[key] = info
+
+    def resolve_opaque(self, key: str, dtype: np.dtype) -> None:
+        """Make the 2-byte opaque dataset ``key`` a tensor of ``dtype`` (bfloat16: what a layout
+        learned from the file itself, e.g. Keras's model config)."""
+        if dtype != dtypes.bfloat16:
+            raise ValueError(f"opaque 2-byte data can only be read as bfloat16, not {dtype}")
+        self._tensors[key] = self.opaque.pop(key)._replace(dtype=dtype)
 
     def _dtype_of(self, key: str, ds: Any) -> np.dtype:
         """The tensor dtype of a dataset; HDF5 types no Variable can hold are refused."""
@@ -185,14 +200,21 @@ LAYOUTS: list[Any] = []
 def adopt_layout(reader: H5pyReader) -> BaseReader:
     """Let the first matching registered layout take over ``reader``; else return it unchanged."""
     try:
-        for layout in LAYOUTS:
-            adopted = layout(reader)
-            if adopted is not None:
-                return adopted  # type: ignore[no-any-return]
+        adopted = next((r for r in (layout(reader) for layout in LAYOUTS) if r is not None), reader)
+        refuse_opaque(reader)
     except BaseException:
         reader.close()
         raise
-    return reader
+    return adopted  # type: ignore[no-any-return]
+
+
+def refuse_opaque(reader: H5pyReader) -> None:
+    """Raise for a 2-byte opaque dataset no layout gave a type: its bytes would be read as a guess."""
+    if reader.opaque:
+        key = next(iter(reader.opaque))
+        raise UnsupportedCheckpointError(
+            f"{reader.path}: dataset {key!r} holds opaque 2-byte values (how Keras's legacy .h5 stores "
+            "bfloat16) and nothing in the file says which type they are; ckpt does not guess")
 
 
 def _all() -> Any:

@@ -12,7 +12,9 @@ Keys are the dataset paths in the HDF5 file, as they are:
 
 Legacy files list their weights in model order (layer_names, weight_names) and so does
 the reader; Keras 3 files are listed in natural order ("vars/10" after "vars/9"). Bfloat16
-weights (Keras 3 marks them with a ``dtype`` attribute) read as bfloat16.
+weights (Keras 3 marks them with a ``dtype`` attribute) read as bfloat16; so do a legacy file's
+opaque 2-byte weights when the model config in the file gives their layer the bfloat16 policy
+(otherwise they are refused, naming the dataset).
 
 HDF5 files are read through libhdf5 (ckpt's guarded H5pyReader: no external links,
 external storage or virtual datasets) and carry no checksums, so a damaged .h5 file is
@@ -32,11 +34,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _zip
 from .base import BaseReader, TensorInfo
-from .h5plain import H5pyReader
+from .h5plain import H5pyReader, refuse_opaque
 
 WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
@@ -108,13 +111,56 @@ def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
         return None
     legacy = h5 if "layer_names" in h5.attrs else h5.get("model_weights")
     if isinstance(legacy, h5py.Group) and "layer_names" in legacy.attrs:
+        _resolve_bfloat16(inner, h5, legacy)
+        refuse_opaque(inner)
         order, meta = _legacy_order(inner, h5, legacy)
     elif isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group) or required:
         order, meta = _keras3_order(inner, h5)
     else:
         return None
+    refuse_opaque(inner)
     tensors = {key: inner.tensors[key] for key in order}  # H5pyReader honours Keras's bfloat16 tag
     return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
+
+
+def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any) -> None:
+    """Legacy .h5 files store a bfloat16 layer's weights as opaque 2-byte data; the layer's dtype
+    policy in the model config (same file) says they are bfloat16. Others stay opaque (refused)."""
+    if not inner.opaque or "model_config" not in h5.attrs:
+        return
+    try:
+        config = json.loads(_attr(h5.attrs["model_config"]))
+    except (TypeError, ValueError, RecursionError):
+        return  # no usable config: the opaque datasets are refused by adopt_layout
+    policies = _layer_policies(config)
+    prefix = group.name.strip("/")
+    for key in list(inner.opaque):
+        layer = key[len(prefix) + 1:] if prefix else key
+        if policies.get(layer.split("/", 1)[0]) == "bfloat16":
+            inner.resolve_opaque(key, dtypes.bfloat16)
+
+
+def _layer_policies(config: Any) -> dict[str, str]:
+    """Each layer's dtype policy name in a Keras model config ("d2" -> "bfloat16"), nested models
+    included. A policy is a name or {"class_name": "DTypePolicy", "config": {"name": ...}}."""
+    out: dict[str, str] = {}
+    stack = [(config, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > 64:
+            continue
+        if isinstance(node, dict):
+            inner = node.get("config")
+            if isinstance(inner, dict) and isinstance(inner.get("name"), str) and "dtype" in inner:
+                policy = inner["dtype"]
+                if isinstance(policy, dict):
+                    policy = policy.get("config", {}).get("name") if isinstance(policy.get("config"), dict) else None
+                if isinstance(policy, str):
+                    out.setdefault(inner["name"], policy)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return out
 
 
 def _attr(value: Any) -> Any:

@@ -8,6 +8,7 @@ from SRC when it writes it; the check compares them one by one): memory holds on
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -22,6 +23,7 @@ from ckpt.formats import base
 
 from .errors import Failure, check_regex, reports_errors
 from .progress import byte_bar
+from .text import count
 
 __all__ = ["parse_renames", "plan_keys", "convert"]
 
@@ -157,17 +159,21 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: Any, plan: list[tuple[s
 @click.option("--keys", "pattern", metavar="REGEX", help="Only the tensors whose key matches REGEX.")
 @click.option("--rename", multiple=True, metavar="OLD=NEW",
               help="Rename the scope OLD to NEW (repeatable; NEW may be empty).")
+@click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @reports_errors()
-def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) -> None:
+def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], force: bool) -> None:
     """Convert a checkpoint between formats; extract or rename keys.
 
-    DST's extension names the format; SRC's tensors and metadata are written to it.
+    DST's extension names the format; SRC's tensors and metadata are written to it. An
+    existing DST is replaced only with --force; missing directories are created.
 
     \b
     ckpt convert model.h5 model.msgpack
     ckpt convert run/ encoder.h5 --keys '^enc/' --rename enc=encoder
     """
     fmt = _writable_format(dst)
+    if os.path.lexists(dst) and not force:
+        raise click.BadParameter(f"{dst} exists; pass --force to replace it", param_hint="DST")
     if pattern is not None:
         check_regex(pattern, "--keys")
     renames = parse_renames(rename)
@@ -205,5 +211,5 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...]) ->
             raise Failure(str(exc)) from exc
         source = f"{reader.path} ({reader.format})"
     renamed = sum(old != new for old, new in plan)
-    click.echo(f"{dst} ({fmt.name}): {len(plan)} tensors from {source}"
+    click.echo(f"{dst} ({fmt.name}): {count(len(plan), 'tensor')} from {source}"
                + (f", {renamed} renamed" if renamed else "") + "; read back and checked")

@@ -1,4 +1,4 @@
-"""``ckpt diff A B``: which keys, dtypes, shapes and values differ between two checkpoints.
+"""``ckpt diff A B``: which keys, dtypes, shapes, values and metadata differ between two checkpoints.
 
 Values are compared in chunks, one pair of tensors in memory at a time. NaNs in the same
 place are equal. With ``--atol``/``--rtol``, an element is close when
@@ -7,6 +7,7 @@ place are equal. With ``--atol``/``--rtol``, an element is close when
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -19,6 +20,7 @@ from ckpt.inspect import dtype_label
 
 from .errors import reports_errors
 from .progress import emit, shows_progress, tracked
+from .text import count
 
 __all__ = ["ValueDiff", "compare_values", "diff"]
 
@@ -77,6 +79,10 @@ def _label(info: Any) -> str:
     return f"({dtype_label(info.dtype)}) {list(info.shape)}"
 
 
+def _values_differ(vd: ValueDiff) -> str:
+    return f"{vd.unequal} of {count(vd.count, 'value')} {'differs' if vd.unequal == 1 else 'differ'}"
+
+
 def _numbers(vd: ValueDiff) -> str:
     if vd.max_abs is None:
         return ""
@@ -106,17 +112,53 @@ def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float
             changed = a.dtype != b.dtype or a.shape != b.shape
             if changed:
                 counts["changed dtype or shape"] += 1
-                detail = f"; {vd.unequal} of {vd.count} values differ{_numbers(vd)}" if vd and vd.unequal else ""
+                detail = f"; {_values_differ(vd)}{_numbers(vd)}" if vd and vd.unequal else ""
                 yield f"! {key}: {_label(a)} -> {_label(b)}{detail}"
             elif vd.outside:
                 counts["differ"] += 1
-                yield f"! {key} {_label(a)}: {vd.unequal} of {vd.count} values differ{_numbers(vd)}"
+                yield f"! {key} {_label(a)}: {_values_differ(vd)}{_numbers(vd)}"
             elif vd.unequal:
                 counts["within tolerance"] += 1
-                yield f"~ {key} {_label(a)}: {vd.unequal} of {vd.count} values differ, within " \
-                      f"tolerance{_numbers(vd)}"
+                yield f"~ {key} {_label(a)}: {_values_differ(vd)}, within tolerance{_numbers(vd)}"
             else:
                 counts["identical"] += 1
+    yield from metadata_lines(ra.metadata, rb.metadata, counts)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def metadata_lines(ma: dict[str, Any], mb: dict[str, Any], counts: dict[str, int]) -> Iterator[str]:
+    """One line per metadata key that differs, tallied into ``counts["metadata"]``.
+
+    Example:
+        >>> list(metadata_lines({"step": 1, "lr": 0.1}, {"step": 2, "note": "x"}, {"metadata": 0}))
+        ['- metadata "lr": 0.1', '+ metadata "note": "x"', '! metadata "step": 1 -> 2']
+    """
+    for key in sorted(set(ma) | set(mb)):
+        if key not in mb:
+            line = f"- metadata {json.dumps(key)}: {_shown(ma[key])}"
+        elif key not in ma:
+            line = f"+ metadata {json.dumps(key)}: {_shown(mb[key])}"
+        elif _shown(ma[key]) != _shown(mb[key]) or type(ma[key]) is not type(mb[key]):
+            line = f"! metadata {json.dumps(key)}: {_shown(ma[key])} -> {_shown(mb[key])}"
+        else:
+            continue
+        counts["metadata"] += 1
+        yield line
+
+
+def tally(counts: dict[str, int]) -> str:
+    """The summary's counts, in words that agree with them ("1 differs", "2 differ").
+
+    Example:
+        >>> tally({"only in A": 1, "differ": 1, "identical": 3, "metadata": 2})
+        '1 only in A, 1 differs, 3 identical, 2 metadata keys differ'
+    """
+    words = {"differ": ("differ", "differs"), "metadata": ("metadata keys differ", "metadata key differs")}
+    parts = [count(n, what, *words.get(what, (what, what))) for what, n in counts.items() if n]
+    return ", ".join(parts)
 
 
 @click.command()
@@ -129,11 +171,12 @@ def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float
 @click.pass_context
 @reports_errors(exit_code=2)
 def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float) -> None:
-    """Compare two checkpoints: keys, dtypes, shapes and values.
+    """Compare two checkpoints: keys, dtypes, shapes, values and metadata.
 
     \b
     Lines: "- key" only in A, "+ key" only in B, "! key" a changed dtype or shape or values
-    outside the tolerance, "~ key" values that differ within the tolerance.
+    outside the tolerance, "~ key" values that differ within the tolerance; then
+    "- metadata", "+ metadata" and "! metadata" lines for metadata keys that differ.
     Exit status: 0 the same (within tolerance), 1 different, 2 trouble (as diff(1)).
 
     \b
@@ -141,11 +184,10 @@ def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float) -> None:
     """
     with ckpt.load_checkpoint(a) as ra, ckpt.load_checkpoint(b) as rb:
         counts = dict.fromkeys(["only in A", "only in B", "changed dtype or shape", "differ",
-                                "within tolerance", "identical"], 0)
+                                "within tolerance", "identical", "metadata"], 0)
         held = shows_progress(sum(info.nbytes for info in ra.tensors.values()))
         emit(diff_lines(ra, rb, atol, rtol, counts, tracked("comparing") if held else None), held)
-    different = sum(counts[k] for k in ("only in A", "only in B", "changed dtype or shape", "differ"))
-    tally = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
-    click.echo(f"# {'different' if different else 'same'}: {tally or 'no tensors'}")
+    different = sum(counts[k] for k in ("only in A", "only in B", "changed dtype or shape", "differ", "metadata"))
+    click.echo(f"# {'different' if different else 'same'}: {tally(counts) or 'no tensors'}")
     if different:
         ctx.exit(1)

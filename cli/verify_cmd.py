@@ -8,6 +8,7 @@ import ckpt
 
 from .errors import Failure, reports_errors
 from .progress import byte_bar
+from .text import count
 
 __all__ = ["verify"]
 
@@ -33,9 +34,9 @@ def verify(path: str) -> None:
     for problem in problems:
         click.echo(problem)
     if problems:
-        raise Failure(f"{reader.path}: {len(problems)} problem{'s' if len(problems) > 1 else ''} found")
+        raise Failure(f"{reader.path}: {count(len(problems), 'problem')} found")
     if not reader.checksummed:
-        click.echo(f"{reader.path}: {len(infos)} tensors read without error; the file has no checksums "
+        click.echo(f"{reader.path}: {count(len(infos), 'tensor')} read without error; the file has no checksums "
                    f"(not written by ckpt), so their values cannot be vouched for")
         return
-    click.echo(f"{reader.path}: OK ({len(infos)} tensors; the structure and every checksum match)")
+    click.echo(f"{reader.path}: OK ({count(len(infos), 'tensor')}; the structure and every checksum match)")

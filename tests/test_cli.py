@@ -348,10 +348,10 @@ def test_diff_reports_every_kind_of_difference(tmp_path):
     assert result.stdout.splitlines() == [
         f"--- {a}",
         f"+++ {b}",
-        "! dtype: (float32) [3] -> (float64) [3]; 1 of 3 values differ (max abs diff 1, max rel diff 1)",
+        "! dtype: (float32) [3] -> (float64) [3]; 1 of 3 values differs (max abs diff 1, max rel diff 1)",
         "- gone (float64) [2]",
         "+ new (float64) [2]",
-        "! s (string) [1]: 1 of 1 values differ",
+        "! s (string) [1]: 1 of 1 value differs",
         "! shape: (float64) [3] -> (float64) [4]",
         "! vals (float64) [3]: 2 of 3 values differ (max abs diff 4, max rel diff inf)",
         "# different: 1 only in A, 1 only in B, 2 changed dtype or shape, 2 differ, 1 identical",
@@ -437,7 +437,9 @@ def test_convert_keys_and_scope_renames(tmp_path):
 
 def test_convert_in_place(tmp_path):
     path = save(tmp_path / "m.h5", model())
-    assert run("convert", path, path, "--rename", "dec=decoder").exit_code == 0
+    refused = run("convert", path, path, "--rename", "dec=decoder")
+    assert refused.exit_code == 2 and "exists; pass --force to replace it" in refused.stderr
+    assert run("convert", path, path, "--rename", "dec=decoder", "--force").exit_code == 0
     assert [k for k, _ in ckpt.list_variables(path)] == ["decoder/w", "enc/bias", "enc/kernel"]
 
 
@@ -527,7 +529,7 @@ def test_convert_that_does_not_read_back_leaves_dst_untouched(tmp_path, monkeypa
     fmt = base.get_format("msgpack")
     write = fmt.write
     monkeypatch.setattr(fmt, "write", lambda path, tensors, md: write(path, [(k, np.asarray(a) + 1) for k, a in tensors], md))
-    result = run("convert", src, dst)
+    result = run("convert", src, dst, "--force")
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {os.path.abspath(dst)}: the converted file does not read back as "
                                     "written (tensor 'enc/kernel' differs); DST was not replaced")
@@ -592,7 +594,7 @@ def test_verify_says_when_a_file_has_no_checksums(tmp_path):
         f["dense/kernel"] = np.ones((2, 2), np.float32)
     result = run("verify", path)
     assert result.exit_code == 0
-    assert result.stdout == f"{path}: 1 tensors read without error; the file has no checksums (not written by " \
+    assert result.stdout == f"{path}: 1 tensor read without error; the file has no checksums (not written by " \
                             "ckpt), so their values cannot be vouched for\n"
 
 
@@ -705,6 +707,8 @@ def test_output_is_the_same_with_a_progress_bar(tmp_path, monkeypatch, command):
     args = {"inspect_cmd": ["inspect", src, "--stats"], "diff_cmd": ["diff", src, src],
             "convert_cmd": ["convert", src, tmp_path / "o.msgpack"]}[command]
     quiet = run(*args)
+    if command == "convert_cmd":
+        os.remove(tmp_path / "o.msgpack")
     module = importlib.import_module(f"ckpt.cli.{command}")
     monkeypatch.setattr(module if hasattr(module, "shows_progress") else progress, "shows_progress",
                         lambda nbytes, stream=None: True)
@@ -750,7 +754,8 @@ def test_console_script_runs_and_reports_errors_in_one_line(tmp_path):
     assert usage.stderr.count("\n") == 1
     differ = subprocess.run([script, "diff", mlp, os.path.join(SAMPLES, "steps")], capture_output=True, text=True,
                             timeout=60)
-    assert differ.returncode == 1 and differ.stdout.endswith("# different: 4 only in A, 3 only in B\n")
+    assert differ.returncode == 1 and differ.stdout.endswith("# different: 4 only in A, 3 only in B, "
+                                                             "7 metadata keys differ\n")
 
 
 def test_console_script_stops_quietly_when_the_pipe_closes():
@@ -782,3 +787,45 @@ def test_convert_reads_each_tensor_only_when_the_writer_writes_it(tmp_path, monk
     result = run("convert", src, tmp_path / "out.msgpack")
     assert result.exit_code == 0
     assert ckpt.load_variable(tmp_path / "out.msgpack", "t3").tolist() == [3.0] * 1000
+
+
+# --- what a new user tripped over -------------------------------------------------------------
+def test_convert_refuses_an_existing_dst_without_force(tmp_path):
+    src = save(tmp_path / "src.h5", model())
+    dst = save(tmp_path / "dst.msgpack", {"old": np.ones(1)})
+    before = open(dst, "rb").read()
+    result = run("convert", src, dst)
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()  # click quotes 'DST' or not, by version
+    assert line.startswith("Error: Invalid value for") and line.endswith(
+        f"DST: {dst} exists; pass --force to replace it (see 'ckpt convert --help')"), line
+    assert open(dst, "rb").read() == before
+    result = run("convert", src, dst, "--force")
+    assert result.exit_code == 0 and sorted(ckpt.load_checkpoint(dst)) == sorted(model())
+
+
+def test_diff_compares_metadata(tmp_path):
+    a = save(tmp_path / "a.h5", model(), {"step": 1, "lr": 0.1, "tags": ["x"]})
+    b = save(tmp_path / "b.msgpack", model(), {"step": 2, "tags": ["x"], "note": "é"})
+    result = run("diff", a, b)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[2:] == [
+        '- metadata "lr": 0.1',
+        '+ metadata "note": "\\u00e9"',
+        '! metadata "step": 1 -> 2',
+        "# different: 3 identical, 3 metadata keys differ",
+    ]
+    same = save(tmp_path / "c.msgpack", model(), {"step": 1, "lr": 0.1, "tags": ["x"]})
+    result = run("diff", a, same)
+    assert result.exit_code == 0 and result.stdout.endswith("# same: 3 identical\n")
+
+
+def test_summaries_use_singular_and_plural(tmp_path):
+    src = save(tmp_path / "one.h5", {"w": np.array([1.0, 2.0])})
+    out = run("convert", src, tmp_path / "one.msgpack").stdout
+    assert ": 1 tensor from " in out and "tensors" not in out
+    assert "OK (1 tensor;" in run("verify", src).stdout
+    other = save(tmp_path / "other.h5", {"w": np.array([1.0, 2.5])})
+    lines = run("diff", src, other).stdout.splitlines()
+    assert lines[2].startswith("! w (float64) [2]: 1 of 2 values differs")
+    assert lines[3] == "# different: 1 differs"

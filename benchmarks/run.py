@@ -256,6 +256,10 @@ def main(args: Any) -> None:
                     print(fmt_row([system.name, f"{peak['save'] / (1 << 20):.0f}",
                                    f"{peak['restore'] / (1 << 20):.0f}", f"{budget / (1 << 20):.0f}"]))
                 print()
+            if "async" in cases:
+                from .async_save import report
+
+                report(label, variables, big_count, big_bytes, directory, args.reps)
             if "checksum" in cases and label == "tmpfs":  # CPU cost: on disk, noise swamps it
                 shares = checksum_share(model, variables, directory, args.reps)
                 print(f"**checksum share of ckpt's save time ({label}, {total / GiB:.2f} GiB)**: " +

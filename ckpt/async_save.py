@@ -167,5 +167,19 @@ class BackgroundSaves:
                 run()
                 thread = None  # type: ignore[assignment]
             self._thread, self._future = thread, future
-            gate.wait()
+            _wait_uninterrupted(gate)
             return future
+
+
+def _wait_uninterrupted(gate: Any) -> None:
+    """Wait for the gate even through Ctrl-C: returning early would let training change variables
+    the writer is still reading. The interruption is re-raised once the gate is open."""
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            gate.wait()
+            break
+        except BaseException as exc:  # KeyboardInterrupt, or a signal handler's exception
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted

@@ -359,26 +359,100 @@ saver = ckpt.Saver([v])
 saver.save(os.path.join(sys.argv[1], "m.aftermain"), global_step=7, blocking=False)
 v.assign(np.zeros(1000))
 print("main done", flush=True)
+if os.environ.get("HOW") == "raise":
+    raise RuntimeError("training crashed")
+if os.environ.get("HOW") == "exit":
+    sys.exit(3)
 """
 
 
-@pytest.mark.parametrize("fail", [False, True])
-def test_exit_waits_for_the_save_in_flight(tmp_path, fail):
+@pytest.mark.parametrize("fail,how,code", [(False, "end", 0), (True, "end", 0), (False, "raise", 1),
+                                           (False, "exit", 3)])
+def test_exit_waits_for_the_save_in_flight(tmp_path, fail, how, code):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(EXIT_SCRIPT))
     directory = tmp_path / "run"
     directory.mkdir()
-    env = dict(os.environ, FAIL="1" if fail else "")
+    env = dict(os.environ, FAIL="1" if fail else "", HOW=how)
     proc = subprocess.run([sys.executable, str(script), str(directory)], capture_output=True, text=True,
                           timeout=120, env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == code, proc.stderr
     assert proc.stdout == "main done\n"
     if fail:  # nobody waited: the error is printed, not lost; nothing half-written remains
         assert "background save of" in proc.stderr and "No space left on device" in proc.stderr
         assert "m-7.aftermain" in proc.stderr
         assert os.listdir(directory) == []
     else:
-        assert proc.stderr == ""
+        assert ("RuntimeError: training crashed" in proc.stderr) == (how == "raise")
+        assert "background save" not in proc.stderr
         path = ckpt.latest_checkpoint(str(directory))
         assert path == str(directory / "m-7.aftermain")
         np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(1000.0))
+
+
+# --- the staging bound ---------------------------------------------------------------------------
+class RecordingFormat(MsgpackFormat):
+    """Records, for each tensor the writer reads, whether save() had already returned."""
+
+    name, extensions = "recording", (".recording",)
+
+    def __init__(self) -> None:
+        self.returned = threading.Event()
+        self.reads: list[tuple[str, bool]] = []
+
+    def sniff(self, head):
+        return False
+
+    def write(self, path, tensors, metadata):
+        fmt = self
+
+        class Recorder:
+            def __init__(self, key, source):
+                self.key, self.source = key, source
+                self.dtype, self.shape = source.dtype, source.shape
+
+            def __array__(self, dtype=None, copy=None):
+                fmt.reads.append((self.key, fmt.returned.is_set()))
+                return np.asarray(self.source)
+
+        super().write(path, [(key, Recorder(key, source)) for key, source in tensors], metadata)
+
+
+def test_save_returns_once_only_the_staged_tail_is_left(tmp_path):
+    fmt = RecordingFormat()
+    base.register_format(fmt)
+    try:
+        values = {f"t{i}": np.full(100_000, i, dtype=np.float32) for i in range(4)}  # 400 KB each
+        variables = {k: ckpt.Variable(v) for k, v in values.items()}
+        bound = 2 * 400 * 1024  # two tensors' slots (page-rounded)
+        saver = ckpt.Saver(variables, staging_bytes=bound)
+        future = saver.save(str(tmp_path / "m.recording"), blocking=False)
+        fmt.returned.set()
+        for key in values:
+            variables[key].assign(-1)
+        future.result()
+        reads = dict(fmt.reads)
+        assert [k for k, _ in fmt.reads] == ["t0", "t1", "t2", "t3"]
+        assert reads["t0"] is False and reads["t1"] is False  # written from the variables before save returned
+        assert 0 < saver._background.arena.nbytes <= bound  # the last two were copied
+        saved = load_all(future.path)
+        for key, value in values.items():
+            np.testing.assert_array_equal(saved[key], value)
+    finally:
+        base.unregister_format("recording")
+
+
+def test_an_interrupt_while_save_waits_is_raised_after_the_writer_is_done():
+    from ckpt.async_save import _wait_uninterrupted
+
+    class Gate:
+        calls = 0
+
+        def wait(self):
+            Gate.calls += 1
+            if Gate.calls == 1:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _wait_uninterrupted(Gate())
+    assert Gate.calls == 2  # it kept waiting before re-raising

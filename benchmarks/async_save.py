@@ -1,0 +1,193 @@
+"""Asynchronous saves: how long ``save(blocking=False)`` blocks, a simulated training loop, memory.
+
+Run through ``python -m benchmarks --cases async`` (see benchmarks/run.py), or alone:
+
+    python -m benchmarks.async_save peak DIRECTORY COUNT NBYTES STAGING   # one memory figure (JSON)
+
+* **blocking time**: the time ``save(blocking=False)`` takes to return (the arena already
+  allocated by a first save), against ``np.copyto`` of every tensor into preallocated arrays
+  (the floor) and against a blocking save; the background write is waited for, untimed, before
+  the next repetition.
+* **training loop**: steps of fixed numpy work (matmuls, plus an update of one model tensor),
+  a save every K steps; steps per second with no saves, blocking saves and async saves. K is
+  chosen so that the time between two saves is about twice an async save's background write.
+* **peak memory**: in a fresh process, the peak resident memory beyond the loaded model during
+  two async saves (first and steady state), with the default staging bound and smaller ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import ckpt
+
+from .run import fmt_row, make_model, timed
+
+MiB = 1 << 20
+
+
+def blocking_times(variables: dict[str, ckpt.Variable], directory: str, reps: int) -> dict[str, float]:
+    """Median seconds: np.copyto floor, save(blocking=False) returning, blocking save."""
+    arrays = [v._value for v in variables.values()]
+    copies = [np.empty_like(a) for a in arrays]
+    for dst, src in zip(copies, arrays):
+        np.copyto(dst, src)  # touch the pages once, as the arena is after its first save
+    out: dict[str, list[float]] = {"np.copyto": [], "async": [], "blocking": [], "async total": []}
+    for ext in ("msgpack", "h5"):
+        out[f"async {ext}"], out[f"blocking {ext}"] = [], []
+    savers = {ext: ckpt.Saver(variables, max_to_keep=1) for ext in ("msgpack", "h5")}
+    for ext, saver in savers.items():
+        saver.save(os.path.join(directory, f"warm.{ext}"), blocking=False).result()  # allocates the arena
+        os.remove(os.path.join(directory, f"warm.{ext}"))
+    for rep in range(reps):
+        out["np.copyto"].append(timed(lambda: [np.copyto(d, s) for d, s in zip(copies, arrays)]))
+        for ext, saver in savers.items():
+            path = os.path.join(directory, f"m.{ext}")
+            start = time.perf_counter()
+            future = saver.save(path, global_step=rep, blocking=False)
+            out[f"async {ext}"].append(time.perf_counter() - start)
+            future.result()
+            out["async total"].append(time.perf_counter() - start)
+            out[f"blocking {ext}"].append(timed(lambda: saver.save(path, global_step=reps + rep)))
+    del copies
+    return {k: statistics.median(v) for k, v in out.items() if v}
+
+
+class Trainer:
+    """A fixed amount of numpy work per step, and an in-place update of one model tensor."""
+
+    def __init__(self, variables: dict[str, ckpt.Variable], matmuls: int) -> None:
+        rng = np.random.default_rng(7)
+        self.a = rng.standard_normal((384, 384)).astype(np.float32)
+        self.b = rng.standard_normal((384, 384)).astype(np.float32)
+        self.c = np.empty_like(self.a)
+        self.matmuls = matmuls
+        self.layers = list(variables.values())
+        self.step_count = 0
+
+    def step(self) -> None:
+        for _ in range(self.matmuls):
+            np.matmul(self.a, self.b, out=self.c)
+        layer = self.layers[self.step_count % len(self.layers)]
+        layer._value *= np.float32(0.999)  # training changes the model while saves are in flight
+        self.step_count += 1
+
+
+def training_loop(variables: dict[str, ckpt.Variable], directory: str, save_seconds: float,
+                  target_step: float = 0.02, saves: int = 4) -> dict[str, Any]:
+    """Steps per second with no saves, blocking saves and async saves (a save every K steps)."""
+    trainer = Trainer(variables, 1)
+    per = timed(lambda: [trainer.step() for _ in range(20)]) / 20
+    trainer.matmuls = max(1, round(target_step / per))
+    step_s = timed(lambda: [trainer.step() for _ in range(20)]) / 20
+    every = max(2, int(np.ceil(2 * save_seconds / step_s)))  # two writes' worth of time between saves
+    steps = every * saves
+    saver = ckpt.Saver(variables, max_to_keep=1)
+    path = os.path.join(directory, "train.msgpack")
+    saver.save(path, blocking=False).result()  # the arena exists, as after a run's first save
+
+    def run(mode: str) -> float:
+        start = time.perf_counter()
+        for i in range(steps):
+            trainer.step()
+            if mode != "none" and i % every == every - 1:
+                saver.save(path, global_step=i, blocking=mode == "blocking")
+        saver.wait()
+        return steps / (time.perf_counter() - start)
+
+    rates: dict[str, list[float]] = {"none": [], "blocking": [], "async": []}
+    for _ in range(2):
+        for mode in rates:
+            rates[mode].append(run(mode))
+    return {"step s": step_s, "every": every, "steps": steps,
+            **{mode: statistics.median(r) for mode, r in rates.items()}}
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def peak(directory: str, count: int, nbytes: int, staging: int | None) -> dict[str, int]:
+    """In this (fresh) process: peak RSS beyond the model during a first and a second async save."""
+    _, variables = make_model(count, nbytes)
+    saver = ckpt.Saver(variables, max_to_keep=1, staging_bytes=staging)
+    out = {}
+    for what in ("first", "steady"):
+        base = _status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        saver.save(os.path.join(directory, f"peak-{what}.msgpack"), blocking=False).result()
+        out[what] = _status("VmHWM") - base
+        out[f"{what} arena"] = saver._background.arena.nbytes
+    shutil.rmtree(directory, ignore_errors=True)
+    return out
+
+
+def peak_in_process(directory: str, count: int, nbytes: int, staging: int | None) -> dict[str, int]:
+    folder = os.path.join(directory, f"peak-{staging}")
+    os.makedirs(folder, exist_ok=True)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.async_save", "peak", folder, str(count), str(nbytes),
+                          "none" if staging is None else str(staging)], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def report(label: str, variables: dict[str, ckpt.Variable], count: int, nbytes: int, directory: str,
+           reps: int) -> None:
+    """Print the three async tables for one directory."""
+    total = count * nbytes
+    folder = os.path.join(directory, "async")
+    os.makedirs(folder, exist_ok=True)
+    times = blocking_times(variables, folder, reps)
+    floor = times["np.copyto"]
+    print(f"**async {label}: time save() blocks, {total / (1 << 30):.2f} GiB in {count} tensors, "
+          f"median of {reps}**\n")
+    print(fmt_row(["what", "s", "vs np.copyto", "target"]))
+    print(fmt_row(["---"] * 4))
+    print(fmt_row(["np.copyto into preallocated arrays", f"{floor:.3f}", "1.00", ""]))
+    for ext in ("msgpack", "h5"):
+        a, b = times[f"async {ext}"], times[f"blocking {ext}"]
+        print(fmt_row([f"save(blocking=False) {ext}", f"{a:.3f}", f"{a / floor:.2f}", "<= 1.2"]))
+        print(fmt_row([f"save() blocking {ext}", f"{b:.3f}", f"{b / floor:.2f}", ""]))
+    print(fmt_row(["async save until committed (both formats)", f"{times['async total']:.3f}",
+                   f"{times['async total'] / floor:.2f}", ""]))
+    print()
+    loop = training_loop(variables, folder, times["async total"])
+    print(f"**async {label}: simulated training, {loop['step s'] * 1000:.0f} ms of numpy work a step, "
+          f"a save every {loop['every']} steps, {loop['steps']} steps, median of 2**\n")
+    print(fmt_row(["saves", "steps/s", "vs no saves", "target"]))
+    print(fmt_row(["---"] * 4))
+    for mode, target in (("none", ""), ("blocking", ""), ("async", ">= 0.95")):
+        print(fmt_row([mode, f"{loop[mode]:.2f}", f"{loop[mode] / loop['none']:.3f}", target]))
+    print()
+    print(f"**async {label}: peak resident memory beyond the model ({total / MiB:.0f} MiB), fresh process**\n")
+    print(fmt_row(["staging_bytes", "first save MiB", "arena MiB", "later saves MiB"]))
+    print(fmt_row(["---"] * 4))
+    for staging in (None, total // 4, 0):
+        p = peak_in_process(folder, count, nbytes, staging)
+        name = "None (a model)" if staging is None else f"{staging / MiB:.0f} MiB"
+        print(fmt_row([name, f"{p['first'] / MiB:.0f}", f"{p['first arena'] / MiB:.0f}",
+                       f"{p['steady'] / MiB:.0f}"]))
+    print()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "peak":
+        directory, count, nbytes, staging = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+        print(json.dumps(peak(directory, count, nbytes, None if staging == "none" else int(staging))))
+    else:
+        raise SystemExit("usage: python -m benchmarks.async_save peak DIRECTORY COUNT NBYTES STAGING|none")

@@ -58,7 +58,6 @@ def blocking_times(variables: dict[str, ckpt.Variable], directory: str, reps: in
             future.result()
             out["async total"].append(time.perf_counter() - start)
             out[f"blocking {ext}"].append(timed(lambda: saver.save(path, global_step=reps + rep)))
-    del copies
     return {k: statistics.median(v) for k, v in out.items() if v}
 
 

@@ -24,7 +24,8 @@ import concurrent.futures
 import os
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ _unseen_lock = threading.Lock()
 _unseen: dict[int, SaveFuture] = {}  # failed saves whose error nobody has seen yet
 
 
-class SaveFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class SaveFuture(concurrent.futures.Future[str]):
     """The pending result of ``Saver.save(..., blocking=False)``: a ``concurrent.futures.Future``.
 
     ``result(timeout)`` returns the checkpoint's path once it is committed (written, renamed
@@ -58,7 +59,7 @@ class SaveFuture(concurrent.futures.Future):  # type: ignore[type-arg]
 
     def result(self, timeout: float | None = None) -> str:
         try:
-            return super().result(timeout)  # type: ignore[no-any-return]
+            return super().result(timeout)
         except BaseException:
             if self.done():
                 _seen(self)  # the caller has the error now; the Saver will not raise it again
@@ -71,7 +72,9 @@ class SaveFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return exc
 
     def __repr__(self) -> str:
-        return f"<ckpt.SaveFuture {self.path!r} {self._state.lower()}>"  # type: ignore[attr-defined]
+        failed = self.done() and super().exception() is not None  # not self.exception(): a repr sees nothing
+        state = "running" if not self.done() else "failed" if failed else "committed"
+        return f"<ckpt.SaveFuture {self.path!r} {state}>"
 
 
 def _seen(future: SaveFuture) -> None:

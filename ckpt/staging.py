@@ -21,7 +21,8 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ class Gate:
 class _Source:
     """A tensor handed to the writer as a lazy source, reporting to the gate when it is read."""
 
-    __slots__ = ("key", "array", "live", "gate", "done")
+    __slots__ = ("array", "done", "gate", "key", "live")
 
     def __init__(self, key: str, array: np.ndarray, live: bool, gate: Gate) -> None:
         self.key, self.array, self.live, self.gate, self.done = key, array, live, gate, False

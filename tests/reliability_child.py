@@ -29,12 +29,11 @@ import traceback
 from typing import Any
 
 import numpy as np
+from reliability_support import read_outcome, restore_outcome, small_tensors, step_tensors
 
 import ckpt
 from ckpt.atomic import is_temporary
 from ckpt.state import read_state
-
-from reliability_support import read_outcome, restore_outcome, small_tensors, step_tensors
 
 
 def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,

@@ -163,7 +163,8 @@ class BackgroundSaves:
                     gate.close()
                     future.set_result(result)
 
-            thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}")
+            # never a daemon (even when called from one): interpreter exit waits for the commit
+            thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}", daemon=False)
             try:
                 thread.start()
             except RuntimeError:  # no new threads (at interpreter shutdown): save in this thread

@@ -12,6 +12,7 @@ from .flax import FlaxFormat
 from .hdf5 import Hdf5Format
 from .keras import KerasFormat, adopt as adopt_keras
 from .msgpack import MsgpackFormat
+from .orbax import OrbaxFormat
 from .safetensors import SafetensorsFormat
 from .sharded import ShardedFormat
 from .tensorflow import TensorFlowFormat
@@ -25,4 +26,5 @@ register_format(KerasFormat())
 register_format(FlaxFormat())
 register_format(TensorFlowFormat())
 register_format(ShardedFormat())
+register_format(OrbaxFormat())
 h5plain.LAYOUTS.append(adopt_keras)  # Keras's HDF5 files reach the reader through the hdf5 format

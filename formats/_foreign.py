@@ -6,14 +6,18 @@ hold keys that break ckpt's key rules; both are checked here the same way for ev
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from ckpt.errors import UnsupportedCheckpointError
+from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
-from .base import key_problem
+from .base import key_problem, unique_pairs
+
+#: JSON files of other frameworks (index files, orbax's metadata) larger than this are refused.
+MAX_JSON = 64 << 20
 
 #: numpy-style dtype names -> dtypes, for names read from files (never ``np.dtype(name)``,
 #: which would also accept "object" and structured types).
@@ -39,3 +43,25 @@ def check_key(key: Any, path: str) -> str:
             "'/'-separated names")
     return key
 
+
+
+def read_json(path: str, limit: int = MAX_JSON) -> Any:
+    """A JSON file another framework wrote: at most ``limit`` bytes, UTF-8, no duplicate keys, no
+    NaN/Infinity, nesting the parser accepts; anything else is a CorruptCheckpointError."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > limit:
+        raise CorruptCheckpointError(f"{path}: a JSON file over {limit} bytes; ckpt reads at most {limit}")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CorruptCheckpointError(f"{path}: not valid JSON: {str(exc)[:200]}") from None

@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Callable, Sequence
@@ -31,9 +30,9 @@ import numpy as np
 
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
-from . import _io
+from ._foreign import read_json
 from .keras import _natural
-from .base import BaseReader, TensorInfo, normalize_metadata, open_reader, unique_pairs
+from .base import BaseReader, TensorInfo, normalize_metadata, open_reader
 
 #: Index files larger than this are refused (the largest real ones are a few MB).
 MAX_INDEX = 64 << 20
@@ -161,26 +160,8 @@ class ShardedReader(BaseReader):
 
 
 def read_index(path: str) -> dict[str, Any]:
-    """A JSON index file as a dict: bounded in size, no duplicate keys, no NaN, no deep nesting."""
-    try:
-        with open(path, "rb") as f:
-            size = _io.file_size(f.fileno())
-            if size > MAX_INDEX:
-                raise CorruptCheckpointError(f"{path}: a {size}-byte index; ckpt reads index files of at "
-                                             f"most {MAX_INDEX} bytes")
-            raw = f.read()
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"{path}: no such checkpoint file") from None
-    except OSError as exc:
-        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        index = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise CorruptCheckpointError(f"{path}: the index is not valid JSON: {str(exc)[:200]}") from None
+    """The index file as a dict with a "weight_map" object (see ``_foreign.read_json``)."""
+    index = read_json(path, MAX_INDEX)
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise CorruptCheckpointError(f"{path}: the index has no \"weight_map\" object")
     return index

@@ -172,7 +172,7 @@ def test_an_oversized_index_is_refused_before_reading(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sharded, "MAX_INDEX", 100)
     _, index = sharded_copy(tmp_path)
-    with pytest.raises(ckpt.CorruptCheckpointError, match="at most 100 bytes"):
+    with pytest.raises(ckpt.CorruptCheckpointError, match="over 100 bytes"):
         ckpt.load_checkpoint(str(index))
 
 

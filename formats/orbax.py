@@ -1,0 +1,275 @@
+"""orbax-checkpoint directories (JAX's checkpointer), read without jax, orbax or tensorstore.
+
+A ``PyTreeCheckpointHandler`` / ``StandardCheckpointer`` save is a directory: ``_METADATA``
+(JSON: each leaf's pytree path and value type) and, saved without OCDBT (``use_ocdbt=False``),
+one zarr v2 array per leaf in a sub-directory named by the path joined with "." ("params.dense.kernel":
+``.zarray`` plus chunk files "0.0", "0.1", ...). A ``CheckpointManager`` directory holds one
+directory per step ("1", "2", ...), each holding its items ("default", or the names given to
+``Composite``); opening it opens the latest finished step.
+
+Keys are the pytree paths joined with "/": "params/dense/kernel", "layers/0". Chunks are
+decompressed with zstd (orbax's default; the optional ``zstandard`` package, ``pip install
+"ckpt[orbax]"``) or zlib/gzip, or read as they are; each chunk's decompressed size must be exactly
+the chunk's, and memory never exceeds one chunk beyond the result. OCDBT checkpoints
+(tensorstore's ``manifest.ocdbt`` with ``d/`` data files, orbax's default since 0.5) are refused
+with a message saying so.
+
+Example:
+    >>> import ckpt
+    >>> ckpt.list_variables("run/checkpoints")  # doctest: +SKIP
+    [('flag', [2]), ('ids', [6]), ('params/dense/bias', [4]), ...]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+
+from ._foreign import NUMPY_DTYPES, read_json
+from ._slicing import box
+from .base import BaseReader, TensorInfo, check_shape, key_problem
+
+METADATA = "_METADATA"
+#: A chunk may decompress to at most this many times its stored size (zstd's best is ~43000:1).
+MAX_RATIO = 1 << 16
+_STEP = re.compile(r"\d+")
+#: zarr v2 dtype strings -> dtypes ("<f4", "|b1", "bfloat16", "float8_e4m3fn", ...)
+_ZARR_DTYPES: dict[str, np.dtype] = {}
+for _name, _dtype in NUMPY_DTYPES.items():
+    if _dtype.kind in "biufc" and not _name.startswith(("bfloat16", "float8")):
+        _ZARR_DTYPES[_dtype.str] = _dtype
+        _ZARR_DTYPES["<" + _dtype.str[1:]] = _dtype  # 1-byte types are also written "<i1"
+        _ZARR_DTYPES["|" + _dtype.str[1:]] = _dtype
+    else:
+        _ZARR_DTYPES[_name] = _dtype
+
+
+class OrbaxFormat:
+    """orbax-checkpoint directories saved without OCDBT, and CheckpointManager roots (read-only)."""
+
+    name = "orbax"
+    extensions: tuple[str, ...] = ()
+    can_write = False
+
+    def claims(self, path: str) -> bool:
+        return os.path.isdir(path) and (_is_item(path) or _items(path) != [] or _latest_step(path) is not None)
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # a directory; claims() recognises it
+
+    def open(self, path: str) -> OrbaxReader:
+        step = path
+        if not _is_item(path) and not _items(path):
+            latest = _latest_step(path)
+            if latest is None:
+                raise CheckpointNotFoundError(f"{path}: no finished orbax checkpoint step in this directory")
+            step = os.path.join(path, latest)
+        items = [step] if _is_item(step) else _items(step)
+        if not items:
+            raise CheckpointNotFoundError(f"{step}: no orbax checkpoint ({METADATA}) in this directory")
+        return OrbaxReader(step, items)
+
+
+def _is_item(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, METADATA))
+
+
+def _items(step: str) -> list[str]:
+    """A step directory's pytree items ("default", or Composite's names), sorted."""
+    try:
+        names = sorted(os.listdir(step))
+    except OSError:
+        return []
+    return [os.path.join(step, n) for n in names if _is_item(os.path.join(step, n))]
+
+
+def _latest_step(root: str) -> str | None:
+    """The highest-numbered finished step ("7"), skipping orbax's temporary directories."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    steps = [n for n in names if _STEP.fullmatch(n) and (_is_item(os.path.join(root, n)) or
+                                                         _items(os.path.join(root, n)))]
+    return max(steps, key=int) if steps else None
+
+
+class OrbaxReader(BaseReader):
+    """Reads ``_METADATA`` and every leaf's ``.zarray`` on open; chunks on request."""
+
+    format_name = "orbax"
+    checksummed = False
+
+    def __init__(self, path: str, items: list[str]) -> None:
+        self.path = path
+        self._tensors, self._arrays = {}, {}
+        notes: dict[str, str] = {}
+        for item in items:
+            prefix = "" if len(items) == 1 else os.path.basename(item) + "/"  # Composite: "<item>/..."
+            self._read_item(item, prefix, notes)
+        self._metadata = {"non_tensors": notes} if notes else {}
+
+    def _read_item(self, item: str, prefix: str, notes: dict[str, str]) -> None:
+        if os.path.exists(os.path.join(item, "manifest.ocdbt")):
+            raise UnsupportedCheckpointError(
+                f"{item}: an orbax checkpoint in OCDBT format (tensorstore's manifest.ocdbt and d/ files, "
+                "orbax's default); ckpt reads orbax checkpoints saved with use_ocdbt=False (zarr arrays)")
+        meta = read_json(os.path.join(item, METADATA))
+        tree = meta.get("tree_metadata") if isinstance(meta, dict) else None
+        if not isinstance(tree, dict):
+            raise CorruptCheckpointError(f"{item}/{METADATA}: no \"tree_metadata\" object")
+        if meta.get("use_zarr3"):
+            raise UnsupportedCheckpointError(f"{item}: saved as zarr v3 arrays; ckpt reads orbax's zarr v2 arrays")
+        for entry in tree.values():
+            parts = _key_parts(entry, item)
+            key = prefix + "/".join(parts)
+            problem = key_problem(key)
+            if problem:
+                raise UnsupportedCheckpointError(f"{item}: the pytree path {key!r} cannot be a ckpt key ({problem})")
+            if key in self._tensors or key in notes:
+                raise CorruptCheckpointError(f"{item}/{METADATA}: the pytree path {key!r} appears twice")
+            value = entry.get("value_metadata") if isinstance(entry.get("value_metadata"), dict) else {}
+            kind = value.get("value_type")
+            if kind not in ("np.ndarray", "jax.Array", "scalar") or value.get("skip_deserialize"):
+                notes[key] = f"an orbax {kind!r} value, not an array ckpt reads"
+                continue
+            array = os.path.join(item, ".".join(parts))
+            info, spec = _zarray(array, key)
+            self._tensors[key] = info
+            self._arrays[key] = (array, spec)
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        self._read_box(info, [(0, d) for d in info.shape], out)
+
+    def read_slice(self, key: str, index: Any) -> np.ndarray:
+        """Read the block ``index`` (ints and step-1 slices) from just the chunks it overlaps."""
+        info = self.info(key)
+        bounds, shape = box(index, info.shape)
+        out = np.empty([b - a for a, b in bounds], info.dtype)
+        self._read_box(info, bounds, out)
+        return out.reshape(shape)
+
+    def _read_box(self, info: TensorInfo, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
+        array, spec = self._arrays[info.key]
+        chunks, separator = spec["chunks"], spec["separator"]
+        if out.size == 0:
+            return
+        ranges = [range(a // c, (b - 1) // c + 1) for (a, b), c in zip(bounds, chunks)]
+        for index in itertools.product(*ranges):
+            name = separator.join(str(i) for i in index) if index else "0"
+            chunk = self._chunk(os.path.join(array, name), spec, info.key)
+            region = [(i * c, min((i + 1) * c, d)) for i, c, d in zip(index, chunks, info.shape)]
+            overlap = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(bounds, region)]
+            out[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, bounds))] = \
+                chunk[tuple(slice(lo - r, hi - r) for (lo, hi), (r, _) in zip(overlap, region))]
+
+    def _chunk(self, path: str, spec: dict[str, Any], key: str) -> np.ndarray:
+        """One chunk, decompressed into the chunk's full shape (zarr v2 stores edge chunks whole)."""
+        dtype, chunks = spec["dtype"], spec["chunks"]
+        nbytes = dtype.itemsize
+        for c in chunks:
+            nbytes *= c
+        try:
+            with open(path, "rb") as f:
+                stored = f.read(nbytes * MAX_RATIO + 1)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{path}: chunk of {key!r} is missing") from None
+        except OSError as exc:
+            raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        if len(stored) * MAX_RATIO < nbytes:
+            raise CorruptCheckpointError(f"{path}: {len(stored)} bytes cannot decompress to the {nbytes}-byte "
+                                         f"chunk {key!r} declares")
+        raw = _decompress(stored, spec["compressor"], nbytes + 1, path, key)
+        if len(raw) != nbytes:
+            raise CorruptCheckpointError(f"{path}: chunk of {key!r} holds {len(raw)} bytes, expected {nbytes}")
+        return np.frombuffer(raw, dtype).reshape(chunks)
+
+
+def _key_parts(entry: Any, item: str) -> list[str]:
+    """A leaf's pytree path as strings; each must be a safe directory-name component."""
+    parts = entry.get("key_metadata") if isinstance(entry, dict) else None
+    if type(parts) is not list or not parts or not all(isinstance(p, dict) for p in parts):
+        raise CorruptCheckpointError(f"{item}/{METADATA}: a leaf without its \"key_metadata\" path")
+    out = []
+    for part in parts:
+        name = part.get("key")
+        if type(name) is int:
+            name = str(name)
+        if type(name) is not str or not name or "/" in name or "\\" in name or "\x00" in name or \
+                name in (".", ".."):
+            raise UnsupportedCheckpointError(f"{item}/{METADATA}: the pytree key {name!r} cannot name an "
+                                             "array directory")
+        out.append(name)
+    return out
+
+
+def _zarray(array: str, key: str) -> tuple[TensorInfo, dict[str, Any]]:
+    """A zarr v2 array's ``.zarray``: checked, and refused where ckpt does not read it."""
+    path = os.path.join(array, ".zarray")
+    if not os.path.isfile(path):
+        raise CorruptCheckpointError(f"{array}: the array of {key!r} is missing (no .zarray)")
+    meta = read_json(path)
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
+        raise CorruptCheckpointError(f"{path}: not zarr v2 array metadata")
+    shape = check_shape(meta.get("shape"), path, key)
+    chunks = meta.get("chunks")
+    if type(chunks) is not list or len(chunks) != len(shape) or not all(type(c) is int and c > 0 for c in chunks):
+        raise CorruptCheckpointError(f"{path}: the chunks {chunks!r} do not fit the shape {list(shape)}")
+    dtype = _ZARR_DTYPES.get(meta.get("dtype")) if type(meta.get("dtype")) is str else None
+    if dtype is None:
+        raise UnsupportedCheckpointError(f"{path}: {key!r} has zarr dtype {meta.get('dtype')!r}, which ckpt "
+                                         "does not read (little-endian numbers, bool, bfloat16, float8)")
+    if meta.get("order", "C") != "C" or meta.get("filters") not in (None, []):
+        raise UnsupportedCheckpointError(f"{path}: {key!r} uses order {meta.get('order')!r} / filters "
+                                         f"{meta.get('filters')!r}; ckpt reads C-order arrays without filters")
+    separator = meta.get("dimension_separator", ".")
+    if separator not in (".", "/"):
+        raise CorruptCheckpointError(f"{path}: dimension_separator {separator!r}")
+    compressor = meta.get("compressor")
+    codec = compressor.get("id") if isinstance(compressor, dict) else compressor
+    if codec not in (None, "zstd", "zlib", "gzip"):
+        raise UnsupportedCheckpointError(f"{path}: {key!r} is compressed with {codec!r}; ckpt reads zstd, "
+                                         "zlib and gzip chunks")
+    grid = 1
+    for d, c in zip(shape, chunks):
+        grid *= -(-d // c)
+    if grid > len(os.listdir(array)):  # every chunk is a file (orbax writes them all): bound the grid
+        raise CorruptCheckpointError(f"{array}: {key!r} needs {grid} chunk files, the directory holds fewer")
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= d
+    return TensorInfo(key, dtype, shape, nbytes), {"chunks": tuple(chunks), "dtype": dtype,
+                                                   "compressor": codec, "separator": separator}
+
+
+def _decompress(data: bytes, codec: str | None, limit: int, path: str, key: str) -> bytes:
+    """Decompress at most ``limit`` bytes (a bomb stops there)."""
+    try:
+        if codec is None:
+            return data
+        if codec in ("zlib", "gzip"):
+            inflate = zlib.decompressobj(zlib.MAX_WBITS | (16 if codec == "gzip" else 0))
+            return inflate.decompress(data, limit)
+        return _zstd(data, limit)
+    except (zlib.error, ValueError, EOFError) as exc:
+        raise CorruptCheckpointError(f"{path}: chunk of {key!r} does not decompress ({codec}): {exc}") from exc
+
+
+def _zstd(data: bytes, limit: int) -> bytes:
+    try:
+        import zstandard
+    except ImportError:  # zstandard is optional: only orbax's zstd chunks need it
+        raise UnsupportedCheckpointError("orbax's zstd-compressed chunks need the zstandard package: "
+                                         "pip install \"ckpt[orbax]\"") from None
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            return reader.read(limit)  # type: ignore[no-any-return]
+    except zstandard.ZstdError as exc:
+        raise ValueError(str(exc)) from exc

@@ -7,6 +7,7 @@ place are equal. With ``--atol``/``--rtol``, an element is close when
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -16,7 +17,7 @@ import numpy as np
 
 import ckpt
 from ckpt import dtypes
-from ckpt.inspect import dtype_label
+from ckpt.inspect import dtype_label, jsonable
 
 from .errors import reports_errors
 from .progress import emit, shows_progress, tracked
@@ -89,9 +90,20 @@ def _numbers(vd: ValueDiff) -> str:
     return f" (max abs diff {vd.max_abs:.6g}, max rel diff {vd.max_rel:.6g})"
 
 
+def _described(info: Any) -> dict[str, Any]:
+    return {"dtype": dtype_label(info.dtype), "shape": list(info.shape)}
+
+
+def _values(vd: ValueDiff | None) -> dict[str, Any] | None:
+    return None if vd is None else jsonable(dataclasses.asdict(vd))
+
+
 def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float, rtol: float,
-               counts: dict[str, int], progress: Any = None) -> Iterator[str]:
-    """Yield the report line by line, tallying each kind of difference into ``counts``."""
+               counts: dict[str, int], progress: Any = None,
+               records: list[dict[str, Any]] | None = None) -> Iterator[str]:
+    """Yield the report line by line, tallying each kind of difference into ``counts`` and,
+    when given ``records``, appending one JSON-ready record per key (``--json``)."""
+    records = [] if records is None else records
     ta, tb = ra.tensors, rb.tensors
     yield f"--- {ra.path}"
     yield f"+++ {rb.path}"
@@ -103,34 +115,38 @@ def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float
     for key in sorted(set(ta) | set(tb)):
         if key not in tb:
             counts["only in A"] += 1
+            records.append({"key": key, "change": "only in A", "a": _described(ta[key])})
             yield f"- {key} {_label(ta[key])}"
         elif key not in ta:
             counts["only in B"] += 1
+            records.append({"key": key, "change": "only in B", "b": _described(tb[key])})
             yield f"+ {key} {_label(tb[key])}"
         else:
             a, b, vd = ta[key], tb[key], values.get(key)
             changed = a.dtype != b.dtype or a.shape != b.shape
+            change = "changed dtype or shape" if changed else "differ" if vd.outside else \
+                "within tolerance" if vd.unequal else "identical"
+            counts[change] += 1
+            records.append({"key": key, "change": change, "a": _described(a), "b": _described(b),
+                            "values": _values(vd)})
             if changed:
-                counts["changed dtype or shape"] += 1
                 detail = f"; {_values_differ(vd)}{_numbers(vd)}" if vd and vd.unequal else ""
                 yield f"! {key}: {_label(a)} -> {_label(b)}{detail}"
             elif vd.outside:
-                counts["differ"] += 1
                 yield f"! {key} {_label(a)}: {_values_differ(vd)}{_numbers(vd)}"
             elif vd.unequal:
-                counts["within tolerance"] += 1
                 yield f"~ {key} {_label(a)}: {_values_differ(vd)}, within tolerance{_numbers(vd)}"
-            else:
-                counts["identical"] += 1
-    yield from metadata_lines(ra.metadata, rb.metadata, counts)
+    yield from metadata_lines(ra.metadata, rb.metadata, counts, records)
 
 
 def _shown(value: Any) -> str:
     return json.dumps(value, sort_keys=True, allow_nan=True)
 
 
-def metadata_lines(ma: dict[str, Any], mb: dict[str, Any], counts: dict[str, int]) -> Iterator[str]:
-    """One line per metadata key that differs, tallied into ``counts["metadata"]``.
+def metadata_lines(ma: dict[str, Any], mb: dict[str, Any], counts: dict[str, int],
+                   records: list[dict[str, Any]] | None = None) -> Iterator[str]:
+    """One line per metadata key that differs, tallied into ``counts["metadata"]`` (and a
+    record in ``records``, with "a" and "b" values where the key exists).
 
     Example:
         >>> list(metadata_lines({"step": 1, "lr": 0.1}, {"step": 2, "note": "x"}, {"metadata": 0}))
@@ -146,6 +162,9 @@ def metadata_lines(ma: dict[str, Any], mb: dict[str, Any], counts: dict[str, int
         else:
             continue
         counts["metadata"] += 1
+        if records is not None:
+            records.append({"key": key, "change": "metadata",
+                            **{side: jsonable(m[key]) for side, m in (("a", ma), ("b", mb)) if key in m}})
         yield line
 
 
@@ -168,9 +187,12 @@ def tally(counts: dict[str, int]) -> str:
               help="Absolute tolerance for values.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Relative tolerance for values (relative to B).")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON document: "a", "b", "same", "counts" and "changes", one per key '
+                   '(tensors, then metadata keys), each with its "change".')
 @click.pass_context
 @reports_errors(exit_code=2)
-def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float) -> None:
+def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float, as_json: bool) -> None:
     """Compare two checkpoints: keys, dtypes, shapes, values and metadata.
 
     \b
@@ -186,8 +208,18 @@ def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float) -> None:
         counts = dict.fromkeys(["only in A", "only in B", "changed dtype or shape", "differ",
                                 "within tolerance", "identical", "metadata"], 0)
         held = shows_progress(sum(info.nbytes for info in ra.tensors.values()))
-        emit(diff_lines(ra, rb, atol, rtol, counts, tracked("comparing") if held else None), held)
+        records: list[dict[str, Any]] = []
+        lines = diff_lines(ra, rb, atol, rtol, counts, tracked("comparing") if held else None, records)
+        if as_json:
+            list(lines)
+        else:
+            emit(lines, held)
+        paths = ra.path, rb.path
     different = sum(counts[k] for k in ("only in A", "only in B", "changed dtype or shape", "differ", "metadata"))
-    click.echo(f"# {'different' if different else 'same'}: {tally(counts) or 'no tensors'}")
+    if as_json:
+        click.echo(json.dumps({"a": paths[0], "b": paths[1], "same": not different, "counts": counts,
+                               "changes": records}, allow_nan=False))
+    else:
+        click.echo(f"# {'different' if different else 'same'}: {tally(counts) or 'no tensors'}")
     if different:
         ctx.exit(1)

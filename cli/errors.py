@@ -1,7 +1,9 @@
 """How the ``ckpt`` command reports failures: one "Error: ..." line on stderr and an exit code.
 
 A checkpoint problem (missing, unreadable, corrupted, key not found) exits 1; a usage error
-exits 2 (click's own code); ``ckpt diff`` reports trouble with 2, as diff(1) does.
+exits 2 (click's own code); ``ckpt diff`` reports trouble with 2, as diff(1) does. Under
+``--json`` the error is one JSON line instead: ``{"error": ..., "file": ..., "key": ...}``
+("file" and "key" are null when the error concerns no one file or key).
 
 Example:
     >>> @reports_errors()
@@ -17,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
 from typing import Any, Callable, TypeVar
 
@@ -24,7 +28,7 @@ import click
 
 import ckpt
 
-__all__ = ["Failure", "reports_errors", "error_lines", "check_regex"]
+__all__ = ["Failure", "reports_errors", "error_lines", "error_json", "check_regex"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _HINT = "; closest keys: "
@@ -33,12 +37,42 @@ _HINT = "; closest keys: "
 _PASSED_ON = (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError)
 
 
-class Failure(click.ClickException):
-    """A checkpoint problem, shown as an "Error:" line; exits with ``exit_code``."""
+#: The arguments of the commands that name files (the candidates for an error's "file").
+_PATH_PARAMETERS = ("path", "src", "dst", "a", "b", "directory")
+# how messages name a tensor: "tensor 'k'" (repr), or TensorFlow's "Tensor k not found"
+_KEY_IN_MESSAGE = re.compile(r"""[Tt]ensor (?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)"|(\S+) not found)""")
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+
+class Failure(click.ClickException):
+    """A checkpoint problem, shown as an "Error:" line; exits with ``exit_code``.
+
+    ``file`` and ``key`` say what it concerns, for ``--json`` errors (None when unknown).
+    """
+
+    def __init__(self, message: str, exit_code: int = 1, file: str | None = None,
+                 key: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.file = file
+        self.key = key if key is not None else _key_of(message)
+
+
+def _key_of(message: str) -> str | None:
+    match = _KEY_IN_MESSAGE.search(message)
+    if match is None:
+        return None
+    quoted = match.group(1) if match.group(1) is not None else match.group(2)
+    if quoted is not None:
+        return quoted.encode("latin-1", "backslashreplace").decode("unicode_escape")  # undo repr's escapes
+    return match.group(3)
+
+
+def _file_of(message: str, paths: list[str]) -> str | None:
+    """The file a message is about: the path it starts with, else the command's only path."""
+    first = message.partition(": ")[0]
+    if first in paths or (first and os.path.exists(first)):
+        return first
+    return paths[0] if len(paths) == 1 else None
 
 
 def reports_errors(exit_code: int = 1) -> Callable[[F], F]:
@@ -47,15 +81,21 @@ def reports_errors(exit_code: int = 1) -> Callable[[F], F]:
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            paths = [str(kwargs[p]) for p in _PATH_PARAMETERS if kwargs.get(p) is not None]
             try:
                 return command(*args, **kwargs)
+            except Failure as exc:
+                if exc.file is None:
+                    exc.file = _file_of(exc.format_message(), paths)
+                raise
             except _PASSED_ON:
                 raise
             except (ckpt.CheckpointError, OSError) as exc:
-                raise Failure(str(exc) or type(exc).__name__, exit_code) from exc
+                message = str(exc) or type(exc).__name__
+                raise Failure(message, exit_code, _file_of(message, paths)) from exc
             except Exception as exc:  # a bug, or a foreign reader failing in its own way
                 raise Failure(f"unexpected {type(exc).__name__}: {exc} (this is a bug; please report it)",
-                              exit_code) from exc
+                              exit_code, paths[0] if len(paths) == 1 else None) from exc
 
         return wrapper  # type: ignore[return-value]
 
@@ -68,6 +108,16 @@ def check_regex(pattern: str, param_hint: str) -> None:
         re.compile(pattern)
     except re.error as exc:
         raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint=param_hint)
+
+
+def error_json(message: str, exc: click.ClickException) -> str:
+    """The one-line JSON form of an error, for commands run with ``--json``.
+
+    Example:
+        >>> print(error_json("m.h5: tensor 'w' not found", Failure("m.h5: tensor 'w' not found", file="m.h5")))
+        {"error": "m.h5: tensor 'w' not found", "file": "m.h5", "key": "w"}
+    """
+    return json.dumps({"error": message, "file": getattr(exc, "file", None), "key": getattr(exc, "key", None)})
 
 
 def error_lines(message: str) -> list[str]:

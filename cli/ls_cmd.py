@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import click
 
@@ -52,12 +53,13 @@ def _files_of(path: str) -> list[str]:
     return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix + ".")]
 
 
-def _size(files: list[str]) -> str:
-    return human_size(sum(os.path.getsize(f) for f in files)) if files else "-"
+def _size(files: list[str]) -> int | None:
+    return sum(os.path.getsize(f) for f in files) if files else None
 
 
-def _rows(directory: str) -> Iterator[tuple[str, str, str, str, str]]:
-    """(path, step, time, size, note) for each entry of the state file, then unknown files."""
+def _rows(directory: str) -> Iterator[dict[str, Any]]:
+    """{"path", "step", "time", "size", "note"} for each entry of the state file, then unknown
+    files (step, time and size are None when unknown)."""
     state = read_state(directory)
     latest = ckpt.latest_checkpoint(directory)
     known: set[str] = set()
@@ -69,20 +71,24 @@ def _rows(directory: str) -> Iterator[tuple[str, str, str, str, str]]:
             known.update(os.path.abspath(f) for f in files)
             note = "latest" if full == latest else "missing" if not base.checkpoint_exists(full) else \
                 "preserved" if entry.path in preserved else ""
-            step = "-" if entry.step is None else str(entry.step)
-            yield entry.path, step, _when(entry.time), _size(files), note
+            yield {"path": entry.path, "step": entry.step, "time": entry.time or None, "size": _size(files),
+                   "note": note}
     for name in sorted(os.listdir(directory)):
         full = os.path.join(directory, name)
         if os.path.abspath(full) in known or name == STATE_FILE or is_temporary(name) or \
                 not os.path.isfile(full) or base.format_for_path(name) is None:
             continue
-        yield name, "-", _when(os.path.getmtime(full)), _size([full]), f"not in the '{STATE_FILE}' state file"
+        yield {"path": name, "step": None, "time": os.path.getmtime(full), "size": _size([full]),
+               "note": f"not in the '{STATE_FILE}' state file"}
 
 
 @click.command()
 @click.argument("directory")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON document: "directory" and "checkpoints", each with "path", "step", '
+                   '"time" (seconds since the epoch), "size" (bytes), "latest" and "note".')
 @reports_errors()
-def ls(directory: str) -> None:
+def ls(directory: str, as_json: bool) -> None:
     """List a directory's checkpoints.
 
     From its state file: path, step, time (UTC), size, which is latest.
@@ -99,7 +105,13 @@ def ls(directory: str) -> None:
     if not rows:
         raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
                                       "checkpoint files)")
-    table = [("path", "step", "saved (UTC)", "size", "")] + rows
+    if as_json:
+        checkpoints = [{**row, "latest": row["note"] == "latest"} for row in rows]
+        click.echo(json.dumps({"directory": directory, "checkpoints": checkpoints}))
+        return
+    table = [("path", "step", "saved (UTC)", "size", "")] + [
+        (row["path"], "-" if row["step"] is None else str(row["step"]), _when(row["time"]),
+         "-" if row["size"] is None else human_size(row["size"]), row["note"]) for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(4)]
     for path, step, when, size, note in table:
         line = f"{path:<{widths[0]}}  {step:>{widths[1]}}  {when:<{widths[2]}}  {size:>{widths[3]}}  {note}"

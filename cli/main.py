@@ -16,7 +16,7 @@ import ckpt
 
 from .convert_cmd import convert
 from .diff_cmd import diff
-from .errors import error_lines
+from .errors import error_json, error_lines
 from .inspect_cmd import inspect
 from .ls_cmd import ls
 from .verify_cmd import verify
@@ -42,8 +42,13 @@ class _Shell(click.Group):
             ctx = getattr(exc, "ctx", None)
             if isinstance(exc, click.UsageError) and ctx is not None:
                 message += f" (see '{ctx.command_path} --help')"
-            for line in error_lines(message):
-                click.echo(line, err=True)
+            arguments = sys.argv[1:] if args is None else list(args)
+            options = arguments[:arguments.index("--")] if "--" in arguments else arguments
+            if "--json" in options:
+                click.echo(error_json(message, exc), err=True)  # JSON consumers get JSON errors too
+            else:
+                for line in error_lines(message):
+                    click.echo(line, err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("Aborted!", err=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 import ckpt
@@ -15,8 +17,10 @@ __all__ = ["verify"]
 
 @click.command()
 @click.argument("path")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON document: "path", "format", "checksummed", "tensors", "problems", "ok".')
 @reports_errors()
-def verify(path: str) -> None:
+def verify(path: str, as_json: bool) -> None:
     """Check a checkpoint's structure and every checksum.
 
     Prints each problem (naming the tensor) and exits 1 if there are any.
@@ -31,10 +35,16 @@ def verify(path: str) -> None:
         infos = list(reader.tensors.values())
         with byte_bar(sum(info.nbytes for info in infos), "verifying") as progress:
             problems = reader.verify(progress)
-    for problem in problems:
-        click.echo(problem)
+    if as_json:
+        click.echo(json.dumps({"path": reader.path, "format": reader.format, "checksummed": reader.checksummed,
+                               "tensors": len(infos), "problems": problems, "ok": not problems}))
+    else:
+        for problem in problems:
+            click.echo(problem)
     if problems:
-        raise Failure(f"{reader.path}: {count(len(problems), 'problem')} found")
+        raise Failure(f"{reader.path}: {count(len(problems), 'problem')} found", file=reader.path)
+    if as_json:
+        return
     if not reader.checksummed:
         click.echo(f"{reader.path}: {count(len(infos), 'tensor')} read without error; the file has no checksums "
                    f"(not written by ckpt), so their values cannot be vouched for")

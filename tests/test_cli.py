@@ -829,3 +829,77 @@ def test_summaries_use_singular_and_plural(tmp_path):
     lines = run("diff", src, other).stdout.splitlines()
     assert lines[2].startswith("! w (float64) [2]: 1 of 2 values differs")
     assert lines[3] == "# different: 1 differs"
+
+
+def json_error(result) -> dict:
+    (line,) = result.stderr.splitlines()
+    return json.loads(line)
+
+
+def test_verify_json(tmp_path):
+    path = save(tmp_path / "m.msgpack", model())
+    result = run("verify", path, "--json")
+    assert result.exit_code == 0 and result.stderr == ""
+    assert json.loads(result.stdout) == {"path": path, "format": "msgpack", "checksummed": True, "tensors": 3,
+                                         "problems": [], "ok": True}
+    damage(path)
+    result = run("verify", path, "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and doc["ok"] is False and len(doc["problems"]) == 1
+    assert "'dec/w'" in doc["problems"][0]
+    assert json_error(result) == {"error": f"{path}: 1 problem found", "file": path, "key": None}
+
+
+def test_diff_json(tmp_path):
+    a = save(tmp_path / "a.h5", model(gone=np.ones(2)), {"step": 1})
+    b = save(tmp_path / "b.h5", {**model(), "enc/kernel": np.zeros((2, 3), np.float32)}, {"step": 2})
+    result = run("diff", a, b, "--json")
+    assert result.exit_code == 1 and result.stderr == ""
+    doc = json.loads(result.stdout)
+    assert (doc["a"], doc["b"], doc["same"]) == (a, b, False)
+    assert doc["counts"] == {"only in A": 1, "only in B": 0, "changed dtype or shape": 0, "differ": 1,
+                             "within tolerance": 0, "identical": 2, "metadata": 1}
+    by_key = {c["key"]: c for c in doc["changes"]}
+    assert by_key["gone"] == {"key": "gone", "change": "only in A", "a": {"dtype": "float64", "shape": [2]}}
+    assert by_key["enc/kernel"]["change"] == "differ"
+    assert by_key["enc/kernel"]["values"] == {"count": 6, "unequal": 5, "outside": 5, "max_abs": 5.0,
+                                              "max_rel": "Infinity"}
+    assert by_key["step"] == {"key": "step", "change": "metadata", "a": 1, "b": 2}
+    assert json.loads(run("diff", a, a, "--json").stdout)["same"] is True
+
+
+def test_ls_json(tmp_path):
+    saver = ckpt.Saver({"v": ckpt.Variable(1.0)})
+    for step in (1, 2):
+        saver.save(str(tmp_path / "m.h5"), global_step=step)
+    save(tmp_path / "stray.msgpack", {"v": np.ones(1)})
+    result = run("ls", tmp_path, "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["directory"] == str(tmp_path)
+    rows = doc["checkpoints"]
+    assert [(r["path"], r["step"], r["latest"]) for r in rows] == [("m-1.h5", 1, False), ("m-2.h5", 2, True),
+                                                                  ("stray.msgpack", None, False)]
+    assert rows[0]["size"] == os.path.getsize(tmp_path / "m-1.h5") and isinstance(rows[0]["time"], float)
+    assert rows[2]["note"] == "not in the 'checkpoint' state file"
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "diff", "ls"])
+def test_errors_under_json_are_json_on_stderr_with_the_same_exit_codes(tmp_path, command):
+    missing = str(tmp_path / "none.h5")
+    args = {"diff": [missing, missing]}.get(command, [missing])
+    text, as_json = run(command, *args), run(command, *args, "--json")
+    assert as_json.exit_code == text.exit_code != 0 and as_json.stdout == ""
+    error = json_error(as_json)
+    assert error["file"] == missing and text.stderr == f"Error: {error['error']}\n"
+    usage = run(command, "--json")  # a usage error: exit 2, JSON too
+    assert usage.exit_code == 2 and json_error(usage)["error"].startswith("Missing argument")
+
+
+def test_json_errors_name_the_key(tmp_path):
+    path = save(tmp_path / "m.h5", model())
+    result = run("inspect", path, "--tensor", "enc/kernal", "--json")
+    assert result.exit_code == 1
+    assert json_error(result) == {
+        "error": f"Tensor enc/kernal not found in checkpoint {path}; closest keys: enc/kernel, enc/bias",
+        "file": path, "key": "enc/kernal"}

@@ -203,7 +203,7 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
                 with byte_bar(total, "writing") as progress:
                     fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan],
                               metadata)
-                with byte_bar(total, "checking") as progress:
+                with byte_bar(total, "checking", io_factor=2) as progress:  # reads DST and SRC
                     _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
         except (ValueError, TypeError) as exc:  # a writer refusing a dtype or value it cannot store
             if isinstance(exc, ckpt.CheckpointError):

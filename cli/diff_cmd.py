@@ -209,7 +209,7 @@ def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float, as_json: 
                                 "within tolerance", "identical", "metadata"], 0)
         held = shows_progress(sum(info.nbytes for info in ra.tensors.values()))
         records: list[dict[str, Any]] = []
-        lines = diff_lines(ra, rb, atol, rtol, counts, tracked("comparing") if held else None, records)
+        lines = diff_lines(ra, rb, atol, rtol, counts, tracked("comparing", io_factor=2) if held else None, records)
         if as_json:
             list(lines)
         else:

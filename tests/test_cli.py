@@ -733,6 +733,34 @@ def test_verify_reports_progress_through_the_reader(tmp_path, monkeypatch):
         assert update is None  # not a terminal: no bar
 
 
+def test_a_bar_advances_within_one_large_tensor_by_the_bytes_read(monkeypatch):
+    counter = [10_000]
+    monkeypatch.setattr(progress, "read_bytes", lambda: counter[0])
+    monkeypatch.setattr(progress, "MIN_BYTES", 0)
+    terminal = FakeTerminal()
+    with progress.byte_bar(1 << 30, "verifying", terminal) as update:  # one 1 GiB tensor
+        counter[0] += 1 << 29  # half of it read; the tensor is not finished
+        update.__self__.refresh()
+        assert "50%" in terminal.getvalue() and "100%" not in terminal.getvalue()
+        counter[0] += 1 << 30  # more read than the bar's total (say, an index): capped
+        update.__self__.refresh()
+        update(1 << 30)
+    assert "100%" in terminal.getvalue()
+    with progress.byte_bar(1 << 30, "checking", terminal, io_factor=2) as update:
+        counter[0] += 1 << 29  # checking reads two files: a quarter of the way
+        update.__self__.refresh()
+        assert "25%" in terminal.getvalue().split("checking")[-1]
+
+
+def test_bytes_read_are_counted_where_the_system_says():
+    before = progress.read_bytes()
+    if before is None:
+        pytest.skip("no /proc/self/io here")
+    with open(__file__, "rb") as f:
+        size = len(f.read())
+    assert progress.read_bytes() - before >= size
+
+
 # -- the installed console script -------------------------------------------------------------
 
 def console_script() -> str:

@@ -12,6 +12,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,6 +22,7 @@ import numpy as np
 import ckpt
 from ckpt.formats import _io
 
+from . import distributed
 from .systems import Model, System, all_systems
 
 GiB = 1 << 30
@@ -196,6 +198,13 @@ def main(args: Any) -> None:
     directories = [(label, path) for label, path in (("tmpfs", args.tmpfs), ("disk", args.disk)) if path]
     print(f"# ckpt benchmarks\n\nmachine: {describe_machine(directories)}\n")
     print(f"command: python -m benchmarks {' '.join(sys.argv[1:])}\n")
+    if "plan" in cases:
+        with tempfile.TemporaryDirectory(dir=args.tmpfs or None) as directory:
+            print(distributed.plan_case(directory, args.reps) + "\n")
+    if "sharded" in cases:
+        print(distributed.sharded_case(directories, args.size_gib, args.reps) + "\n")
+    if not cases & {"a", "b", "c", "d", "e", "checksum"}:
+        return
     model, variables = make_model(big_count, big_bytes)
     total = big_count * big_bytes
     one_key = next(iter(model))

@@ -48,6 +48,7 @@ from .saver import Saver as Saver
 from .scopes import deferred_init as deferred_init
 from .scopes import device as device
 from .scopes import name_scope as name_scope
+from .shard import Shard as Shard
 from .state import latest_checkpoint as latest_checkpoint
 from .variables import Variable as Variable
 from .variables import global_variables as global_variables

@@ -25,7 +25,8 @@ import numpy as np
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from .state import resolve_checkpoint
 
-__all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable"]
+__all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable",
+           "read_box_into"]
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Any:
@@ -182,6 +183,19 @@ class CheckpointReader(Mapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         return f"<ckpt.CheckpointReader {self.path!r} format={self.format} tensors={len(self.tensors)}>"
+
+
+def read_box_into(reader: Any, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:
+    """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` from a format Reader.
+
+    Readers that can read part of a tensor (sharded checkpoints) do; others read the whole
+    tensor (verified) and copy the block out of it.
+    """
+    if hasattr(reader, "read_box_into"):
+        reader.read_box_into(key, offset, out)
+        return
+    whole = reader.read(key)
+    out[...] = whole[tuple(slice(o, o + n) for o, n in zip(offset, out.shape))]
 
 
 def load_checkpoint(ckpt_dir_or_file: str | os.PathLike[str]) -> CheckpointReader:

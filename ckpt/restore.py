@@ -33,7 +33,7 @@ from . import casting, dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
 from .gcpause import gc_paused
 from .module import Module
-from .reader import open_checkpoint
+from .reader import open_checkpoint, read_box_into
 from .variables import Variable, global_variables
 
 __all__ = ["RestoreResult", "restore_variables", "init_from_checkpoint"]
@@ -69,6 +69,11 @@ def _castable(src: np.dtype, dst: np.dtype) -> bool:
     return True
 
 
+def _global_shape(var: Variable) -> tuple[int, ...]:
+    """The shape of the tensor a variable restores: its own, or its Shard's global shape."""
+    return var.shard.global_shape if var.shard is not None else var.shape
+
+
 def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
           transposed: Collection[str] = (), allow_cast: bool = False,
           ) -> tuple[list[tuple[str, Variable]], list[str], set[str]]:
@@ -88,21 +93,24 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
             if not allow_missing:
                 any_missing = True
                 problems.append(f"{key}: not found in {name}{closest_hint(key, reader.tensors)}")
+        elif var.shard is not None and key in transposed:
+            problems.append(f"{key}: {var.name} holds a block of a tensor (it has a Shard); transpose applies "
+                            "to whole tensors")
         elif key in transposed and len(info.shape) > 2:
             problems.append(f"{key}: transpose applies to 2-D tensors; it is {info.shape} in {name} "
                             "(layouts of higher rank differ by a permutation, not a transpose)")
-        elif (info.shape[::-1] if key in transposed else info.shape) != var.shape:
+        elif (info.shape[::-1] if key in transposed else info.shape) != _global_shape(var):
             if key in transposed:
                 hint = f" (transposed: {info.shape[::-1]})"
             elif len(info.shape) == 2 and info.shape[::-1] == var.shape:
                 hint = " (its transpose fits: see init_from_checkpoint's transpose)"
             else:
                 hint = ""
-            problems.append(f"{key}: shape {var.shape} in the model, {info.shape} in {name}{hint}")
-        elif info.dtype != var.dtype and not (allow_cast and key not in transposed
+            problems.append(f"{key}: shape {_global_shape(var)} in the model, {info.shape} in {name}{hint}")
+        elif info.dtype != var.dtype and not (allow_cast and key not in transposed and var.shard is None
                                               and _castable(info.dtype, var.dtype)):
             hint = " (restore(..., allow_cast=True) converts it)" if key not in transposed and \
-                _castable(info.dtype, var.dtype) else ""
+                var.shard is None and _castable(info.dtype, var.dtype) else ""
             problems.append(f"{key}: dtype {_describe(var.dtype)} in the model, {_describe(info.dtype)} in "
                             f"{name}{hint}")
         else:
@@ -158,6 +166,9 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
                 continue
             if key in staged:
                 casting.copy_into(buffer, staged[key], key)
+                continue
+            if var.shard is not None and var.shard.global_shape != var.shape:
+                read_box_into(reader, key, var.shard.offset, buffer)
                 continue
             batch.append((key, buffer))
             size += buffer.nbytes

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -81,6 +82,21 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     return keys
 
 
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint: a file, or a sharded checkpoint's directory (its commit record
+    first, so a deletion cut short leaves an uncommitted directory the next save removes)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        from .formats.ckpt_sharded import COMMIT
+
+        try:
+            os.unlink(os.path.join(path, COMMIT))
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
+
+
 class Saver:
     """Saves variables to checkpoint files and restores them.
 
@@ -96,6 +112,11 @@ class Saver:
         staging_bytes: for ``save(..., blocking=False)``: the most memory the snapshot of the
             variables may take (None: a model's worth). Below the model's size, ``save``
             writes all but the last ``staging_bytes`` itself and returns with only those left.
+        comm: a :class:`ckpt.distributed.Communicator` (``distributed.mpi()``): ``save`` and
+            ``restore`` become collective; every rank writes its own blocks (variables with a
+            ``ckpt.Shard``) and rank 0 commits a sharded checkpoint. See docs/distributed.md.
+        timeout: with ``comm``, seconds a rank waits for the others in each step of a save or
+            restore before it raises (a rank that died or never arrived).
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
@@ -104,9 +125,13 @@ class Saver:
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
                  keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
-                 staging_bytes: int | None = None) -> None:
+                 staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0) -> None:
         self._vars = _key_map(var_list)
         self._background = BackgroundSaves(staging_bytes)
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._comm = comm
+        self._timeout = float(timeout)
         if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 0):
             raise ValueError(f"max_to_keep must be a positive int, or None or 0 (keep all), got {max_to_keep!r}")
         if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
@@ -186,6 +211,19 @@ class Saver:
         self._background.wait()
         path, fmt = self._target(path, global_step)
         step = None if global_step is None else operator.index(global_step)
+        if self._comm is not None:
+            from .distributed.save import save_sharded
+
+            if not blocking:
+                raise ValueError("save(blocking=False) is not available with comm= yet: sharded saves are "
+                                 "collective and run in the calling thread")
+
+            return save_sharded(self, self._comm, self._timeout, path, fmt, step,
+                                _registry().normalize_metadata(metadata, path))
+        sharded = [v.name for v in self._vars.values() if v.shard is not None]
+        if sharded:
+            raise ValueError(f"cannot save {path}: {sharded[0]} holds a block of a larger tensor (it has a "
+                             "Shard); pass comm= to the Saver (distributed.local() for one process)")
         tensors = []
         for key, var in self._vars.items():
             try:
@@ -281,7 +319,7 @@ class Saver:
             cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
             if not listed_before:
                 try:
-                    os.unlink(path)
+                    remove_checkpoint(path)
                 except OSError:
                     pass
             raise CheckpointWriteError(
@@ -291,7 +329,7 @@ class Saver:
                 "still the latest") from exc
         for old in doomed:
             try:
-                os.unlink(os.path.join(directory, old))
+                remove_checkpoint(os.path.join(directory, old))
             except FileNotFoundError:
                 pass
             except OSError as exc:
@@ -344,6 +382,10 @@ class Saver:
         Returns:
             A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
         """
+        if self._comm is not None:
+            from .distributed.restore import restore_collective
+
+            return restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast)
         result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast)
         self._restored_from = result.path
         return result

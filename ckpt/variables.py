@@ -23,6 +23,7 @@ import numpy as np
 from . import casting, dtypes, random, scopes
 from .buffers import aligned_empty, is_aligned
 from .errors import UninitializedVariableError
+from .shard import Shard
 from .initializers import Initializer, RandomInitializer
 
 __all__ = ["Variable", "global_variables", "trainable_variables", "initialize_variables",
@@ -59,6 +60,8 @@ class Variable:
             be unique. The checkpoint key is ``name`` without ":0".
         dtype: cast the initial value to this dtype (the cast must not lose information).
         shape: the shape, required with a callable initializer under ``deferred_init()``.
+        shard: a :class:`ckpt.Shard`: this variable holds one block of a larger tensor
+            (see ckpt/shard.py); checkpoints save and restore the global tensor.
 
     Example:
         >>> import ckpt
@@ -70,10 +73,10 @@ class Variable:
     """
 
     __slots__ = ("_value", "_initialized", "_shape", "_dtype", "_name", "_trainable",
-                 "_requested_device", "_initial", "_adoptable", "_uid", "__weakref__")
+                 "_requested_device", "_initial", "_adoptable", "_uid", "_shard", "__weakref__")
 
     def __init__(self, initial_value: Any, trainable: bool = True, name: str | None = None,
-                 dtype: Any = None, shape: Sequence[int] | None = None) -> None:
+                 dtype: Any = None, shape: Sequence[int] | None = None, shard: Shard | None = None) -> None:
         if name is None:
             name = "Variable"
         scopes.validate_name(name, "variable name")
@@ -112,6 +115,11 @@ class Variable:
             self._initial = lambda: value
             self._adoptable = False
             first = value
+        if shard is not None:
+            if not isinstance(shard, Shard):
+                raise TypeError(f"variable {self._name!r}: shard must be a ckpt.Shard, got {type(shard).__name__}")
+            shard.check(self._shape, self._name)
+        self._shard = shard
         if first is not None:
             self._copy_initial(first)
         with _registry_lock:
@@ -156,6 +164,11 @@ class Variable:
     def requested_device(self) -> str:
         """The device asked for with ``ckpt.device(...)`` when the variable was created ("" if none)."""
         return self._requested_device
+
+    @property
+    def shard(self) -> Shard | None:
+        """The block of a global tensor this variable holds, or None (it is the whole tensor)."""
+        return self._shard
 
     def is_initialized(self) -> bool:
         """False for a deferred variable not yet initialized or restored, or after a failed restore."""

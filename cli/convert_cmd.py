@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from typing import Any
 
 import click
@@ -17,7 +18,7 @@ import numpy as np
 
 import ckpt
 from ckpt import dtypes
-from ckpt.atomic import replace_atomically
+from ckpt.atomic import fsync_directory, replace_atomically
 from ckpt.errors import CheckpointWriteError, KeyNotFoundError, closest_hint
 from ckpt.formats import base
 
@@ -153,6 +154,47 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: Any, plan: list[tuple[s
         reader.close()
 
 
+def _write_sharded(reader: Any, plan: list[tuple[str, str]], metadata: dict[str, Any], dst: str, shards: int,
+                   fmt: Any) -> None:
+    """Write SRC's planned tensors as a sharded checkpoint: into a temporary directory, read back
+    and compared, then renamed to DST (which must not exist)."""
+    from ckpt.formats import ckpt_sharded as sharded
+
+    if os.path.lexists(dst):
+        raise Failure(f"{dst} exists; --shards writes a new directory and never replaces a checkpoint, "
+                      "--force or not (remove it or pick another name)")
+    parent = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(parent):
+        raise ckpt.CheckpointNotFoundError(f"{dst}: the directory {parent} does not exist")
+    old_of = {new: old for old, new in plan}
+    specs = [(new, reader.tensors[old].dtype, reader.tensors[old].shape) for old, new in plan]
+
+    def read(key: str, offset: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+        return np.asarray(reader.get_slice(old_of[key], tuple(slice(o, o + n) for o, n in zip(offset, shape))))
+
+    tmp = os.path.join(parent, f".{os.path.basename(dst)}.ckpt-tmp-{os.urandom(6).hex()}")
+    try:
+        sharded.write_single_process(tmp, specs, read, metadata, shards, ext=fmt.extensions[0])
+        with sharded.ShardedReader(tmp) as written:
+            problems = written.verify()
+            if problems or written.metadata != metadata or sorted(written.tensors) != sorted(old_of):
+                raise CheckpointWriteError(f"{dst}: the converted checkpoint does not read back as written "
+                                           f"({problems[0] if problems else 'keys or metadata differ'})")
+            for old, new in plan:
+                if not _same_data(reader.get_tensor(old), written.read(new)):
+                    raise CheckpointWriteError(f"{dst}: tensor {new!r} does not read back as written")
+        os.rename(tmp, dst)
+        fsync_directory(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, ckpt.CheckpointError):
+            raise type(exc)(str(exc).replace(tmp, dst)) from exc  # never name the temporary directory
+        raise CheckpointWriteError(f"{dst}: writing failed: {exc.strerror or exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 @click.command()
 @click.argument("src")
 @click.argument("dst")
@@ -160,8 +202,12 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: Any, plan: list[tuple[s
 @click.option("--rename", multiple=True, metavar="OLD=NEW",
               help="Rename the scope OLD to NEW (repeatable; NEW may be empty).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
+@click.option("--shards", type=click.IntRange(1, 99999), metavar="N",
+              help="Write a sharded checkpoint (a directory): each tensor split along its first axis "
+                   "into N files.")
 @reports_errors()
-def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], force: bool) -> None:
+def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], force: bool,
+            shards: int | None) -> None:
     """Convert a checkpoint between formats; extract or rename keys.
 
     DST's extension names the format; SRC's tensors and metadata are written to it. An
@@ -170,6 +216,8 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
     \b
     ckpt convert model.h5 model.msgpack
     ckpt convert run/ encoder.h5 --keys '^enc/' --rename enc=encoder
+    ckpt convert model.h5 sharded.msgpack --shards 4
+    ckpt convert run/model-100.msgpack whole.h5     (a sharded checkpoint to one file)
     """
     fmt = _writable_format(dst)
     if os.path.lexists(dst) and not force:
@@ -198,6 +246,11 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
         except ValueError as exc:
             raise Failure(f"cannot convert {reader.path}: {exc}") from exc
         total = sum(reader.tensors[key].nbytes for key, _ in plan)
+        if shards is not None:
+            _write_sharded(reader, plan, metadata, dst, shards, fmt)
+            click.echo(f"{dst} ({fmt.name}, {shards} shards): {len(plan)} tensors from {reader.path} "
+                       f"({reader.format}); read back and checked")
+            return
         try:
             with replace_atomically(dst) as tmp:  # its errors name DST, never the temporary file
                 with byte_bar(total, "writing") as progress:

@@ -45,6 +45,8 @@ def _files_of(path: str) -> list[str]:
     "model.ckpt-7" is model.ckpt-7.index and model.ckpt-7.data-*)."""
     if os.path.isfile(path):
         return [path]
+    if os.path.isdir(path):  # a sharded checkpoint: its commit record and shard files
+        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if not n.startswith(".")]
     parent, prefix = os.path.split(path)
     try:
         names = os.listdir(parent or ".")

@@ -14,12 +14,14 @@ from .keras import KerasFormat, adopt as adopt_keras
 from .msgpack import MsgpackFormat
 from .orbax import OrbaxFormat
 from .safetensors import SafetensorsFormat
+from .ckpt_sharded import CkptShardedFormat
 from .sharded import ShardedFormat
 from .tensorflow import TensorFlowFormat
 from .torch import TorchFormat
 
 register_format(Hdf5Format())
 register_format(MsgpackFormat())
+register_format(CkptShardedFormat())
 register_format(SafetensorsFormat())
 register_format(TorchFormat())
 register_format(KerasFormat())

@@ -191,6 +191,18 @@ class FileReader(BaseReader):
     def _open(self) -> None:
         raise NotImplementedError
 
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        """The (file offset, length) pieces holding a numeric tensor's bytes in C order, or None
+        when its bytes are not stored that way (strings); lets callers read part of a tensor."""
+        return None
+
+    def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
+        """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
+        caller verifies)."""
+        from . import _io
+
+        _io.pread_into(self._fd, out, offset, self.path, what)
+
     def close(self) -> None:
         self._file.close()
 

@@ -384,6 +384,10 @@ class Hdf5Reader(FileReader):
             if a_off + a_n > b_off:
                 raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
 
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        info = self.info(key)
+        return None if dtypes.is_string(info.dtype) else [(info.extra[0], info.nbytes)]
+
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans, targets = [], []
         for info, out in pairs:

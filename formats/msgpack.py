@@ -201,6 +201,10 @@ class MsgpackReader(FileReader):
         self._start = start
         self._index_offset = index_offset
 
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        info = self.info(key)
+        return None if dtypes.is_string(info.dtype) else [(o, n) for o, n in info.extra[0]]
+
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans, simple = [], []
         for info, out in pairs:

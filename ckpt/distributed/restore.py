@@ -1,0 +1,71 @@
+"""The collective restore: one checkpoint for every rank, one outcome for every rank.
+
+Rank 0 resolves the path (a directory -> its latest checkpoint) and broadcasts it, so a save
+finishing meanwhile cannot make ranks read different checkpoints. Each rank then plans and
+reads its own variables (sharded ones read only their block, whatever layout wrote it), and
+the ranks exchange outcomes: if any rank failed, every rank raises, naming the ranks.
+
+Example:
+    >>> import numpy as np, ckpt, tempfile, os
+    >>> from ckpt import distributed
+    >>> v = ckpt.Variable(np.arange(4.0), name="v")
+    >>> saver = ckpt.Saver([v], comm=distributed.local())
+    >>> path = saver.save(os.path.join(tempfile.mkdtemp(), "m.msgpack"))
+    >>> saver.restore(path).restored
+    ['v']
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from ..errors import CheckpointError
+from ..restore import RestoreResult, restore_variables
+from ..state import resolve_checkpoint
+from ..variables import Variable
+from .comm import Communicator, decode, encode
+
+__all__ = ["restore_collective"]
+
+
+def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Variable], comm: Communicator,
+                       timeout: float, strict: bool = True, allow_cast: bool = False) -> RestoreResult:
+    """Restore ``variables`` on every rank of ``comm`` from one checkpoint."""
+    where = os.fspath(path)
+    if comm.rank == 0:
+        try:
+            message: dict[str, Any] = {"path": resolve_checkpoint(where)}
+        except CheckpointError as exc:
+            message = {"error": str(exc), "type": type(exc).__name__}
+        message = decode(comm.broadcast(encode(message), 0, timeout), where)
+    else:
+        message = decode(comm.broadcast(None, 0, timeout), where)
+    if "error" in message:
+        raise _error_type(message["type"])(message["error"])
+    result, error = None, None
+    try:
+        result = restore_variables(message["path"], variables, strict=strict, allow_cast=allow_cast)
+    except CheckpointError as exc:
+        error = exc
+    outcome = None if error is None else {"error": str(error), "type": type(error).__name__}
+    outcomes = [decode(raw, where) for raw in comm.allgather(encode(outcome), timeout)]
+    failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+    if error is not None:
+        raise error
+    if failed:
+        ranks = ", ".join(str(r) for r, _ in failed)
+        first = failed[0][1]
+        raise _error_type(first["type"])(
+            f"{message['path']}: the restore failed on rank(s) {ranks} (this rank, {comm.rank}, restored its "
+            f"variables); rank {failed[0][0]}: {first['error']}")
+    assert result is not None
+    return result
+
+
+def _error_type(name: str) -> type[CheckpointError]:
+    """The CheckpointError class called ``name`` (another rank's error, raised here too)."""
+    from .. import errors
+
+    found = getattr(errors, name, None)
+    return found if isinstance(found, type) and issubclass(found, CheckpointError) else CheckpointError

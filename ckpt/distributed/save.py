@@ -1,0 +1,323 @@
+"""The collective save: plan, agree, write per-rank files, commit.
+
+1. Every rank sends its plan (allgather). Rank 0 checks that the ranks agree (same path,
+   step and keys; same dtypes and global shapes; blocks that tile each tensor), prepares the
+   checkpoint directory (removing what killed saves left behind) and broadcasts a verdict:
+   an error every rank raises, or the save's id. Nothing is written before this point.
+2. Every rank writes its blocks (and the replicated tensors it was given) to its own file,
+   atomically, and reports the file and each block's checksums (allgather).
+3. Rank 0 writes the commit record (atomically, last), records the checkpoint in the state
+   file (retention included) and broadcasts the outcome.
+
+Each collective is bounded by the Saver's timeout: a rank that dies or never arrives makes
+the others raise CheckpointWriteError. Until the commit record exists the new checkpoint is
+invisible; the previous one stays the latest.
+
+Example:
+    >>> import numpy as np, ckpt, tempfile, os
+    >>> from ckpt import distributed
+    >>> v = ckpt.Variable(np.arange(4.0), name="v")
+    >>> path = ckpt.Saver([v], comm=distributed.local()).save(os.path.join(tempfile.mkdtemp(), "m.h5"))
+    >>> sorted(n for n in os.listdir(path) if not n.endswith(".h5"))
+    ['COMMIT']
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from .. import dtypes
+from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, replace_atomically, require_directory
+from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
+                      UninitializedVariableError)
+from ..gcpause import gc_paused
+from . import plan as planning
+from .comm import CollectiveTimeoutError, Communicator, decode, encode
+
+if TYPE_CHECKING:
+    from ..saver import Saver
+
+__all__ = ["save_sharded", "remove_leftovers", "build_record"]
+
+_ERRORS: dict[str, type[CheckpointError]] = {"mismatch": MismatchError, "write": CheckpointWriteError,
+                                             "notfound": CheckpointNotFoundError}
+
+
+def _sharded() -> Any:
+    from ..formats import ckpt_sharded as sharded  # importing the formats package registers the built-ins
+
+    return sharded
+
+
+def _local_plan(saver: Saver, path: str, step: int | None) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
+    """This rank's plan message, and its (key, variable, value) items."""
+    from ..formats.msgpack import _dtype_name
+
+    specs, items, error = [], [], None
+    for key, var in saver._vars.items():
+        try:
+            value = var._read()
+        except UninitializedVariableError as exc:
+            error = f"cannot save {path}: {exc}"
+            break
+        shard = var.shard
+        specs.append((key, _dtype_name(var.dtype), shard.global_shape if shard else var.shape,
+                      shard.offset if shard else None, var.shape))
+        items.append((key, var, value))
+    return planning.local_plan(path, step, error, specs), items
+
+
+def _raise(message: dict[str, Any]) -> None:
+    if message.get("error"):
+        raise _ERRORS.get(message.get("kind", ""), CheckpointWriteError)(message["error"])
+
+
+def save_sharded(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
+                 metadata: dict[str, Any]) -> str:
+    """Run the collective save on every rank; return ``path`` (the checkpoint directory)."""
+    try:
+        return _save(saver, comm, timeout, path, fmt, step, metadata)
+    except CollectiveTimeoutError as exc:
+        raise CheckpointWriteError(f"{path}: the sharded save failed on rank {comm.rank} of {comm.size}: {exc}; "
+                                   "the previous checkpoint is still the latest") from exc
+
+
+def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
+          metadata: dict[str, Any]) -> str:
+    sharded = _sharded()
+    rank, size = comm.rank, comm.size
+    mine, items = _local_plan(saver, path, step)
+    plans = [decode(raw, path) for raw in comm.allgather(encode(mine), timeout)]
+    lock_fd, listed_before = None, False
+    if rank == 0:
+        verdict: dict[str, Any]
+        problem = planning.problems(plans)
+        if problem:
+            verdict = {"kind": "mismatch", "error": f"cannot save {path}: the ranks disagree; nothing was "
+                                                    f"written:\n  " + problem.replace("\n", "\n  ")}
+        else:
+            try:
+                save_id = os.urandom(8).hex()
+                lock_fd, listed_before = _prepare(saver, path, save_id)
+                verdict = {"save_id": save_id}
+            except CheckpointError as exc:
+                kind = "notfound" if isinstance(exc, CheckpointNotFoundError) else "write"
+                verdict = {"kind": kind, "error": str(exc)}
+        verdict = decode(comm.broadcast(encode(verdict), 0, timeout), path)
+    else:
+        verdict = decode(comm.broadcast(None, 0, timeout), path)
+    _raise(verdict)
+    save_id = verdict["save_id"]
+    try:
+        lay = planning.layout(plans)
+        writers = planning.replicated_writers(lay)
+        report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded)
+        reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
+        if rank == 0:
+            outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+            outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
+        else:
+            outcome = decode(comm.broadcast(None, 0, timeout), path)
+    finally:
+        if lock_fd is not None:
+            _unlock(path, save_id, lock_fd)
+    _raise(outcome)
+    return path
+
+
+def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
+    """Rank 0, before anything is written: check the parent directory and its state file,
+    remove leftovers of killed saves, create the checkpoint directory and lock this save in it."""
+    parent = os.path.dirname(os.path.abspath(path))
+    require_directory(path)  # missing parents are created, durably, as for single-file saves
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise CheckpointWriteError(f"{path}: a file of that name exists; a sharded checkpoint is a directory "
+                                   "(save under another name)")
+    try:
+        state = saver._check_state_owner(parent, path)
+        listed_before = state is not None and any(e.path == os.path.basename(path) for e in state.all_entries())
+        clean_stale_temporaries(parent)
+        remove_leftovers(parent)
+        if not os.path.isdir(path):
+            os.mkdir(path)
+            fsync_directory(parent)  # the checkpoint's directory entry is durable before its commit
+        lock = os.path.join(path, f".{save_id}.saving")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _clean_inside(path, keep=save_id)
+    except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointWriteError(f"{path}: cannot prepare the checkpoint directory: {exc.strerror or exc}; "
+                                   "nothing was written") from exc
+    return fd, listed_before
+
+
+def _unlock(path: str, save_id: str, fd: int) -> None:
+    try:
+        os.unlink(os.path.join(path, f".{save_id}.saving"))
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _lock_free(lock: str) -> bool:
+    """True when no live save holds ``lock`` (its writer finished or was killed)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _ours(name: str) -> bool:
+    """A name a sharded save creates inside its directory."""
+    return _sharded().is_shard_file(name) or is_temporary(name) or (name.startswith(".") and name.endswith(".saving"))
+
+
+def _clean_inside(path: str, keep: str | None = None) -> None:
+    """Remove the files of saves into ``path`` that never committed (or were superseded),
+    unless a live save holds them; ``keep`` is the id of the save in progress."""
+    sharded = _sharded()
+    names = os.listdir(path)
+    live = {n[1:-len(".saving")] for n in names if n.startswith(".") and n.endswith(".saving")
+            and not _lock_free(os.path.join(path, n))}
+    if keep:
+        live.add(keep)
+    referenced: set[str] = set()
+    if sharded.is_sharded(path):
+        try:
+            referenced = sharded.referenced_files(path)
+        except CheckpointError:
+            return  # a damaged commit record: leave the directory to the user
+    for name in names:
+        if name in referenced or name == sharded.COMMIT:
+            continue
+        ident = name.lstrip(".").split(".")[0]
+        if sharded.is_shard_file(name) and ident not in live:
+            _unlink(os.path.join(path, name))
+        elif name.startswith(".") and name.endswith(".saving") and ident not in live:
+            _unlink(os.path.join(path, name))
+    clean_stale_temporaries(path)
+
+
+def remove_leftovers(parent: str) -> list[str]:
+    """Delete the directories of sharded saves in ``parent`` that were killed before their
+    commit (no commit record, no live save); return their names."""
+    removed = []
+    sharded = _sharded()
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        try:
+            inside = os.listdir(path)
+        except OSError:
+            continue
+        if sharded.is_sharded(path):
+            if any(n.endswith(".saving") for n in inside):  # a save of it was killed: its stray files
+                _clean_inside(path)
+            continue
+        if not inside or not all(_ours(n) for n in inside):
+            continue
+        if all(_lock_free(os.path.join(path, n)) for n in inside if n.endswith(".saving")):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
+                writers: dict[str, int], sharded: Any) -> dict[str, Any]:
+    """Write this rank's blocks to its own file; return the report rank 0 commits from."""
+    mine = []
+    for key, var, value in items:
+        if (var.shard is not None or writers.get(key) == rank) and value.size:
+            mine.append((key, var, value))
+    if not mine:
+        return {"error": None, "file": None, "blocks": []}
+    name = sharded.shard_file_name(save_id, rank, size, fmt.extensions[0])
+    target = os.path.join(path, name)
+    try:
+        with replace_atomically(target) as tmp, gc_paused():
+            fmt.write(tmp, [(key, value) for key, _, value in mine], {})
+        blocks = []
+        with fmt.open(target) as reader:
+            for key, var, value in mine:
+                offset = list(var.shard.offset) if var.shard is not None else [0] * value.ndim
+                blocks.append([key, offset, list(value.shape), reader.tensors[key].nbytes,
+                               sharded.block_crcs(value)])
+        return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
+    except (CheckpointError, OSError, ValueError) as exc:
+        return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}
+
+
+def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int | None,
+                 metadata: dict[str, Any]) -> dict[str, Any]:
+    """The commit record (docs/formats.md) from the agreed plan and every rank's report."""
+    from ..formats.ckpt_sharded import BLOCK_BYTES
+
+    files: list[list[Any]] = []
+    tensors: dict[str, list[Any]] = {spec[0]: [spec[1], spec[2], [], [], [], [], []] for spec in lay.keys}
+    for report in reports:
+        if report["file"] is None:
+            continue
+        index = len(files)
+        files.append(report["file"])
+        for key, offset, shape, nbytes, crcs in report["blocks"]:
+            entry = tensors[key]
+            entry[2].append(index)
+            entry[3].extend(offset)
+            entry[4].extend(shape)
+            entry[5].append(nbytes)
+            entry[6].extend(crcs or [])
+    for entry in tensors.values():
+        if dtypes.is_string(dtypes.as_dtype(entry[0])):
+            entry[6] = None  # strings are read whole: no block checksums
+    return {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": len(lay.offsets),
+            "files": files, "tensors": tensors}
+
+
+def _commit(saver: Saver, path: str, save_id: str, lay: planning.Layout, reports: list[dict[str, Any]],
+            step: int | None, metadata: dict[str, Any], listed_before: bool, sharded: Any) -> dict[str, Any]:
+    """Rank 0: write the commit record and update the state file, or undo this save's files."""
+    failed = [r["error"] for r in reports if r["error"]]
+    if failed:
+        _discard(path, reports)
+        return {"kind": "write", "error": f"{path}: the sharded save failed; nothing was committed and the "
+                                          "previous checkpoint is still the latest:\n  " + "\n  ".join(failed)}
+    try:
+        sharded.write_commit(path, build_record(lay, reports, step, metadata))
+    except CheckpointError as exc:
+        _discard(path, reports)
+        return {"kind": "write", "error": str(exc)}
+    try:
+        saver._record(path, step, listed_before)
+    except CheckpointError as exc:
+        return {"kind": "write", "error": str(exc)}
+    try:
+        _clean_inside(path, keep=save_id)  # a checkpoint saved again under this name: the old files
+    except OSError:
+        pass
+    return {"error": None}
+
+
+def _discard(path: str, reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        if report["file"] is not None:
+            _unlink(os.path.join(path, report["file"][0]))

@@ -1,0 +1,479 @@
+"""ckpt's sharded checkpoints: a directory of per-rank files and the commit record that makes it one.
+
+(Other frameworks' sharded saves, indexed by JSON, are read by formats/sharded.py.)
+
+A sharded checkpoint ``run/model-100.msgpack/`` is a directory holding one file per writing
+rank (an ordinary ckpt msgpack or HDF5 checkpoint of that rank's blocks) and ``COMMIT``,
+written last and atomically, which lists the files, every tensor's global dtype and shape,
+and where each block lives, with a crc32c per ``block_bytes`` of each block's bytes so part
+of a block can be read and verified alone. Without ``COMMIT`` the directory is not a
+checkpoint. docs/formats.md specifies the bytes.
+
+    COMMIT  header  {"format": "ckpt-commit", "version": 1}
+            record  {"format", "version", "step", "metadata", "block_bytes", "ranks",
+                     "files": [[name, size], ...],
+                     "tensors": {key: [dtype, global shape,
+                                       [[file, offset, shape, nbytes, crcs or nil], ...]]}}
+            footer  [b"ckpt-cmt", record offset (uint64), record length (uint64), crc32c (uint32)]
+
+Example:
+    >>> import numpy as np, ckpt, os, tempfile
+    >>> from ckpt import distributed
+    >>> v = ckpt.Variable(np.arange(6.0).reshape(3, 2), name="w", shard=ckpt.Shard((3, 2), (0, 0)))
+    >>> path = ckpt.Saver([v], comm=distributed.local()).save(os.path.join(tempfile.mkdtemp(), "m.msgpack"))
+    >>> with ShardedReader(path) as r:
+    ...     r.read_slice("w", np.s_[1:3]).tolist(), r.files[0][0].endswith(".00000-of-00001.msgpack")
+    ([[2.0, 3.0], [4.0, 5.0]], True)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ckpt import boxes, dtypes
+from ckpt.atomic import replace_atomically
+from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+
+from . import _io
+from .base import (BaseReader, TensorInfo, check_metadata, check_shape, check_version, dtype_or_raise,
+                   format_for_path, key_problem, normalize_metadata, validate_keys)
+from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name, _packb, _unpack
+
+__all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
+           "block_crcs", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
+
+#: The commit record's file name inside a sharded checkpoint directory.
+COMMIT = "COMMIT"
+FORMAT_NAME = "ckpt-commit"
+VERSION = 1
+HEADER = b"\x82\xa6format\xab" + FORMAT_NAME.encode() + b"\xa7version" + bytes([VERSION])  # plain msgpack
+FOOTER_MAGIC = b"ckpt-cmt"
+#: Bytes per checksum block: a partial read verifies (and so reads) whole blocks of this size.
+BLOCK_BYTES = 1 << 20
+_SHARD_FILE = re.compile(r"^[0-9a-f]{16}\.[0-9]{5}-of-[0-9]{5}\.[A-Za-z0-9]+$")
+
+
+def is_sharded(path: str) -> bool:
+    """True for a directory holding a commit record (a committed sharded checkpoint)."""
+    return os.path.isfile(os.path.join(path, COMMIT))
+
+
+def shard_file_name(save_id: str, rank: int, size: int, ext: str) -> str:
+    """The name rank ``rank`` of ``size`` gives its file in save ``save_id`` ("<id>.00001-of-00004.h5")."""
+    return f"{save_id}.{rank:05d}-of-{size:05d}{ext}"
+
+
+def is_shard_file(name: str) -> bool:
+    """True for a name ``shard_file_name`` makes."""
+    return bool(_SHARD_FILE.match(name))
+
+
+def block_crcs(arr: np.ndarray, block_bytes: int = BLOCK_BYTES) -> list[int] | None:
+    """crc32c of each ``block_bytes`` of a numeric array's C-order bytes (None for strings)."""
+    if dtypes.is_string(arr.dtype):
+        return None
+    view = _io.byte_view(_io.c_contiguous(arr))
+    return [_io.crc32c(view[i:i + block_bytes]) for i in range(0, len(view), block_bytes)]
+
+
+def write_commit(directory: str, record: Mapping[str, Any]) -> None:
+    """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory)."""
+    body = _packb({"format": FORMAT_NAME, "version": VERSION, **record})
+    footer = _FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, len(HEADER), 0xCF, len(body), 0xCE,
+                          _io.crc32c(body))
+    with replace_atomically(os.path.join(directory, COMMIT)) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(HEADER + body + footer)
+
+
+class _Block:
+    """Block ``rows`` of a tensor, read from its source only when a writer writes it; its
+    checksum blocks are computed then."""
+
+    def __init__(self, read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray], key: str,
+                 dtype: np.dtype, offset: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        self.key, self.dtype, self.offset, self.shape, self._read = key, dtype, offset, shape, read
+        self.crcs: list[int] | None = None
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = _io.c_contiguous(np.asarray(self._read(self.key, self.offset, self.shape)))
+        self.crcs = block_crcs(value)
+        return value
+
+
+def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
+                         read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
+                         metadata: Mapping[str, Any], parts: int, step: int | None = None,
+                         ext: str = ".msgpack") -> None:
+    """Write a sharded checkpoint from one process: each tensor ``(key, dtype, shape)`` split
+    along axis 0 into ``parts`` blocks, block i into file i (``ckpt convert --shards``).
+
+    ``read(key, offset, shape)`` returns a block; it is called when that block is written, so
+    memory holds one block at a time. ``directory`` must not exist yet.
+
+    Example:
+        >>> import numpy as np, os, tempfile
+        >>> w = np.arange(6.0).reshape(3, 2)
+        >>> d = os.path.join(tempfile.mkdtemp(), "m.msgpack")
+        >>> write_single_process(d, [("w", w.dtype, w.shape)], lambda k, o, s: w[o[0]:o[0] + s[0]], {}, parts=2)
+        >>> with ShardedReader(d) as r:
+        ...     r.read_slice("w", np.s_[1:3]).tolist(), len(r.files)
+        ([[2.0, 3.0], [4.0, 5.0]], 2)
+    """
+    fmt = format_for_path("x" + ext)
+    if fmt is None or not fmt.can_write or parts < 1:
+        raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
+    validate_keys((key for key, _, _ in specs), directory)
+    metadata = normalize_metadata(metadata, directory)
+    os.mkdir(directory)
+    save_id = os.urandom(8).hex()
+    per_file: list[list[_Block]] = [[] for _ in range(parts)]
+    entries: dict[str, list[Any]] = {}
+    for key, dtype, shape in specs:
+        entries[key] = [_dtype_name(dtype), list(shape), [], [], [], [], None if dtypes.is_string(dtype) else []]
+        if not shape:
+            per_file[0].append(_Block(read, key, dtype, (), ()))
+            continue
+        for i, rows in enumerate(np.array_split(np.arange(shape[0]), parts)):
+            block = (len(rows),) + tuple(shape[1:])
+            if boxes.volume(block):
+                per_file[i].append(_Block(read, key, dtype, (int(rows[0]),) + (0,) * (len(shape) - 1), block))
+    files = []
+    for i, items in enumerate(per_file):
+        if not items:
+            continue
+        name = shard_file_name(save_id, i, parts, ext)
+        target = os.path.join(directory, name)
+        with replace_atomically(target) as tmp:
+            fmt.write(tmp, [(b.key, b) for b in items], {})
+        with fmt.open(target) as reader:
+            for b in items:
+                entry = entries[b.key]
+                entry[2].append(len(files))
+                entry[3].extend(b.offset)
+                entry[4].extend(b.shape)
+                entry[5].append(reader.tensors[b.key].nbytes)
+                if entry[6] is not None:
+                    entry[6].extend(b.crcs or [])
+        files.append([name, os.path.getsize(target)])
+    write_commit(directory, {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": parts,
+                             "files": files, "tensors": entries})
+
+
+def _read_record(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, COMMIT)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{directory}: no commit record ({COMMIT}): not a checkpoint, or a "
+                                      "sharded save that did not finish") from None
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if not raw.startswith(HEADER[:-1]) or len(raw) < len(HEADER) + FOOTER_SIZE:
+        raise CorruptCheckpointError(f"{path}: not a ckpt commit record (bad header or truncated)")
+    check_version(raw[len(HEADER) - 1], VERSION, "commit record", path)
+    fields = _FOOTER.unpack(raw[-FOOTER_SIZE:])
+    if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[4] != len(HEADER) or \
+            fields[4] + fields[6] + FOOTER_SIZE != len(raw):
+        raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated")
+    body = raw[len(HEADER):len(raw) - FOOTER_SIZE]
+    if _io.crc32c(body) != fields[8]:
+        raise CorruptCheckpointError(f"{path}: the commit record fails its checksum: the file is damaged")
+    record = _unpack(body, path, "the commit record")
+    if not isinstance(record, dict) or record.get("format") != FORMAT_NAME:
+        raise CorruptCheckpointError(f"{path}: not a ckpt commit record")
+    check_version(record.get("version"), VERSION, "commit record", path)
+    return record
+
+
+def referenced_files(directory: str) -> set[str]:
+    """The shard files a committed checkpoint's record lists (without checking the tensors)."""
+    files = _read_record(directory).get("files")
+    if not isinstance(files, list):
+        raise _bad(directory, "the record lacks its files")
+    return {f[0] for f in files if isinstance(f, list) and f and isinstance(f[0], str)}
+
+
+def _bad(path: str, what: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{os.path.join(path, COMMIT)}: {what}")
+
+
+class Blocks:
+    """The saved blocks of one tensor, as arrays: ``files[i]`` holds block i, at ``offsets[i]``
+    of shape ``shapes[i]``, taking ``nbytes[i]`` bytes, with checksums ``crcs[i]`` (None for
+    strings). Iterating gives ``(file, offset, shape, nbytes, crcs)`` tuples."""
+
+    __slots__ = ("files", "offsets", "shapes", "nbytes", "crcs")
+
+    def __init__(self, files: np.ndarray, offsets: np.ndarray, shapes: np.ndarray, nbytes: np.ndarray,
+                 crcs: list[np.ndarray] | None) -> None:
+        self.files, self.offsets, self.shapes, self.nbytes, self.crcs = files, offsets, shapes, nbytes, crcs
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def block(self, i: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int, np.ndarray | None]:
+        return (int(self.files[i]), tuple(self.offsets[i].tolist()), tuple(self.shapes[i].tolist()),
+                int(self.nbytes[i]), None if self.crcs is None else self.crcs[i])
+
+    def __iter__(self) -> Any:
+        return (self.block(i) for i in range(len(self)))
+
+    def touching(self, offset: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+        """Indices of the blocks sharing an element with ``[offset, offset + shape)``."""
+        lo, hi = np.asarray(offset, np.int64), np.asarray(offset, np.int64) + np.asarray(shape, np.int64)
+        return np.flatnonzero(((self.offsets < hi) & (self.offsets + self.shapes > lo)).all(axis=1)
+                              & (self.shapes.prod(axis=1) > 0) & (hi > lo).all())
+
+
+def _ints(values: Any, path: str, key: str, what: str) -> np.ndarray:
+    """A flat list of non-negative ints from the record as an int64 array (CorruptCheckpointError if not)."""
+    if not isinstance(values, list):
+        raise _bad(path, f"tensor {key!r}: malformed {what}")
+    if not values:
+        return np.zeros(0, np.int64)
+    try:
+        out = np.asarray(values)
+    except (ValueError, OverflowError):
+        raise _bad(path, f"tensor {key!r}: malformed {what}") from None
+    if out.dtype.kind not in "iu" or out.ndim != 1 or out.min() < 0 or out.max() >= 2 ** 63:
+        raise _bad(path, f"tensor {key!r}: malformed {what}")
+    return out.astype(np.int64, copy=False)
+
+
+def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], dict[str, TensorInfo], int]:
+    """Validate the record: files, entries, checksum counts, and that blocks tile every tensor."""
+    files, tensors, block_bytes = record.get("files"), record.get("tensors"), record.get("block_bytes")
+    if type(block_bytes) is not int or block_bytes < 1 or not isinstance(files, list) or \
+            not isinstance(tensors, dict):
+        raise _bad(path, "the record lacks its files, tensors or block size")
+    parsed_files = []
+    for entry in files:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and
+                is_shard_file(entry[0]) and type(entry[1]) is int and entry[1] >= 0):
+            raise _bad(path, f"malformed file entry {str(entry)[:80]}")
+        parsed_files.append((entry[0], entry[1]))
+    owners = [name for name, _ in parsed_files]
+    out: dict[str, TensorInfo] = {}
+    cache: dict[bytes, str | None] = {}
+    for key, entry in tensors.items():
+        problem = key_problem(key)
+        if problem:
+            raise _bad(path, f"invalid tensor key {key!r}: {problem}")
+        if not isinstance(entry, list) or len(entry) != 7:
+            raise _bad(path, f"tensor {key!r}: malformed entry")
+        dtype = dtype_or_raise(entry[0], path, key)
+        shape = check_shape(entry[1], path, key)
+        ndim = len(shape)
+        where = _ints(entry[2], path, key, "file indices")
+        count = len(where)
+        offsets = _ints(entry[3], path, key, "offsets")
+        shapes = _ints(entry[4], path, key, "shapes")
+        nbytes = _ints(entry[5], path, key, "sizes")
+        crcs = entry[6]
+        if len(offsets) != count * ndim or len(shapes) != count * ndim or len(nbytes) != count or \
+                (count and where.max() >= len(parsed_files)):
+            raise _bad(path, f"tensor {key!r}: its block arrays do not match")
+        offsets, shapes = offsets.reshape(count, ndim), shapes.reshape(count, ndim)
+        if dtypes.is_string(dtype):
+            if crcs is not None:
+                raise _bad(path, f"tensor {key!r}: string blocks carry no block checksums")
+        else:
+            expected = shapes.prod(axis=1) * dtype.itemsize if count else nbytes
+            if (nbytes != expected).any():
+                raise _bad(path, f"tensor {key!r}: a block's size does not match its shape")
+            crcs = _ints(crcs, path, key, "checksums")
+            counts = -(-nbytes // block_bytes)
+            if len(crcs) != counts.sum() or (len(crcs) and crcs.max() >= 2 ** 32):
+                raise _bad(path, f"tensor {key!r}: the block checksums do not match the blocks' sizes")
+            crcs = np.split(crcs, np.cumsum(counts)[:-1]) if count else []
+        signature = np.asarray(shape, np.int64).tobytes() + offsets.tobytes() + shapes.tobytes() + where.tobytes()
+        if signature not in cache:
+            cache[signature] = boxes.tiling_problem_arrays(shape, offsets, shapes, [owners[i] for i in where])
+        if cache[signature]:
+            raise _bad(path, f"tensor {key!r}: {cache[signature]}")
+        out[key] = TensorInfo(key, dtype, shape, int(nbytes.sum()), Blocks(where, offsets, shapes, nbytes, crcs))
+    return parsed_files, out, block_bytes
+
+
+class ShardedReader(BaseReader):
+    """A sharded checkpoint seen as global tensors; each shard file is opened when first needed.
+
+    ``bytes_read`` counts the tensor bytes read from shard files so far.
+    """
+
+    format_name = "ckpt-sharded"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        record = _read_record(path)
+        self._metadata = check_metadata(record.get("metadata", {}), os.path.join(path, COMMIT))
+        step = record.get("step")
+        if step is not None and type(step) is not int:
+            raise _bad(path, f"invalid step {step!r}")
+        self.step: int | None = step
+        self.files, self._tensors, self.block_bytes = _parse(record, path)
+        self.ranks = record.get("ranks")
+        self._open: dict[int, Any] = {}
+        self.bytes_read = 0
+
+    def _shard(self, index: int) -> Any:
+        reader = self._open.get(index)
+        if reader is None:
+            name, size = self.files[index]
+            target = os.path.join(self.path, name)
+            fmt = format_for_path(name)
+            if fmt is None or not fmt.can_write:
+                raise UnsupportedCheckpointError(f"{target}: shard files are ckpt msgpack or HDF5 files")
+            try:
+                found = os.path.getsize(target)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{target}: a shard file named by the commit record is missing"
+                                             ) from None
+            except OSError as exc:
+                raise CorruptCheckpointError(f"{target}: cannot read: {exc.strerror or exc}") from exc
+            if found != size:
+                raise CorruptCheckpointError(f"{target}: {found} bytes, the commit record says {size}: the "
+                                             "file was truncated or replaced")
+            reader = self._open[index] = fmt.open(target)
+        return reader
+
+    def _shard_info(self, index: int, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[Any, TensorInfo]:
+        reader = self._shard(index)
+        info = reader.tensors.get(key)
+        if info is None or info.dtype != dtype or info.shape != shape:
+            found = "nothing" if info is None else f"{_dtype_name(info.dtype)} {list(info.shape)}"
+            raise CorruptCheckpointError(f"{reader.path}: tensor {key!r} should be a {_dtype_name(dtype)} "
+                                         f"{list(shape)} block, the file holds {found}")
+        return reader, info
+
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        for info, out in pairs:
+            self._read_box(info, (0,) * len(info.shape), out)
+
+    def read_slice(self, key: str, index: Any) -> np.ndarray:
+        """Read ``tensor[index]`` (ints and slices with step 1), reading only the checksum
+        blocks that hold it."""
+        from ._slicing import box
+
+        info = self.info(key)
+        bounds, result = box(index, info.shape)
+        out = np.empty(tuple(b - a for a, b in bounds), info.dtype)
+        self._read_box(info, tuple(a for a, _ in bounds), out)
+        return out.reshape(result)
+
+    def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
+        """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``."""
+        self._read_box(self.info(key), tuple(offset), out)
+
+    def _read_box(self, info: TensorInfo, offset: tuple[int, ...], out: np.ndarray) -> None:
+        blocks: Blocks = info.extra
+        for i in blocks.touching(offset, out.shape).tolist():
+            file_index, b_off, b_shape, nbytes, crcs = blocks.block(i)
+            both = boxes.intersect(offset, out.shape, b_off, b_shape)
+            if both is None:
+                continue
+            i_off, i_shape = both
+            dst = out[tuple(slice(o - w, o - w + n) for o, w, n in zip(i_off, offset, i_shape)) + (Ellipsis,)]
+            src = tuple(o - b for o, b in zip(i_off, b_off))
+            reader, sinfo = self._shard_info(file_index, info.key, info.dtype, b_shape)
+            extents = None if crcs is None else reader.data_extents(info.key)
+            if i_shape == b_shape or extents is None:
+                whole = dst if i_shape == b_shape and dst.flags.c_contiguous else np.empty(b_shape, info.dtype)
+                reader.read_into(info.key, whole)
+                self.bytes_read += sinfo.nbytes
+                if whole is not dst:
+                    dst[...] = whole[tuple(slice(s, s + n) for s, n in zip(src, i_shape))]
+                continue
+            self._read_part(reader, extents, info, b_shape, nbytes, crcs, src, i_shape, dst)
+
+    def _read_part(self, reader: Any, extents: list[tuple[int, int]], info: TensorInfo, b_shape: tuple[int, ...],
+                   nbytes: int, crcs: list[int], src: tuple[int, ...], i_shape: tuple[int, ...],
+                   dst: np.ndarray) -> None:
+        """Read the checksum blocks holding ``[src, src + i_shape)`` of a saved block, verify them,
+        and copy that part into ``dst``."""
+        itemsize = info.dtype.itemsize
+        starts, run = boxes.byte_runs(b_shape, itemsize, src, i_shape)
+        ranges = boxes.touched_ranges(starts, run, self.block_bytes, nbytes)
+        lo, hi = ranges[0][0], ranges[-1][1]
+        buf = np.empty(hi - lo, np.uint8)
+        what = f"tensor {info.key!r}"
+        for a, b in ranges:
+            _read_logical(reader, extents, a, memoryview(buf)[a - lo:b - lo], what)
+            self.bytes_read += b - a
+            for start in range(a, b, self.block_bytes):
+                got = _io.crc32c(memoryview(buf)[start - lo:min(start + self.block_bytes, b) - lo])
+                want = int(crcs[start // self.block_bytes])
+                if got != want:
+                    raise CorruptCheckpointError(
+                        f"{reader.path}: tensor {info.key!r}: bytes {start}..{min(start + self.block_bytes, b)} "
+                        f"fail their checksum (crc32c {got:#010x}, expected {want:#010x}): the file is damaged")
+        strides = [itemsize] * len(b_shape)
+        for axis in range(len(b_shape) - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * b_shape[axis + 1]
+        dst[...] = np.ndarray(i_shape, info.dtype, buffer=buf, offset=int(starts[0]) - lo, strides=strides)
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        problems: list[str] = []
+        for index, (name, _) in enumerate(self.files):
+            try:
+                problems.extend(self._shard(index).verify())
+            except CorruptCheckpointError as exc:
+                problems.append(str(exc))
+        for key, info in self._tensors.items():
+            for file_index, _, b_shape, nbytes, crcs in info.extra:
+                try:
+                    reader, _ = self._shard_info(file_index, key, info.dtype, b_shape)
+                    extents = None if crcs is None else reader.data_extents(key)
+                    if extents is not None and nbytes:
+                        out = np.empty(b_shape, info.dtype)
+                        self._read_part(reader, extents, info, b_shape, nbytes, crcs, (0,) * len(b_shape),
+                                        b_shape, out)
+                except CorruptCheckpointError as exc:
+                    problems.append(str(exc))
+            if progress is not None:
+                progress(info.nbytes)
+        return list(dict.fromkeys(problems))
+
+    def close(self) -> None:
+        for reader in self._open.values():
+            reader.close()
+        self._open.clear()
+
+
+def _read_logical(reader: Any, extents: list[tuple[int, int]], start: int, out: memoryview, what: str) -> None:
+    """Read the tensor bytes ``[start, start + len(out))``, whose file pieces are ``extents``."""
+    pos = 0
+    for offset, n in extents:
+        if start < pos + n and len(out):
+            skip = start - pos
+            take = min(n - skip, len(out))
+            reader.read_range_into(offset + skip, out[:take], what)
+            out, start = out[take:], start + take
+        pos += n
+
+
+class CkptShardedFormat:
+    """Registers ckpt's sharded checkpoints (directories with a commit record) with the registry.
+
+    It has no extension of its own (the shard files' extension names the checkpoint) and is
+    written by a Saver with ``comm=``, not through the registry's ``write``.
+    """
+
+    name = "ckpt-sharded"
+    extensions: tuple[str, ...] = ()
+    can_write = False
+
+    def sniff(self, head: bytes) -> bool:
+        return False
+
+    def claims(self, path: str) -> bool:
+        return is_sharded(path)
+
+    def open(self, path: str) -> ShardedReader:
+        return ShardedReader(path)

@@ -1,0 +1,173 @@
+"""One rank of a multi-process test, started by test_mpi.py under ``mpiexec -n N``.
+
+    python mpi_child.py MODE OUT_DIR ARGS...
+
+Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on those files.
+Modes: save DIR KIND STEP EXT | restore KIND DIR... | kill DIR PHASE | disagree DIR | timeout DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ckpt  # noqa: E402
+from ckpt import distributed  # noqa: E402
+from ckpt.formats import sharded  # noqa: E402
+from distributed_support import global_tensors, layout, make_variables  # noqa: E402
+
+MODE, OUT = sys.argv[1], sys.argv[2]
+ARGS = sys.argv[3:]
+BIG = np.arange(2000 * 300, dtype=np.float32).reshape(2000, 300)  # 2.4 MB: several checksum blocks
+
+
+def tensors() -> dict[str, np.ndarray]:
+    out = global_tensors()
+    out["big"] = BIG
+    return out
+
+
+def report(comm: distributed.Communicator, result: dict) -> None:
+    with open(os.path.join(OUT, f"result-{comm.rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillAt:
+    """A communicator that SIGKILLs this process before its ``at``-th collective."""
+
+    def __init__(self, comm: distributed.Communicator, at: int) -> None:
+        self.comm, self.at, self.calls = comm, at, 0
+        self.rank, self.size = comm.rank, comm.size
+
+    def _tick(self) -> None:
+        if self.calls == self.at:
+            die()
+        self.calls += 1
+
+    def barrier(self, timeout: float) -> None:
+        self._tick()
+        self.comm.barrier(timeout)
+
+    def allgather(self, data: bytes, timeout: float) -> list[bytes]:
+        self._tick()
+        return self.comm.allgather(data, timeout)
+
+    def broadcast(self, data: bytes | None, root: int, timeout: float) -> bytes:
+        self._tick()
+        return self.comm.broadcast(data, root, timeout)
+
+    def dup(self) -> KillAt:
+        return self
+
+
+def main() -> None:
+    comm = distributed.mpi()
+    if MODE == "save":
+        directory, kind, step, ext = ARGS
+        saver = ckpt.Saver(make_variables(tensors(), kind, comm.rank, comm.size), comm=comm, timeout=30)
+        report(comm, {"path": saver.save(os.path.join(directory, "model" + ext), global_step=int(step))})
+    elif MODE == "restore":
+        kind, directories = ARGS[0], ARGS[1:]
+        read: list[int] = []
+        close = sharded.ShardedReader.close
+
+        def counting_close(self: sharded.ShardedReader) -> None:
+            read.append(self.bytes_read)
+            close(self)
+
+        sharded.ShardedReader.close = counting_close  # type: ignore[method-assign]
+        results = []
+        for directory in directories:
+            variables = make_variables(tensors(), kind, comm.rank, comm.size, zero=True)
+            del read[:]
+            ckpt.Saver(variables, comm=comm, timeout=30).restore(directory)
+            wrong = []
+            for key, value in tensors().items():
+                offset, block = layout(kind, value.shape, comm.rank, comm.size)
+                want = value[tuple(slice(o, o + b) for o, b in zip(offset, block))]
+                got = np.asarray(variables[key].numpy()).reshape(block)
+                if want.dtype != got.dtype or (want.tobytes() if want.dtype.kind != "O" else want.tolist()) != \
+                        (got.tobytes() if got.dtype.kind != "O" else got.tolist()):
+                    wrong.append(key)
+            offset, block = layout(kind, BIG.shape, comm.rank, comm.size)
+            results.append({"wrong": wrong, "step": int(variables["step"].numpy()), "bytes_read": sum(read),
+                            "big_needed": int(np.prod(block)) * 4})
+        report(comm, {"results": results})
+    elif MODE == "kill":
+        directory, phase = ARGS
+        variables = make_variables(tensors(), "rows", comm.rank, comm.size)
+        ckpt.Saver(variables, comm=comm, timeout=30).save(os.path.join(directory, "model.msgpack"), global_step=1)
+        report(comm, {"saved": 1})
+        variables["step"].assign(43)
+        victim = KillAt(comm, {"plan": 0, "verdict": 1, "report": 2, "outcome": 3}.get(phase, -1))
+        if phase == "write" and comm.rank == 1:
+            from ckpt.formats import msgpack
+
+            count = [0]
+            real = msgpack.materialize
+
+            def materialize(source: object) -> np.ndarray:
+                count[0] += 1
+                if count[0] == 3:  # part of the file written
+                    die()
+                return real(source)
+
+            msgpack.materialize = materialize  # type: ignore[assignment]
+        if phase in ("before-commit", "after-commit") and comm.rank == 0:
+            real_commit = sharded.write_commit
+
+            def write_commit(*args: object) -> None:
+                if phase == "before-commit":
+                    die()
+                real_commit(*args)  # type: ignore[arg-type]
+                die()
+
+            sharded.write_commit = write_commit  # type: ignore[assignment]
+        comm_used = victim if (comm.rank == 1 and phase in ("plan", "verdict", "report", "outcome")) else comm
+        ckpt.Saver(variables, comm=comm_used, timeout=30).save(os.path.join(directory, "model.msgpack"),
+                                                               global_step=2)
+        report(comm, {"saved": 2})
+    elif MODE == "disagree":
+        directory, = ARGS
+        v = ckpt.Variable(np.zeros(2, np.float64 if comm.rank == 2 else np.float32), name="w",
+                          shard=ckpt.Shard((2 * comm.size,), (2 * comm.rank,)))
+        try:
+            ckpt.Saver([v], comm=comm, timeout=30).save(os.path.join(directory, "model.h5"))
+            report(comm, {"error": None})
+        except ckpt.CheckpointError as exc:
+            report(comm, {"error": str(exc), "type": type(exc).__name__})
+    elif MODE == "timeout":
+        directory, = ARGS
+        if comm.rank == comm.size - 1:
+            time.sleep(3)  # never calls save
+            report(comm, {"absent": True})
+        else:
+            v = ckpt.Variable(np.zeros(2), name="w")
+            try:
+                ckpt.Saver([v], comm=comm, timeout=1).save(os.path.join(directory, "model.h5"))
+                report(comm, {"error": None})
+            except ckpt.CheckpointError as exc:
+                report(comm, {"error": str(exc), "type": type(exc).__name__})
+        deadline = time.monotonic() + 20  # exit only once every rank has reported: mpiexec kills the
+        while time.monotonic() < deadline and not all(  # others when the first process leaves without
+                os.path.exists(os.path.join(OUT, f"result-{r}.json")) for r in range(comm.size)):  # finalizing
+            time.sleep(0.05)
+        sys.stdout.flush()
+        os._exit(0)  # MPI_Finalize would wait for the collective the absent rank never joined
+    else:
+        raise SystemExit(f"unknown mode {MODE}")
+
+
+if __name__ == "__main__":
+    main()

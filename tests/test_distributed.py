@@ -1,0 +1,315 @@
+"""Sharded checkpoints with simulated ranks (threads): resharding, agreement, timeouts, leftovers,
+partial reads. The same code paths run under real MPI processes in test_mpi.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import ckpt
+from ckpt import boxes, distributed
+from ckpt.formats import ckpt_sharded as sharded
+from conftest import assert_bit_exact
+from distributed_support import global_tensors, layout, make_variables, run_ranks
+
+
+def _save(directory: str, size: int, kind: str, step: int = 1, ext: str = ".msgpack", **saver_args: object) -> list:
+    tensors = global_tensors()
+
+    def fn(comm: distributed.Communicator) -> str:
+        variables = make_variables(tensors, kind, comm.rank, size)
+        return ckpt.Saver(variables, comm=comm, timeout=20, **saver_args).save(
+            os.path.join(directory, "model" + ext), global_step=step)
+
+    return run_ranks(size, fn)
+
+
+@pytest.mark.parametrize("kind_in,kind_out", [("rows", "cols"), ("uneven", "rows"), ("cols", "uneven")])
+@pytest.mark.parametrize("n,m", [(1, 3), (2, 4), (3, 2), (4, 1), (4, 3)])
+def test_reshard_n_to_m(tmp_path, n, m, kind_in, kind_out):
+    tensors = global_tensors()
+    paths = _save(str(tmp_path), n, kind_in, ext=".h5" if n % 2 else ".msgpack")
+    assert all(p == paths[0] and isinstance(p, str) for p in paths), paths
+
+    def fn(comm: distributed.Communicator) -> dict:
+        variables = make_variables(tensors, kind_out, comm.rank, m, zero=True)
+        result = ckpt.Saver(variables, comm=comm, timeout=20).restore(str(tmp_path))
+        assert result.path == paths[0]
+        return {k: v.numpy() for k, v in variables.items()}
+
+    for rank, got in enumerate(run_ranks(m, fn)):
+        assert not isinstance(got, BaseException), got
+        for key, value in tensors.items():
+            offset, block = layout(kind_out, value.shape, rank, m)
+            assert_bit_exact(np.asarray(value[tuple(slice(o, o + b) for o, b in zip(offset, block))]),
+                             np.asarray(got[key]).reshape(block))
+        assert int(got["step"]) == 42
+
+
+def test_sharded_to_whole_and_single_file_to_sharded(tmp_path):
+    tensors = global_tensors()
+    path = _save(str(tmp_path / "a"), 3, "rows")[0] if os.makedirs(tmp_path / "a") is None else None
+    # a plain process: load_checkpoint assembles global tensors; plain variables restore whole
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.format == "ckpt-sharded"
+        for key, value in tensors.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert reader.verify() == []
+    whole = {k: ckpt.Variable(np.zeros_like(v) if v.dtype.kind != "O" else np.full(v.shape, b"", object),
+                              name="w" + str(i), dtype=v.dtype) for i, (k, v) in enumerate(tensors.items())}
+    assert sorted(ckpt.Saver(whole).restore(path).restored) == sorted(tensors)
+    for key, value in tensors.items():
+        assert_bit_exact(value, np.asarray(whole[key].numpy()))
+    # a single-file checkpoint restores into sharded variables
+    single = ckpt.Saver(whole).save(str(tmp_path / "single.msgpack"))
+
+    def fn(comm: distributed.Communicator) -> dict:
+        variables = make_variables(tensors, "cols", comm.rank, 2, zero=True)
+        ckpt.Saver({k: v for k, v in variables.items() if k != "step"}, comm=comm, timeout=20).restore(single)
+        return {k: v.numpy() for k, v in variables.items()}
+
+    for rank, got in enumerate(run_ranks(2, fn)):
+        for key, value in tensors.items():
+            offset, block = layout("cols", value.shape, rank, 2)
+            assert_bit_exact(value[tuple(slice(o, o + b) for o, b in zip(offset, block))],
+                             np.asarray(got[key]).reshape(block))
+
+
+def test_replicated_written_once_and_zero_size_blocks_skipped(tmp_path):
+    path = _save(str(tmp_path), 4, "uneven")[0]
+    with sharded.ShardedReader(path) as reader:
+        info = reader.tensors["step"]
+        assert len(info.extra) == 1  # one rank wrote the replicated scalar
+        assert len(reader.tensors["emb"].extra) == 3  # the 4th rank's block is empty: not written
+        assert len(reader.tensors["empty"].extra) == 0
+        assert reader.ranks == 4
+
+
+def test_get_slice_reads_only_the_checksum_blocks_it_needs(tmp_path):
+    big = np.arange(1_000_000, dtype=np.float32).reshape(1000, 1000)  # 4 MB: 4 checksum blocks
+
+    def fn(comm: distributed.Communicator) -> str:
+        rows = np.array_split(np.arange(1000), comm.size)[comm.rank]
+        v = ckpt.Variable(big[rows[0]:rows[-1] + 1], name="big", shard=ckpt.Shard(big.shape, (int(rows[0]), 0)))
+        return ckpt.Saver([v], comm=comm, timeout=20).save(str(tmp_path / "m.msgpack"))
+
+    path = run_ranks(2, fn)[0]
+    with sharded.ShardedReader(path) as reader:
+        part = reader.read_slice("big", np.s_[100:200, 10:20])
+        assert_bit_exact(big[100:200, 10:20], part)
+        assert reader.bytes_read == 1 << 20  # rows 100..199 lie in the first 1 MiB block of rank 0's file
+        reader.bytes_read = 0
+        assert_bit_exact(big[250:750], reader.read_slice("big", np.s_[250:750]))
+        assert reader.bytes_read <= big[250:750].nbytes + 2 * (1 << 20)
+        assert_bit_exact(big[999, 3:5], reader.read_slice("big", (999, slice(3, 5))))
+        assert_bit_exact(big[:, 7], reader.read_slice("big", (slice(None), 7)))
+        with pytest.raises(IndexError):
+            reader.read_slice("big", np.s_[::2])
+        with pytest.raises(IndexError):
+            reader.read_slice("big", (1000, 0))
+    # the same through the public API, and on a single-file checkpoint
+    assert_bit_exact(big[5:9, 1:3], ckpt.load_checkpoint(path).get_slice("big", np.s_[5:9, 1:3]))
+    single = ckpt.Saver({"big": ckpt.Variable(big, name="b2")}).save(str(tmp_path / "s.h5"))
+    assert_bit_exact(big[5:9, 1:3], ckpt.load_checkpoint(single).get_slice("big", np.s_[5:9, 1:3]))
+
+
+def test_partial_read_detects_a_damaged_block(tmp_path):
+    big = np.arange(1 << 19, dtype=np.float64).reshape(512, 1024)  # 4 MiB, one rank
+
+    path = ckpt.Saver({"big": ckpt.Variable(big, name="big", shard=ckpt.Shard(big.shape, (0, 0)))},
+                      comm=distributed.local()).save(str(tmp_path / "m.msgpack"))
+    shard_file = next(os.path.join(path, n) for n in os.listdir(path) if sharded.is_shard_file(n))
+    with ckpt.load_checkpoint(path) as reader:
+        offset = reader._reader._shard(0).data_extents("big")[0][0]
+    with open(shard_file, "r+b") as f:  # flip a byte in the third MiB
+        f.seek(offset + (2 << 20) + 5)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 1]))
+    with ckpt.load_checkpoint(path) as reader:
+        assert_bit_exact(big[:10], reader.get_slice("big", np.s_[:10]))  # the first MiB is sound
+        with pytest.raises(ckpt.CorruptCheckpointError, match="big.*checksum"):
+            reader.get_slice("big", np.s_[300:310])
+        assert any("checksum" in p for p in reader.verify())
+
+
+def _disagreeing(tmp_path, size: int, make) -> list:
+    def fn(comm: distributed.Communicator) -> str:
+        saver = ckpt.Saver(make(comm.rank), comm=comm, timeout=20)
+        return saver.save(str(tmp_path / "model.msgpack"), global_step=3)
+
+    return run_ranks(size, fn)
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("dtype", "w: the ranks hold different dtypes: float32 on rank 0; float64 on rank 1"),
+    ("global_shape", "w: the ranks hold different global shapes"),
+    ("overlap", "w: the blocks of rank 0 and rank 1 overlap"),
+    ("gap", "w: element (2,) is in no block"),
+    ("keys", "x: only on rank 1, not on rank 0"),
+    ("mixed", "w: a block of a sharded tensor on rank 0, replicated (no Shard) on rank 1"),
+])
+def test_disagreement_raises_on_every_rank_before_writing(tmp_path, case, expected):
+    def make(rank: int) -> dict:
+        n = 3 if case == "overlap" and rank == 0 else 2
+        offset = 0 if rank == 0 else (2 if case != "gap" else 4)
+        dtype = np.float64 if case == "dtype" and rank else np.float32
+        gshape = (6,) if case == "global_shape" and rank else (4,) if case != "gap" else (6,)
+        if case == "gap":
+            n = 2
+        shard = ckpt.Shard(gshape, (offset,)) if not (case == "mixed" and rank) else None
+        value = np.zeros(n if shard else 4, dtype)
+        out = {"w": ckpt.Variable(value, name="w", shard=shard)}
+        if case == "keys" and rank:
+            out["x"] = ckpt.Variable(1.0, name="x")
+        return out
+
+    results = _disagreeing(tmp_path, 2, make)
+    for exc in results:
+        assert isinstance(exc, ckpt.MismatchError), exc
+        assert expected in str(exc)
+        assert "nothing was written" in str(exc)
+    assert os.listdir(tmp_path) == []
+
+
+def test_ranks_saving_different_paths_or_steps(tmp_path):
+    def fn(comm: distributed.Communicator) -> str:
+        saver = ckpt.Saver({"v": ckpt.Variable(1.0, name="v")}, comm=comm, timeout=20)
+        return saver.save(str(tmp_path / "model.msgpack"), global_step=comm.rank)
+
+    for exc in run_ranks(3, fn):
+        assert isinstance(exc, ckpt.MismatchError)
+        assert "different paths" in str(exc) and "on rank 2" in str(exc)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_rank_that_never_arrives_times_out(tmp_path):
+    def fn(comm: distributed.Communicator) -> str:
+        saver = ckpt.Saver({"v": ckpt.Variable(1.0, name="v")}, comm=comm, timeout=0.5)
+        if comm.rank == 2:
+            return "absent"
+        return saver.save(str(tmp_path / "model.msgpack"))
+
+    results = run_ranks(3, fn)
+    for exc in results[:2]:
+        assert isinstance(exc, ckpt.CheckpointWriteError), exc
+        assert "did not complete within 0.5 s" in str(exc) and "rank(s) 2 did not arrive" in str(exc)
+    assert ckpt.latest_checkpoint(str(tmp_path)) is None
+
+
+def test_restore_timeout_and_failure_on_one_rank(tmp_path):
+    path = _save(str(tmp_path), 2, "rows")[0]
+
+    def absent(comm: distributed.Communicator) -> object:
+        if comm.rank == 1:
+            return None
+        return ckpt.Saver({"step": ckpt.Variable(np.int64(0), name="s")}, comm=comm, timeout=0.5).restore(path)
+
+    exc = run_ranks(2, absent)[0]
+    assert isinstance(exc, distributed.CollectiveTimeoutError) and isinstance(exc, ckpt.CheckpointError)
+
+    def one_fails(comm: distributed.Communicator) -> object:
+        key = "step" if comm.rank == 0 else "nope"
+        return ckpt.Saver({key: ckpt.Variable(np.int64(0), name="s")}, comm=comm, timeout=20).restore(path)
+
+    results = run_ranks(2, one_fails)
+    assert isinstance(results[1], ckpt.KeyNotFoundError)
+    assert isinstance(results[0], ckpt.KeyNotFoundError) and "failed on rank(s) 1" in str(results[0])
+
+
+def test_retention_and_leftovers_of_killed_saves(tmp_path):
+    for step in (1, 2, 3):
+        _save(str(tmp_path), 2, "rows", step=step, max_to_keep=2)
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == [
+        "checkpoint", "model-2.msgpack", "model-3.msgpack"]
+    # what a save killed before its commit leaves: a directory of shard files without COMMIT
+    dead = tmp_path / "model-4.msgpack"
+    os.makedirs(dead)
+    (dead / (("ab" * 8) + ".00000-of-00002.msgpack")).write_bytes(b"partial")
+    (dead / (".abababababababab.saving")).write_bytes(b"")
+    assert ckpt.latest_checkpoint(str(tmp_path)).endswith("model-3.msgpack")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="no commit record|no checkpoint"):
+        ckpt.load_checkpoint(str(dead))
+    # a stray shard file inside a committed checkpoint (a killed re-save of the same step)
+    stray = tmp_path / "model-3.msgpack" / (("cd" * 8) + ".00001-of-00002.msgpack")
+    stray.write_bytes(b"x")
+    _save(str(tmp_path), 2, "rows", step=5, max_to_keep=2)
+    assert not dead.exists()
+    _save(str(tmp_path), 2, "rows", step=3, max_to_keep=2)  # saved again under the same name
+    assert not stray.exists()
+    names = os.listdir(tmp_path / "model-3.msgpack")
+    assert len([n for n in names if sharded.is_shard_file(n)]) == 2 and "COMMIT" in names
+
+
+def test_save_without_comm_refuses_sharded_variables(tmp_path):
+    v = ckpt.Variable(np.zeros(2), name="v", shard=ckpt.Shard((4,), (0,)))
+    with pytest.raises(ValueError, match="pass comm="):
+        ckpt.Saver([v]).save(str(tmp_path / "m.h5"))
+    with pytest.raises(ValueError, match="outside the global shape"):
+        ckpt.Variable(np.zeros(3), shard=ckpt.Shard((4,), (2,)))
+
+
+def test_damaged_commit_record_is_reported(tmp_path):
+    path = _save(str(tmp_path), 1, "rows")[0]
+    record = os.path.join(path, "COMMIT")
+    raw = bytearray(open(record, "rb").read())
+    raw[len(raw) // 2] ^= 0xFF
+    open(record, "wb").write(bytes(raw))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="COMMIT"):
+        ckpt.load_checkpoint(path)
+
+
+def test_tiling_and_byte_runs():
+    assert boxes.tiling_problem((4, 4), [((0, 0), (2, 4), "a"), ((2, 0), (2, 2), "b"), ((2, 2), (2, 2), "c")]) is None
+    assert "gap" in boxes.tiling_problem((4, 4), [((0, 0), (2, 4), "a"), ((2, 0), (2, 2), "b")])
+    assert "a and b overlap" in boxes.tiling_problem((4,), [((0,), (3,), "a"), ((2,), (2,), "b")])
+    assert "outside" in boxes.tiling_problem((4,), [((3,), (2,), "a")])
+    assert boxes.tiling_problem((4, 0), []) is None
+    assert boxes.tiling_problem((), [((), (), "a")]) is None
+    starts, run = boxes.byte_runs((4, 6), 2, (0, 0), (2, 6))
+    assert starts.tolist() == [0] and run == 24
+    starts, run = boxes.byte_runs((3, 4, 5), 1, (1, 1, 0), (2, 2, 5))
+    assert starts.tolist() == [25, 45] and run == 10
+    assert boxes.touched_ranges(np.array([0, 3000]), 100, 1024, 3500) == [(0, 1024), (2048, 3500)]
+
+
+def _cli(*args: object):
+    from click.testing import CliRunner
+
+    from ckpt.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], prog_name="ckpt", catch_exceptions=False)
+
+
+def test_cli_commands_on_sharded_checkpoints(tmp_path):
+    tensors = global_tensors()
+    path = _save(str(tmp_path), 3, "uneven", step=9)[0]
+    result = _cli("inspect", path)
+    assert result.exit_code == 0 and "tensor: emb (float32) [37, 5]" in result.output
+    assert _cli("verify", path).exit_code == 0
+    listing = _cli("ls", str(tmp_path))
+    assert listing.exit_code == 0 and "model-9.msgpack" in listing.output and "latest" in listing.output
+    single = tmp_path / "single.h5"
+    assert _cli("convert", path, single).exit_code == 0  # sharded -> one file
+    assert _cli("diff", path, single).exit_code == 0
+    back = tmp_path / "back.h5"
+    result = _cli("convert", single, back, "--shards", 4)  # one file -> sharded
+    assert result.exit_code == 0, result.output
+    with sharded.ShardedReader(str(back)) as reader:
+        assert len(reader.files) == 4 and len(reader.tensors["emb"].extra) == 4
+        for key, value in tensors.items():
+            assert_bit_exact(value, reader.read(key))
+    assert _cli("diff", back, path).exit_code == 0
+    assert _cli("convert", single, back, "--shards", 2).exit_code == 1  # never over an existing one
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".") and "tmp" in n] == []
+    # damage one shard file: verify reports it, naming the file
+    shard_file = os.path.join(path, sorted(n for n in os.listdir(path) if sharded.is_shard_file(n))[0])
+    with open(shard_file, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0x55]))
+    result = _cli("verify", path)
+    assert result.exit_code == 1 and os.path.basename(shard_file) in result.output

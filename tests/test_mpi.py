@@ -1,0 +1,134 @@
+"""Sharded checkpoints across real processes: mpiexec (from the mpich wheel) runs mpi_child.py.
+
+Every run is bounded by a timeout; each rank reports in a JSON file the test reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import ckpt
+from ckpt import distributed
+from ckpt.formats import ckpt_sharded as sharded
+from conftest import assert_bit_exact
+from distributed_support import global_tensors
+
+pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_child.py")
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+BLOCK = sharded.BLOCK_BYTES
+
+
+def mpirun(n: int, mode: str, out: str, *args: str, expect_ok: bool = True) -> list[dict]:
+    """Run mpi_child.py on ``n`` processes; return each rank's report (None where it wrote none)."""
+    assert MPIEXEC, "mpiexec not found (pip install mpich)"
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if name.startswith("result-"):
+            os.unlink(os.path.join(out, name))
+    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, CHILD, mode, out, *args],
+                          capture_output=True, text=True, timeout=90)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = []
+    for rank in range(n):
+        path = os.path.join(out, f"result-{rank}.json")
+        results.append(json.load(open(path)) if os.path.exists(path) else None)
+    return results
+
+
+LAYOUTS = {1: ("rows", ".msgpack"), 2: ("cols", ".h5"), 3: ("uneven", ".msgpack"), 4: ("rows", ".h5")}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Checkpoints written by 1, 2, 3 and 4 processes (rows, columns, uneven with an empty block)."""
+    root = tmp_path_factory.mktemp("mpi")
+    out = {}
+    for n, (kind, ext) in LAYOUTS.items():
+        directory = str(root / f"n{n}")
+        os.makedirs(directory)
+        results = mpirun(n, "save", str(root / "out"), directory, kind, "7", ext)
+        paths = {r["path"] for r in results}
+        assert len(paths) == 1, results  # every rank returns the checkpoint's one name
+        out[n] = directory
+    return root, out
+
+
+@pytest.mark.parametrize("m,kind", [(1, "rows"), (2, "rows"), (3, "rows"), (4, "cols")])
+def test_restore_any_n_on_m_processes(saved, m, kind):
+    root, directories = saved
+    results = mpirun(m, "restore", str(root / "out"), kind, *directories.values())
+    for rank, report in enumerate(results):
+        for n, result in zip(directories, report["results"]):
+            assert result["wrong"] == [], (n, m, rank, result)
+            assert result["step"] == 42
+            if kind == "rows":  # bytes read for the big tensor: what the rank needs plus checksum-block edges
+                pieces = n if n > 1 else 1
+                slack = 2 * BLOCK * pieces + 64 * 1024  # + the small tensors
+                assert result["bytes_read"] <= result["big_needed"] * 1.05 + slack, (n, m, rank, result)
+
+
+def test_sharded_checkpoints_read_in_one_plain_process(saved):
+    _, directories = saved
+    tensors = global_tensors()
+    for directory in directories.values():
+        path = ckpt.latest_checkpoint(directory)
+        with ckpt.load_checkpoint(path) as reader:
+            for key, value in tensors.items():
+                assert_bit_exact(value, reader.get_tensor(key))
+            assert reader.verify() == []
+
+
+@pytest.mark.parametrize("phase,steps", [
+    ("plan", {1}), ("verdict", {1}), ("write", {1}), ("report", {1}), ("before-commit", {1}),
+    ("after-commit", {1}),
+    ("outcome", {1, 2})])  # rank 0 commits while mpiexec tears the job down: either is whole
+def test_a_rank_killed_at_each_phase_of_a_save(tmp_path, phase, steps):
+    directory = str(tmp_path / "ckpts")
+    os.makedirs(directory)
+    results = mpirun(3, "kill", str(tmp_path / "out"), directory, phase, expect_ok=False)
+    assert results[0] is not None and results[0]["saved"] >= 1
+    latest = ckpt.latest_checkpoint(directory)
+    assert latest is not None and latest.endswith(tuple(f"model-{s}.msgpack" for s in steps)), latest
+    latest_step = int(latest.rsplit("-", 1)[1].split(".")[0])
+    tensors = global_tensors()
+    with ckpt.load_checkpoint(directory) as reader:
+        for key, value in tensors.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert int(reader.get_tensor("step")) == (42 if latest_step == 1 else 43)
+    # the next save removes what the killed one left behind
+    saver = ckpt.Saver({"v": ckpt.Variable(1.0, name="v")}, comm=distributed.local())
+    saver.save(os.path.join(directory, "model.msgpack"), global_step=3)
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            assert sharded.is_sharded(path), (phase, name, os.listdir(path))
+            with sharded.ShardedReader(path) as reader:
+                listed = {f for f, _ in reader.files}
+            assert set(os.listdir(path)) == listed | {"COMMIT"}, (phase, os.listdir(path))
+
+
+def test_ranks_that_disagree_all_raise(tmp_path):
+    results = mpirun(3, "disagree", str(tmp_path / "out"), str(tmp_path))
+    for report in results:
+        assert report["type"] == "MismatchError"
+        assert "float32 on ranks 0, 1; float64 on rank 2" in report["error"]
+    assert [n for n in os.listdir(tmp_path) if n != "out"] == []
+
+
+def test_a_missing_rank_times_out(tmp_path):
+    results = mpirun(3, "timeout", str(tmp_path / "out"), str(tmp_path), expect_ok=False)
+    for report in results[:2]:
+        assert report["type"] == "CheckpointWriteError"
+        assert "did not complete within 1 s" in report["error"]
+    assert results[2] == {"absent": True}
+    assert ckpt.latest_checkpoint(str(tmp_path)) is None
+

@@ -142,7 +142,7 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
             block = (len(rows),) + tuple(shape[1:])
             if boxes.volume(block):
                 per_file[i].append(_Block(read, key, dtype, (int(rows[0]),) + (0,) * (len(shape) - 1), block))
-    files = []
+    files: list[list[Any]] = []
     for i, items in enumerate(per_file):
         if not items:
             continue
@@ -150,7 +150,8 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
         target = os.path.join(directory, name)
         with replace_atomically(target) as tmp:
             fmt.write(tmp, [(b.key, b) for b in items], {})
-        with fmt.open(target) as reader:
+        reader = fmt.open(target)
+        try:
             for b in items:
                 entry = entries[b.key]
                 entry[2].append(len(files))
@@ -159,6 +160,8 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
                 entry[5].append(reader.tensors[b.key].nbytes)
                 if entry[6] is not None:
                     entry[6].extend(b.crcs or [])
+        finally:
+            reader.close()
         files.append([name, os.path.getsize(target)])
     write_commit(directory, {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": parts,
                              "files": files, "tensors": entries})
@@ -393,7 +396,7 @@ class ShardedReader(BaseReader):
             self._read_part(reader, extents, info, b_shape, nbytes, crcs, src, i_shape, dst)
 
     def _read_part(self, reader: Any, extents: list[tuple[int, int]], info: TensorInfo, b_shape: tuple[int, ...],
-                   nbytes: int, crcs: list[int], src: tuple[int, ...], i_shape: tuple[int, ...],
+                   nbytes: int, crcs: Any, src: tuple[int, ...], i_shape: tuple[int, ...],
                    dst: np.ndarray) -> None:
         """Read the checksum blocks holding ``[src, src + i_shape)`` of a saved block, verify them,
         and copy that part into ``dst``."""
@@ -404,10 +407,10 @@ class ShardedReader(BaseReader):
         buf = np.empty(hi - lo, np.uint8)
         what = f"tensor {info.key!r}"
         for a, b in ranges:
-            _read_logical(reader, extents, a, memoryview(buf)[a - lo:b - lo], what)
+            _read_logical(reader, extents, a, buf.data[a - lo:b - lo], what)
             self.bytes_read += b - a
             for start in range(a, b, self.block_bytes):
-                got = _io.crc32c(memoryview(buf)[start - lo:min(start + self.block_bytes, b) - lo])
+                got = _io.crc32c(buf.data[start - lo:min(start + self.block_bytes, b) - lo])
                 want = int(crcs[start // self.block_bytes])
                 if got != want:
                     raise CorruptCheckpointError(

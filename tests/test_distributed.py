@@ -302,7 +302,9 @@ def test_cli_commands_on_sharded_checkpoints(tmp_path):
         for key, value in tensors.items():
             assert_bit_exact(value, reader.read(key))
     assert _cli("diff", back, path).exit_code == 0
-    assert _cli("convert", single, back, "--shards", 2).exit_code == 1  # never over an existing one
+    assert _cli("convert", single, back, "--shards", 2).exit_code == 2  # an existing DST needs --force
+    refused = _cli("convert", single, back, "--shards", 2, "--force")  # and --shards never replaces one
+    assert refused.exit_code == 1 and "never replaces" in refused.output
     assert [n for n in os.listdir(tmp_path) if n.startswith(".") and "tmp" in n] == []
     # damage one shard file: verify reports it, naming the file
     shard_file = os.path.join(path, sorted(n for n in os.listdir(path) if sharded.is_shard_file(n))[0])

@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -44,7 +44,7 @@ def local_plan(path: str, step: int | None, error: str | None,
             "offsets": np.asarray(offsets, "<i8").tobytes(), "shapes": np.asarray(shapes, "<i8").tobytes()}
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def _ranks(ranks: Iterable[int]) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 

@@ -203,7 +203,7 @@ def main(args: Any) -> None:
             print(distributed.plan_case(directory, args.reps) + "\n")
     if "sharded" in cases:
         print(distributed.sharded_case(directories, args.size_gib, args.reps) + "\n")
-    if not cases & {"a", "b", "c", "d", "e", "checksum"}:
+    if not cases & {"a", "b", "c", "d", "e", "async", "checksum"}:
         return
     model, variables = make_model(big_count, big_bytes)
     total = big_count * big_bytes

@@ -103,9 +103,10 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
                 save_id = os.urandom(8).hex()
                 lock_fd, listed_before = _prepare(saver, path, save_id)
                 verdict = {"save_id": save_id}
-            except CheckpointError as exc:
+            except Exception as exc:  # noqa: BLE001 - every rank must hear why, or it would wait for nothing
                 kind = "notfound" if isinstance(exc, CheckpointNotFoundError) else "write"
-                verdict = {"kind": kind, "error": str(exc)}
+                verdict = {"kind": kind, "error": str(exc) if isinstance(exc, CheckpointError) else
+                           f"{path}: rank 0 could not prepare the save: {type(exc).__name__}: {exc}"}
         verdict = decode(comm.broadcast(encode(verdict), 0, timeout), path)
     else:
         verdict = decode(comm.broadcast(None, 0, timeout), path)
@@ -117,7 +118,10 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded)
         reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         if rank == 0:
-            outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+            try:
+                outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+            except Exception as exc:  # noqa: BLE001 - the other ranks wait for the outcome
+                outcome = {"kind": "write", "error": f"{path}: rank 0 could not commit: {type(exc).__name__}: {exc}"}
             outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
         else:
             outcome = decode(comm.broadcast(None, 0, timeout), path)
@@ -263,7 +267,7 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
                 blocks.append([key, offset, list(value.shape), reader.tensors[key].nbytes,
                                sharded.block_crcs(value)])
         return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
-    except (CheckpointError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - reported to rank 0, raised on every rank
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}
 
 

@@ -1,13 +1,19 @@
 """ckpt end to end: build a model from Modules, train it with numpy, save, restore, inspect,
-then grow it by a layer and restore the pretrained layers into the bigger model.
+then grow it by a layer and restore the pretrained layers into the bigger model, and move
+pretrained layers into another model by checkpoint scope.
 
 Run:  python examples/quickstart.py [--dir DIRECTORY]
+
+The checkpoints stay in DIRECTORY (default: a new temporary directory) for you to look at
+with the ``ckpt`` command; the last lines say where they are and how to remove them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 import tempfile
 
 import numpy as np
@@ -104,9 +110,29 @@ def main(directory: str) -> None:
     first = train_step(bigger, x, target, lr=0.01)
     for _ in range(99):
         last = train_step(bigger, x, target, lr=0.01)
+    pretrained = saver.last_checkpoints[-1]
     path = ckpt.Saver(bigger, format="msgpack").save(os.path.join(directory, "bigger"), global_step=100)
     print(f"   trained on: loss {first:.4f} -> {last:.4f}; saved {os.path.basename(path)}")
     print(f"   latest checkpoint in the directory: {os.path.basename(ckpt.latest_checkpoint(directory))}")
+
+    print("== 5. transfer learning by scope: two pretrained layers into another model")
+    with ckpt.deferred_init():
+        encoder = MLP([8, 32, 32, 2], name="encoder")
+    # checkpoint scope -> Module: "layers/0/kernel" in the file goes to encoder.layers[0].kernel
+    pairs = ckpt.init_from_checkpoint(pretrained, {"layers/0/": encoder.layers[0], "layers/1/": encoder.layers[1]})
+    ckpt.initialize_variables(encoder.layers[2].variables)
+    print(f"   from {os.path.basename(pretrained)}: {sorted(key for key, _ in pairs)}")
+    print(f"   encoder's first layer equals the trained one: "
+          f"{np.array_equal(encoder.layers[0].kernel.numpy(), model.layers[0].kernel.numpy())}")
+
+
+def _ckpt_command() -> str:
+    """How to run the ckpt command installed next to this Python (".venv/bin/ckpt")."""
+    script = os.path.join(os.path.dirname(sys.executable), "ckpt")
+    if not os.path.exists(script):
+        return "ckpt"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith(os.pardir) else script
 
 
 if __name__ == "__main__":
@@ -116,4 +142,10 @@ if __name__ == "__main__":
     target_dir = args.dir or tempfile.mkdtemp(prefix="ckpt-quickstart-")
     os.makedirs(target_dir, exist_ok=True)
     main(target_dir)
-    print(f"checkpoints are in {target_dir}")
+    command, quoted = _ckpt_command(), shlex.quote(target_dir)
+    print(f"== the checkpoints are left in {target_dir}; look inside them with the ckpt command:")
+    print(f"   {command} ls {quoted}")
+    print(f"   {command} inspect {quoted} --stats")
+    print(f"   {command} diff {shlex.quote(os.path.join(target_dir, 'mlp-200.h5'))} "
+          f"{shlex.quote(os.path.join(target_dir, 'mlp-300.h5'))}")
+    print(f"== remove them when done: rm -r {quoted}")

@@ -1,0 +1,59 @@
+"""Every Python block of the README runs as written, in order, in a fresh process, and its
+comments say what it does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from test_docs import ROOT, python_blocks
+
+# What the README's blocks left behind, read back by the same process once they have run.
+FACTS = '''
+import json as _json
+_torch = ckpt.load_file(torch_file)
+print(_json.dumps({
+    "v": float(v.numpy()),
+    "layer_keys": [k for k, _ in layer.named_variables()],
+    "mlp_names": [v.name for v in model.layers[1].variables],
+    "path": path,
+    "latest": ckpt.latest_checkpoint("run"),
+    "bigger": bigger.name,
+    "missing": result.missing,
+    "same_layers": all((a.numpy() == b.numpy()).all() for a, b in zip(model.variables[:4], bigger.variables[:4])),
+    "initialized": ckpt.report_uninitialized_variables(bigger.variables),
+    "names_keys": [k for k, _ in ckpt.list_variables(names)],
+    "loaded": sorted(loaded),
+    "step": int(loaded["step"]),
+    "torch_kernel": (layer1.kernel.numpy() == _torch["fc1.weight"].T).all().item(),
+    "torch_bias": (layer1.bias.numpy() == _torch["fc1.bias"]).all().item(),
+}))
+'''
+
+
+def test_every_readme_python_block_runs_as_written(tmp_path):
+    blocks = python_blocks("README.md")
+    assert len(blocks) >= 5
+    fixture = os.path.join("tests", "fixtures", "foreign", "torch_state.pt")
+    os.makedirs(tmp_path / os.path.dirname(fixture))
+    shutil.copy(os.path.join(ROOT, fixture), tmp_path / fixture)
+    script = tmp_path / "readme.py"
+    script.write_text("\n".join(blocks) + FACTS, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout.splitlines()[-1])
+    assert facts["v"] == 3.0  # v.assign(2); v.assign_add(1.0)
+    assert facts["layer_keys"] == ["bias", "kernel"]
+    assert facts["mlp_names"] == ["mlp/dense_1/bias:0", "mlp/dense_1/kernel:0"]
+    assert facts["path"] == "run/model-1000.h5" and facts["latest"] == "run/model-1000.h5"
+    assert facts["bigger"] == "mlp_1"
+    assert facts["missing"] == ["layers/2/bias", "layers/2/kernel"]
+    assert facts["same_layers"] and facts["initialized"] == []
+    assert facts["names_keys"][:2] == ["mlp/dense/bias", "mlp/dense/kernel"]
+    assert facts["loaded"] == ["embedding/table", "step"] and facts["step"] == 1000
+    assert facts["torch_kernel"] and facts["torch_bias"]
+    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "tests", "weights"]

@@ -199,6 +199,7 @@ class _Group:
 
     def __init__(self) -> None:
         self.children: dict[bytes, Any] = {}
+        self.header = self.tree = self.heap = 0
 
 
 def _groups(datasets: Sequence[Dataset]) -> list[_Group]:
@@ -308,8 +309,8 @@ def layout(datasets: Sequence[Dataset], root_attrs: Sequence[tuple[str, Any]], u
         addr += len(heap_bytes)
         parts.append(heap_bytes)
         snods, last_keys, per = [], [], 2 * _LEAF_K
-        for start in range(0, len(names), per):
-            chunk = entries[start:start + per]
+        for first in range(0, len(names), per):
+            chunk = entries[first:first + per]
             parts += (_SNOD_HEAD.pack(b"SNOD", 1, 0, len(chunk)), *chunk, bytes(40 * (per - len(chunk))))
             snods.append(addr)
             last_keys.append(_ENTRY.unpack_from(chunk[-1])[0])
@@ -325,7 +326,7 @@ def layout(datasets: Sequence[Dataset], root_attrs: Sequence[tuple[str, Any]], u
     eof = addr
     superblock = b"".join([b"\x89HDF\r\n\x1a\n", bytes([0, 0, 0, 0, 0, 8, 8, 0]),
                            struct.pack("<HHI", _LEAF_K, _NODE_K, 0),
-                           struct.pack("<QQQQ", base, _UNDEF, base + eof, _UNDEF),  # the end-of-file address is absolute
+                           struct.pack("<QQQQ", base, _UNDEF, base + eof, _UNDEF),  # end of file: absolute
                            _ENTRY.pack(0, root.header, 1, 0, _QQ.pack(root.tree, root.heap))])
     head = superblock + _root_header(root.tree, root.heap, root_attrs, strings, gcol) + collection
     if len(head) != gcol + len(collection):

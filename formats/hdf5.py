@@ -175,6 +175,7 @@ class Hdf5Format:
                 checksum = _io.checksum_async(view)  # overlaps with the write below
                 n = len(view)
                 if n:
+                    assert offset is not None  # every tensor with data has a place
                     if run and (offset != run_end or len(run) >= _RUN_PIECES or
                                 run_end - run_start + n > _RUN_BYTES or n >= _io.BIG):
                         _io.pwritev_all(fd, run, run_start)

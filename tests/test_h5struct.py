@@ -5,10 +5,10 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from ckpt.formats import _h5struct, base
-from ckpt.formats.hdf5 import Hdf5Format
 
 import ckpt
+from ckpt.formats import _h5struct, base
+from ckpt.formats.hdf5 import Hdf5Format
 
 
 def write(path, tensors, metadata=None):

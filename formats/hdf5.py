@@ -113,10 +113,10 @@ class Hdf5Format:
         return False
 
     def open(self, path: str) -> BaseReader:
-        with open(path, "rb") as f:
-            head = f.read(_HEADER.size)
-        if head.startswith(MAGIC):
-            return Hdf5Reader(path)
+        try:
+            return Hdf5Reader(path)  # ckpt's own files: the reader opens the file once, checks the magic
+        except _NotCkptFile as exc:
+            head = exc.head
         if _damaged_magic(head):  # ckpt's own file: do not hand its (damaged) bytes to libhdf5
             raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
         mark = _ckpt_mark(path)
@@ -334,6 +334,14 @@ def _metadata_crc(fd: int, start: int, size: int, extents: list[tuple[int, int]]
     return _io.checksum_range(fd, pos, size - pos, path, "HDF5 metadata", crc)
 
 
+class _NotCkptFile(Exception):
+    """Raised by Hdf5Reader for a file without ckpt's magic: Hdf5Format.open looks further."""
+
+    def __init__(self, head: bytes) -> None:
+        super().__init__("no ckpt header")
+        self.head = head
+
+
 class Hdf5Reader(FileReader):
     """Reads a ckpt HDF5 file through its user-block index, without libhdf5."""
 
@@ -342,11 +350,13 @@ class Hdf5Reader(FileReader):
     def _open(self) -> None:
         path, fd = self.path, self._fd
         size = _io.file_size(fd)
+        head = _io.pread(fd, 0, min(size, _HEADER.size), path, "the header")
+        if not head.startswith(MAGIC):
+            raise _NotCkptFile(head)
         if size < _HEADER.size:
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt HDF5 file: "
                                          "it is truncated")
-        head = _io.pread(fd, 0, _HEADER.size, path, "the header")
-        magic, version, userblock, index_len, index_crc, head_crc = _HEADER.unpack(head)
+        _, version, userblock, index_len, index_crc, head_crc = _HEADER.unpack(head)
         if _io.crc32c(head[:-4]) != head_crc:
             raise CorruptCheckpointError(f"{path}: the ckpt header in the HDF5 user block is damaged")
         check_version(version, VERSION, "HDF5", path)

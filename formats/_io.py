@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -152,6 +152,30 @@ def read_checked(fd: int, view: memoryview, offset: int, path: str, what: str) -
     return crc
 
 
+class _Piece:
+    """A worker's job that the submitting thread may run itself while the job is still queued."""
+
+    __slots__ = ("args", "fn", "job")
+
+    def __init__(self, job: Future[int], fn: Callable[..., int], args: tuple[Any, ...]) -> None:
+        self.job, self.fn, self.args = job, fn, args
+
+
+def _submit(fn: Callable[..., int], *args: Any) -> _Piece:
+    return _Piece(_workers().submit(fn, *args), fn, args)
+
+
+def _steal(piece: _Piece) -> None:
+    """Run a queued piece in this thread instead of waiting idle for a worker to take it (on a
+    busy machine the wait for a free core costs more than the copy)."""
+    if piece.job.cancel():
+        try:
+            piece.job = Future()
+            piece.job.set_result(piece.fn(*piece.args))
+        except BaseException as exc:
+            piece.job.set_exception(exc)
+
+
 def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
                name: Callable[[int], str]) -> list[int]:
     """Fill each ``(offset, view)`` from the file and return the views' crc32c values.
@@ -191,7 +215,7 @@ def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
         n = len(view)
         if n >= BIG:  # pieces of PIECE bytes (the odd remainder first), read side by side
             first = n % PIECE or PIECE
-            jobs.append((i, [_workers().submit(read_checked, fd, view[start:end], offset + start, path, name(i))
+            jobs.append((i, [_submit(read_checked, fd, view[start:end], offset + start, path, name(i))
                              for start, end in zip([0, *range(first, n, PIECE)], range(first, n + 1, PIECE))]))
             continue
         if group:
@@ -208,18 +232,21 @@ def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
         end = offset + n
     try:
         flush()
+        for _, pieces in reversed(jobs):  # pieces no worker has started yet, this thread reads itself
+            for piece in reversed(pieces):
+                _steal(piece)
     finally:
         errors = []
         for i, pieces in jobs:  # wait for every piece: none may write into a buffer after we return
             try:
-                crc = pieces[0].result()
+                crc = pieces[0].job.result()
                 for piece in pieces[1:]:
-                    crc = crc32c_combine_piece(crc, piece.result())
+                    crc = crc32c_combine_piece(crc, piece.job.result())
                 crcs[i] = crc
             except CorruptCheckpointError as exc:
                 errors.append(exc)
                 for piece in pieces:
-                    piece.exception()  # wait for the rest of this tensor's pieces too
+                    piece.job.exception()  # wait for the rest of this tensor's pieces too
     if errors:
         raise errors[0]
     return crcs

@@ -334,11 +334,11 @@ def _metadata_crc(fd: int, start: int, size: int, extents: list[tuple[int, int]]
     return _io.checksum_range(fd, pos, size - pos, path, "HDF5 metadata", crc)
 
 
-class _NotCkptFile(Exception):
+class _NotCkptFile(CorruptCheckpointError):
     """Raised by Hdf5Reader for a file without ckpt's magic: Hdf5Format.open looks further."""
 
-    def __init__(self, head: bytes) -> None:
-        super().__init__("no ckpt header")
+    def __init__(self, path: str, head: bytes) -> None:
+        super().__init__(f"{path}: not a ckpt HDF5 file (its user block holds no ckpt header)")
         self.head = head
 
 
@@ -352,7 +352,7 @@ class Hdf5Reader(FileReader):
         size = _io.file_size(fd)
         head = _io.pread(fd, 0, min(size, _HEADER.size), path, "the header")
         if not head.startswith(MAGIC):
-            raise _NotCkptFile(head)
+            raise _NotCkptFile(path, head)
         if size < _HEADER.size:
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt HDF5 file: "
                                          "it is truncated")

@@ -10,8 +10,10 @@ Example:
     array([1.5, 2.5], dtype=float32)
 """
 
+import importlib as _importlib
 import importlib.util as _importlib_util
 import os as _os
+from typing import TYPE_CHECKING, Any
 
 # A source checkout keeps formats/ and cli/ beside ckpt/ (installs nest them as ckpt.formats and
 # ckpt.cli). When this package was imported from a checkout that is not what is installed (say
@@ -21,10 +23,8 @@ if _importlib_util.find_spec(".formats", __name__) is None and \
         _os.path.isfile(_os.path.join(_root, "formats", "base.py")):
     __path__.append(_root)
 
-from . import dtypes as dtypes
-from . import initializers as initializers
-from . import random as random
-from .async_save import SaveFuture as SaveFuture
+# errors are light (no numpy) and every caller needs them; the rest loads on first use, so that
+# `ckpt --version` or `import ckpt.errors` does not pay for numpy, ml_dtypes and the formats
 from .errors import CheckpointError as CheckpointError
 from .errors import CheckpointNotFoundError as CheckpointNotFoundError
 from .errors import CheckpointWriteError as CheckpointWriteError
@@ -34,27 +34,79 @@ from .errors import MismatchError as MismatchError
 from .errors import ReplacedWriteError as ReplacedWriteError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
-from .files import load_file as load_file
-from .files import save_file as save_file
-from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
-from .module import Module as Module
-from .reader import CheckpointReader as CheckpointReader
-from .reader import list_variables as list_variables
-from .reader import load_checkpoint as load_checkpoint
-from .reader import load_variable as load_variable
-from .restore import RestoreResult as RestoreResult
-from .restore import init_from_checkpoint as init_from_checkpoint
-from .saver import Saver as Saver
-from .scopes import deferred_init as deferred_init
-from .scopes import device as device
-from .scopes import name_scope as name_scope
-from .shard import Shard as Shard
-from .state import latest_checkpoint as latest_checkpoint
-from .variables import Variable as Variable
-from .variables import global_variables as global_variables
-from .variables import initialize_all_variables as initialize_all_variables
-from .variables import initialize_variables as initialize_variables
-from .variables import report_uninitialized_variables as report_uninitialized_variables
-from .variables import trainable_variables as trainable_variables
 
 __version__ = "0.1.0"
+
+#: public name -> the module defining it (a module itself when the name is the module's)
+_LAZY = {
+    "dtypes": ".dtypes",
+    "initializers": ".initializers",
+    "random": ".random",
+    "SaveFuture": ".async_save",
+    "load_file": ".files",
+    "save_file": ".files",
+    "print_tensors_in_checkpoint_file": ".inspect",
+    "Module": ".module",
+    "CheckpointReader": ".reader",
+    "list_variables": ".reader",
+    "load_checkpoint": ".reader",
+    "load_variable": ".reader",
+    "RestoreResult": ".restore",
+    "init_from_checkpoint": ".restore",
+    "Saver": ".saver",
+    "deferred_init": ".scopes",
+    "device": ".scopes",
+    "name_scope": ".scopes",
+    "Shard": ".shard",
+    "latest_checkpoint": ".state",
+    "Variable": ".variables",
+    "global_variables": ".variables",
+    "initialize_all_variables": ".variables",
+    "initialize_variables": ".variables",
+    "report_uninitialized_variables": ".variables",
+    "trainable_variables": ".variables",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckpt' has no attribute {name!r}")
+    value: Any = _importlib.import_module(module, __name__)
+    if module != f".{name}":  # a name defined in the module, not the module itself
+        value = getattr(value, name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # the same names, for type checkers and readers
+    from . import dtypes as dtypes
+    from . import initializers as initializers
+    from . import random as random
+    from .async_save import SaveFuture as SaveFuture
+    from .files import load_file as load_file
+    from .files import save_file as save_file
+    from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
+    from .module import Module as Module
+    from .reader import CheckpointReader as CheckpointReader
+    from .reader import list_variables as list_variables
+    from .reader import load_checkpoint as load_checkpoint
+    from .reader import load_variable as load_variable
+    from .restore import RestoreResult as RestoreResult
+    from .restore import init_from_checkpoint as init_from_checkpoint
+    from .saver import Saver as Saver
+    from .scopes import deferred_init as deferred_init
+    from .scopes import device as device
+    from .scopes import name_scope as name_scope
+    from .shard import Shard as Shard
+    from .state import latest_checkpoint as latest_checkpoint
+    from .variables import Variable as Variable
+    from .variables import global_variables as global_variables
+    from .variables import initialize_all_variables as initialize_all_variables
+    from .variables import initialize_variables as initialize_variables
+    from .variables import report_uninitialized_variables as report_uninitialized_variables
+    from .variables import trainable_variables as trainable_variables

@@ -10,23 +10,49 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import importlib
+
 import click
 
 import ckpt
 
-from .convert_cmd import convert
-from .diff_cmd import diff
 from .errors import error_json, error_lines
-from .inspect_cmd import inspect
-from .ls_cmd import ls
-from .verify_cmd import verify
+
+#: name -> (module defining the command, its one-line help). A command's module (numpy, the
+#: formats) is imported only when that command runs: `ckpt --help` and `--version` import neither.
+#: tests/test_cli.py checks the help lines against the commands' own.
+COMMANDS = {
+    "convert": ("convert_cmd", "Convert a checkpoint between formats; extract or rename keys."),
+    "diff": ("diff_cmd", "Compare two checkpoints: keys, dtypes, shapes, values and metadata."),
+    "inspect": ("inspect_cmd", "Show a checkpoint's tensors, values or statistics."),
+    "ls": ("ls_cmd", "List a directory's checkpoints."),
+    "verify": ("verify_cmd", "Check a checkpoint's structure and every checksum."),
+}
 
 # click >= 8.2 raises this for a bare "ckpt" (older versions print the help and exit 0)
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class _Shell(click.Group):
-    """A click group whose errors, usage errors included, are single "Error:" lines."""
+    """A click group whose errors, usage errors included, are single "Error:" lines, and whose
+    commands load when they are run."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module = importlib.import_module(f".{COMMANDS[cmd_name][0]}", __package__)
+            self.add_command(getattr(module, cmd_name))
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1] if name in COMMANDS and name not in self.commands
+                 else self.commands[name].get_short_help_str(formatter.width))
+                for name in self.list_commands(ctx)
+                if name in COMMANDS or not self.commands[name].hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -66,7 +92,3 @@ def main() -> None:
     unreadable, corrupted, key not found), 2 a usage error; ckpt diff: 0 same, 1 different,
     2 trouble.
     """
-
-
-for _command in (inspect, diff, convert, verify, ls):
-    main.add_command(_command)

@@ -79,6 +79,29 @@ def test_version():
     assert result.exit_code == 0 and ckpt.__version__ in result.stdout
 
 
+def test_help_shows_each_commands_own_one_line_help():
+    """`ckpt --help` lists commands without importing them; its lines must be theirs."""
+    from ckpt.cli.main import COMMANDS
+
+    for name, (_, line) in COMMANDS.items():
+        assert main.get_command(None, name).get_short_help_str(200) == line
+    assert sorted(main.list_commands(None)) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["inspect", "--help"]])
+def test_version_and_help_start_without_numpy_h5py_or_formats(args):
+    """Measured with the modules a fresh interpreter has loaded, not with a clock."""
+    code = (f"import sys\nfrom ckpt.cli import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+            "heavy = ('numpy', 'h5py', 'msgpack', 'ml_dtypes', 'crc32c', 'ckpt.formats')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = out.stdout.strip().splitlines()[-1]
+    if args[0] == "inspect":  # a command's help needs its module (numpy), never the formats or h5py
+        assert "h5py" not in loaded and "ckpt.formats" not in loaded, loaded
+    else:
+        assert loaded == "[]", loaded
+
+
 def test_unknown_command_is_a_one_line_usage_error():
     result = run("inspekt", "m.h5")
     assert result.exit_code == 2

@@ -208,13 +208,14 @@ def _bad(path: str, what: str) -> CorruptCheckpointError:
 
 class Blocks:
     """The saved blocks of one tensor, as arrays: ``files[i]`` holds block i, at ``offsets[i]``
-    of shape ``shapes[i]``, taking ``nbytes[i]`` bytes, with checksums ``crcs[i]`` (None for
-    strings). Iterating gives ``(file, offset, shape, nbytes, crcs)`` tuples."""
+    of shape ``shapes[i]``, taking ``nbytes[i]`` bytes; ``crcs`` is (all checksum values, where
+    block i's start) or None for strings. ``block(i)`` and iteration give ``(file, offset,
+    shape, nbytes, checksums)`` tuples."""
 
     __slots__ = ("files", "offsets", "shapes", "nbytes", "crcs")
 
     def __init__(self, files: np.ndarray, offsets: np.ndarray, shapes: np.ndarray, nbytes: np.ndarray,
-                 crcs: list[np.ndarray] | None) -> None:
+                 crcs: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.files, self.offsets, self.shapes, self.nbytes, self.crcs = files, offsets, shapes, nbytes, crcs
 
     def __len__(self) -> int:
@@ -222,7 +223,8 @@ class Blocks:
 
     def block(self, i: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int, np.ndarray | None]:
         return (int(self.files[i]), tuple(self.offsets[i].tolist()), tuple(self.shapes[i].tolist()),
-                int(self.nbytes[i]), None if self.crcs is None else self.crcs[i])
+                int(self.nbytes[i]), None if self.crcs is None else
+                self.crcs[0][int(self.crcs[1][i]):int(self.crcs[1][i + 1])])
 
     def __iter__(self) -> Any:
         return (self.block(i) for i in range(len(self)))
@@ -294,7 +296,7 @@ def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], di
             counts = -(-nbytes // block_bytes)
             if len(crcs) != counts.sum() or (len(crcs) and crcs.max() >= 2 ** 32):
                 raise _bad(path, f"tensor {key!r}: the block checksums do not match the blocks' sizes")
-            crcs = np.split(crcs, np.cumsum(counts)[:-1]) if count else []
+            crcs = (crcs, np.concatenate(([0], np.cumsum(counts))))  # flat values, block i's start
         signature = np.asarray(shape, np.int64).tobytes() + offsets.tobytes() + shapes.tobytes() + where.tobytes()
         if signature not in cache:
             cache[signature] = boxes.tiling_problem_arrays(shape, offsets, shapes, [owners[i] for i in where])

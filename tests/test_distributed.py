@@ -315,3 +315,30 @@ def test_cli_commands_on_sharded_checkpoints(tmp_path):
         f.write(bytes([byte[0] ^ 0x55]))
     result = _cli("verify", path)
     assert result.exit_code == 1 and os.path.basename(shard_file) in result.output
+
+
+def test_strict_false_and_init_from_checkpoint_with_sharded_variables(tmp_path):
+    path = _save(str(tmp_path), 2, "rows")[0]
+    emb = global_tensors()["emb"]
+
+    def fn(comm: distributed.Communicator) -> tuple:
+        rows = np.array_split(np.arange(37), comm.size)[comm.rank]
+        part = ckpt.Variable(np.zeros((len(rows), 5), np.float32), name=f"enc{comm.rank}/emb",
+                             shard=ckpt.Shard((37, 5), (int(rows[0]), 0)))
+        extra = ckpt.Variable(np.zeros(3, np.float32), name=f"new{comm.rank}")
+        result = ckpt.Saver({"emb": part, "not/saved": extra}, comm=comm, timeout=20).restore(path, strict=False)
+        assert result.missing == ["not/saved"] and "emb" in result.restored
+        got = part.numpy().copy()
+        part.assign(np.zeros_like(got))
+        ckpt.init_from_checkpoint(path, {"emb": part})  # one process's view: reads only its block
+        return rows, got, part.numpy()
+
+    for rows, got, again in run_ranks(3, fn):
+        assert_bit_exact(emb[rows[0]:rows[-1] + 1], got)
+        assert_bit_exact(emb[rows[0]:rows[-1] + 1], again)
+    v = ckpt.Variable(np.zeros((2, 5), np.float32), shard=ckpt.Shard((37, 5), (0, 0)))
+    with pytest.raises(ValueError, match="transpose applies to whole tensors"):
+        ckpt.init_from_checkpoint(path, {"emb": v}, transpose=["emb"])
+    wrong = ckpt.Variable(np.zeros((2, 5), np.float32), shard=ckpt.Shard((36, 5), (0, 0)))
+    with pytest.raises(ckpt.MismatchError, match=r"emb: shape \(36, 5\) in the model, \(37, 5\)"):
+        ckpt.init_from_checkpoint(path, {"emb": wrong})

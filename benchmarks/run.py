@@ -269,6 +269,10 @@ def main(args: Any) -> None:
                 from .async_save import report
 
                 report(label, variables, big_count, big_bytes, directory, args.reps)
+            if "hdf5child" in cases and label == "disk":
+                from .foreign_hdf5 import report as report_hdf5
+
+                report_hdf5(directory, args.reps)
             if "checksum" in cases and label == "tmpfs":  # CPU cost: on disk, noise swamps it
                 shares = checksum_share(model, variables, directory, args.reps)
                 print(f"**checksum share of ckpt's save time ({label}, {total / GiB:.2f} GiB)**: " +

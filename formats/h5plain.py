@@ -28,6 +28,7 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
+from . import _h5child
 from .base import BaseReader, TensorInfo, check_metadata, check_version, key_problem
 from .hdf5 import VERSION, _decode_strings
 
@@ -50,6 +51,8 @@ class H5pyReader(BaseReader):
         import h5py
 
         self.path = path
+        if file is None:  # unverified bytes: libhdf5 reads them in a child process first (a crash stays there)
+            _h5child.probe(path)
         try:
             self._file_size = os.path.getsize(path) if file is None else file.seek(0, os.SEEK_END)
             self._h5 = h5py.File(path if file is None else file, "r")

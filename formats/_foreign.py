@@ -7,6 +7,7 @@ hold keys that break ckpt's key rules; both are checked here the same way for ev
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import ml_dtypes
@@ -50,7 +51,8 @@ def read_json(path: str, limit: int = MAX_JSON) -> Any:
     NaN/Infinity, nesting the parser accepts; anything else is a CorruptCheckpointError."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(limit + 1)
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(min(size, limit) + 1)  # read(n) allocates n bytes up front: ask for what is there
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{path}: no such file") from None
     except OSError as exc:

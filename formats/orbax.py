@@ -178,7 +178,11 @@ class OrbaxReader(BaseReader):
             nbytes *= c
         try:
             with open(path, "rb") as f:
-                stored = f.read(nbytes * MAX_RATIO + 1)
+                size = os.fstat(f.fileno()).st_size
+                if size > nbytes * MAX_RATIO:  # no codec makes a chunk bigger than this
+                    raise CorruptCheckpointError(f"{path}: a {size}-byte chunk file for a {nbytes}-byte chunk of "
+                                                 f"{key!r}")
+                stored = f.read(size)  # read(n) allocates n bytes up front: ask for what is there
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{path}: chunk of {key!r} is missing") from None
         except OSError as exc:

@@ -131,6 +131,7 @@ class Saver:
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self._comm = comm
+        self._async_comm: Any = None
         self._timeout = float(timeout)
         if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 0):
             raise ValueError(f"max_to_keep must be a positive int, or None or 0 (keep all), got {max_to_keep!r}")
@@ -215,8 +216,7 @@ class Saver:
             from .distributed.save import save_sharded
 
             if not blocking:
-                raise ValueError("save(blocking=False) is not available with comm= yet: sharded saves are "
-                                 "collective and run in the calling thread")
+                return self._save_sharded_async(path, fmt, step, metadata)
 
             return save_sharded(self, self._comm, self._timeout, path, fmt, step,
                                 _registry().normalize_metadata(metadata, path))
@@ -250,6 +250,29 @@ class Saver:
                 path, tensors, lambda sources: self._commit(path, fmt, sources, metadata, step, listed_before,
                                                             background=True))
         return self._commit(path, fmt, tensors, metadata, step, listed_before)
+
+    def _save_sharded_async(self, path: str, fmt: Any, step: int | None, metadata: Any) -> SaveFuture:
+        """Snapshot this rank's variables, then run the collective save in a background thread on a
+        duplicate of the communicator (its collectives never meet training's own)."""
+        from .distributed.save import save_sharded
+
+        metadata = _registry().normalize_metadata(metadata, path)
+        tensors, missing = [], set()
+        for key, var in self._vars.items():
+            if var.is_initialized():
+                tensors.append((key, var._read()))
+            else:
+                missing.add(key)  # reported to every rank by the save's plan, not raised here alone
+        if self._async_comm is None:
+            self._async_comm = self._comm.dup()  # collective: every rank's first asynchronous save
+        comm = self._async_comm
+
+        def write(sources: Any) -> str:
+            values: dict[str, Any] = dict.fromkeys(missing)
+            values.update(sources)
+            return save_sharded(self, comm, self._timeout, path, fmt, step, metadata, values)
+
+        return self._background.submit(path, tensors, write)
 
     def _commit(self, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
                 listed_before: bool, background: bool = False) -> str:

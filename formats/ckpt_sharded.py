@@ -44,7 +44,7 @@ from .base import (BaseReader, TensorInfo, check_metadata, check_shape, check_ve
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name, _packb, _unpack
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
-           "block_crcs", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
+           "block_crcs", "LazyBlock", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
 
 #: The commit record's file name inside a sharded checkpoint directory.
 COMMIT = "COMMIT"
@@ -90,9 +90,9 @@ def write_commit(directory: str, record: Mapping[str, Any]) -> None:
             f.write(HEADER + body + footer)
 
 
-class _Block:
-    """Block ``rows`` of a tensor, read from its source only when a writer writes it; its
-    checksum blocks are computed then."""
+class LazyBlock:
+    """A block of a tensor handed to a format writer: ``read(key, offset, shape)`` is called
+    when the writer writes it (once), and its checksum blocks are computed from those bytes."""
 
     def __init__(self, read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray], key: str,
                  dtype: np.dtype, offset: tuple[int, ...], shape: tuple[int, ...]) -> None:
@@ -131,17 +131,17 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
     metadata = normalize_metadata(metadata, directory)
     os.mkdir(directory)
     save_id = os.urandom(8).hex()
-    per_file: list[list[_Block]] = [[] for _ in range(parts)]
+    per_file: list[list[LazyBlock]] = [[] for _ in range(parts)]
     entries: dict[str, list[Any]] = {}
     for key, dtype, shape in specs:
         entries[key] = [_dtype_name(dtype), list(shape), [], [], [], [], None if dtypes.is_string(dtype) else []]
         if not shape:
-            per_file[0].append(_Block(read, key, dtype, (), ()))
+            per_file[0].append(LazyBlock(read, key, dtype, (), ()))
             continue
         for i, rows in enumerate(np.array_split(np.arange(shape[0]), parts)):
             block = (len(rows),) + tuple(shape[1:])
             if boxes.volume(block):
-                per_file[i].append(_Block(read, key, dtype, (int(rows[0]),) + (0,) * (len(shape) - 1), block))
+                per_file[i].append(LazyBlock(read, key, dtype, (int(rows[0]),) + (0,) * (len(shape) - 1), block))
     files: list[list[Any]] = []
     for i, items in enumerate(per_file):
         if not items:

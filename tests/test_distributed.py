@@ -342,3 +342,20 @@ def test_strict_false_and_init_from_checkpoint_with_sharded_variables(tmp_path):
     wrong = ckpt.Variable(np.zeros((2, 5), np.float32), shard=ckpt.Shard((36, 5), (0, 0)))
     with pytest.raises(ckpt.MismatchError, match=r"emb: shape \(36, 5\) in the model, \(37, 5\)"):
         ckpt.init_from_checkpoint(path, {"emb": wrong})
+
+
+def test_asynchronous_sharded_save(tmp_path):
+    def fn(comm: distributed.Communicator) -> tuple:
+        rows = np.array_split(np.arange(40), comm.size)[comm.rank]
+        v = ckpt.Variable(np.arange(40.0)[rows[0]:rows[-1] + 1], name="v", shard=ckpt.Shard((40,), (int(rows[0]),)))
+        saver = ckpt.Saver([v], comm=comm, timeout=20)
+        future = saver.save(str(tmp_path / "m.msgpack"), global_step=1, blocking=False)
+        v.assign(np.zeros_like(v.numpy()))  # training goes on; the checkpoint keeps the values of the call
+        first = future.result(timeout=30)
+        second = saver.save(str(tmp_path / "m.msgpack"), global_step=2)  # a blocking save after it
+        return first, second
+
+    results = run_ranks(3, fn)
+    assert all(not isinstance(r, BaseException) for r in results), results
+    assert_bit_exact(np.arange(40.0), ckpt.load_checkpoint(results[0][0]).get_tensor("v"))
+    assert_bit_exact(np.zeros(40), ckpt.load_checkpoint(str(tmp_path)).get_tensor("v"))

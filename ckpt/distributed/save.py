@@ -27,9 +27,12 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .. import dtypes
+import numpy as np
+
+from .. import boxes, dtypes
 from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, replace_atomically, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
@@ -52,14 +55,21 @@ def _sharded() -> Any:
     return sharded
 
 
-def _local_plan(saver: Saver, path: str, step: int | None) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
-    """This rank's plan message, and its (key, variable, value) items."""
+def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, Any] | None,
+                ) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
+    """This rank's plan message, and its (key, variable, value) items; ``values`` (key -> a
+    snapshot or None for an uninitialized variable) replaces reading the variables."""
     from ..formats.msgpack import _dtype_name
 
     specs, items, error = [], [], None
     for key, var in saver._vars.items():
         try:
-            value = var._read()
+            if values is None:
+                value = var._read()
+            elif values.get(key) is None:
+                raise UninitializedVariableError(f"variable {var.name!r} is uninitialized")
+            else:
+                value = values[key]
         except UninitializedVariableError as exc:
             error = f"cannot save {path}: {exc}"
             break
@@ -76,20 +86,24 @@ def _raise(message: dict[str, Any]) -> None:
 
 
 def save_sharded(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-                 metadata: dict[str, Any]) -> str:
-    """Run the collective save on every rank; return ``path`` (the checkpoint directory)."""
+                 metadata: dict[str, Any], values: Mapping[str, Any] | None = None) -> str:
+    """Run the collective save on every rank; return ``path`` (the checkpoint directory).
+
+    ``values`` (key -> snapshot, for an asynchronous save) replaces reading the variables;
+    then the save runs in a background thread and leaves the garbage collector alone.
+    """
     try:
-        return _save(saver, comm, timeout, path, fmt, step, metadata)
+        return _save(saver, comm, timeout, path, fmt, step, metadata, values)
     except CollectiveTimeoutError as exc:
         raise CheckpointWriteError(f"{path}: the sharded save failed on rank {comm.rank} of {comm.size}: {exc}; "
                                    "the previous checkpoint is still the latest") from exc
 
 
 def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-          metadata: dict[str, Any]) -> str:
+          metadata: dict[str, Any], values: Mapping[str, Any] | None) -> str:
     sharded = _sharded()
     rank, size = comm.rank, comm.size
-    mine, items = _local_plan(saver, path, step)
+    mine, items = _local_plan(saver, path, step, values)
     plans = [decode(raw, path) for raw in comm.allgather(encode(mine), timeout)]
     lock_fd, listed_before = None, False
     if rank == 0:
@@ -115,7 +129,7 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
     try:
         lay = planning.layout(plans)
         writers = planning.replicated_writers(lay)
-        report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded)
+        report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded, background=values is not None)
         reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         if rank == 0:
             try:
@@ -247,25 +261,26 @@ def _unlink(path: str) -> None:
 
 
 def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
-                writers: dict[str, int], sharded: Any) -> dict[str, Any]:
+                writers: dict[str, int], sharded: Any, background: bool = False) -> dict[str, Any]:
     """Write this rank's blocks to its own file; return the report rank 0 commits from."""
     mine = []
     for key, var, value in items:
-        if (var.shard is not None or writers.get(key) == rank) and value.size:
-            mine.append((key, var, value))
+        if (var.shard is not None or writers.get(key) == rank) and boxes.volume(var.shape):
+            offset = var.shard.offset if var.shard is not None else (0,) * len(var.shape)
+            # read once, when the writer writes it; its checksum blocks are computed from those bytes
+            mine.append(sharded.LazyBlock(lambda *_, v=value: np.asarray(v), key, var.dtype, offset, var.shape))
     if not mine:
         return {"error": None, "file": None, "blocks": []}
     name = sharded.shard_file_name(save_id, rank, size, fmt.extensions[0])
     target = os.path.join(path, name)
     try:
-        with replace_atomically(target) as tmp, gc_paused():
-            fmt.write(tmp, [(key, value) for key, _, value in mine], {})
+        with replace_atomically(target) as tmp, gc_paused() if not background else nullcontext():
+            fmt.write(tmp, [(block.key, block) for block in mine], {})
         blocks = []
         with fmt.open(target) as reader:
-            for key, var, value in mine:
-                offset = list(var.shard.offset) if var.shard is not None else [0] * value.ndim
-                blocks.append([key, offset, list(value.shape), reader.tensors[key].nbytes,
-                               sharded.block_crcs(value)])
+            for block in mine:
+                blocks.append([block.key, list(block.offset), list(block.shape), reader.tensors[block.key].nbytes,
+                               block.crcs])
         return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
     except Exception as exc:  # noqa: BLE001 - reported to rank 0, raised on every rank
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}

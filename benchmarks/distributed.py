@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -130,6 +131,25 @@ def _worker(n: int, *args: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _dcp(n: int, directory: str, total: int, reps: int, disk: bool) -> dict[str, Any] | None:
+    """torch.distributed.checkpoint on ``n`` processes (gloo), or None when torch is not installed."""
+    try:
+        import torch.distributed.checkpoint  # noqa: F401 - only to know whether the peer can run
+    except ImportError:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.dcp_worker", str(r), str(n), str(port), directory,
+                               str(total), str(reps), "1" if disk else "0"], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(n)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("".join(err[-2000:] for _, err in outs))
+    return json.loads(outs[0][0].strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def _raw(directory: str, total: int, disk: bool) -> tuple[float, float]:
     """Seconds to write (and fsync) then read ``total`` bytes with plain os calls."""
     data = np.random.default_rng(0).bytes(64 << 20)
@@ -175,6 +195,14 @@ def sharded_case(directories: list[tuple[str, str]], size_gib: float, reps: int)
                 name = "Saver, one process (single file)" if n == 0 else f"Saver(comm=), {n} process{'es' * (n > 1)}"
                 lines.append(f"| {name} | {r['save']:.2f} | {total / GiB / r['save']:.2f} | {r['restore']:.2f} | "
                              f"{total / GiB / r['restore']:.2f} |")
+            for n in (1, 2, 4):
+                peer = _dcp(n, directory, total, reps, disk)
+                if peer is None:
+                    lines.append("| torch.distributed.checkpoint | (torch not installed) | | | |")
+                    break
+                lines.append(f"| torch.distributed.checkpoint, {n} process{'es' * (n > 1)} | {peer['save']:.2f} | "
+                             f"{total / GiB / peer['save']:.2f} | {peer['restore']:.2f} | "
+                             f"{total / GiB / peer['restore']:.2f} |")
             r = _worker(4, "reshard", directory, str(total), "3", "1" if disk else "0")
             block = sharded.BLOCK_BYTES
             lines += ["", f"4 -> 3 resharding restore ({label}): {r['seconds']:.2f} s. Per rank: bytes read / bytes "

@@ -220,6 +220,14 @@ def test_restore_timeout_and_failure_on_one_rank(tmp_path):
 
 
 def test_retention_and_leftovers_of_killed_saves(tmp_path):
+    def fn(comm: distributed.Communicator) -> list:
+        saver = ckpt.Saver({"v": ckpt.Variable(1.0, name="v")}, comm=comm, timeout=20, max_to_keep=2)
+        for step in (1, 2, 3):
+            saver.save(str(tmp_path / "model.msgpack"), global_step=step)
+        return saver.last_checkpoints
+
+    for kept in run_ranks(2, fn):  # every rank knows what rank 0 kept
+        assert [os.path.basename(p) for p in kept] == ["model-2.msgpack", "model-3.msgpack"]
     for step in (1, 2, 3):
         _save(str(tmp_path), 2, "rows", step=step, max_to_keep=2)
     assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == [

@@ -56,4 +56,4 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["names_keys"][:2] == ["mlp/dense/bias", "mlp/dense/kernel"]
     assert facts["loaded"] == ["embedding/table", "step"] and facts["step"] == 1000
     assert facts["torch_kernel"] and facts["torch_bias"]
-    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "tests", "weights"]
+    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "weights"]

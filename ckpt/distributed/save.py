@@ -143,6 +143,7 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         if lock_fd is not None:
             _unlock(path, save_id, lock_fd)
     _raise(outcome)
+    saver._last_checkpoints, saver._saved = list(outcome["kept"]), True  # every rank sees what rank 0 kept
     return path
 
 
@@ -333,7 +334,7 @@ def _commit(saver: Saver, path: str, save_id: str, lay: planning.Layout, reports
         _clean_inside(path, keep=save_id)  # a checkpoint saved again under this name: the old files
     except OSError:
         pass
-    return {"error": None}
+    return {"error": None, "kept": saver._last_checkpoints}
 
 
 def _discard(path: str, reports: list[dict[str, Any]]) -> None:

@@ -95,7 +95,9 @@ def count_params(tensors: Mapping[str, Any], exclude: str = "") -> ParamCount:
 
 
 def _count_lines(count: ParamCount, exclude: str) -> list[str]:
-    lines = [f"# Excluding {count.excluded_tensors} tensors ({count.excluded_params} params) that match "
+    tensors = "tensor" if count.excluded_tensors == 1 else "tensors"
+    params = "param" if count.excluded_params == 1 else "params"
+    lines = [f"# Excluding {count.excluded_tensors} {tensors} ({count.excluded_params} {params}) that match "
              f"{exclude} when counting."] if exclude else []
     return lines + [f"# Total number of params: {count.total}"]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 import ckpt
 from ckpt import dtypes
-from ckpt.atomic import fsync_directory, replace_atomically
+from ckpt.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.errors import CheckpointWriteError, KeyNotFoundError, closest_hint
 from ckpt.formats import base
 
@@ -164,8 +164,7 @@ def _write_sharded(reader: Any, plan: list[tuple[str, str]], metadata: dict[str,
         raise Failure(f"{dst} exists; --shards writes a new directory and never replaces a checkpoint, "
                       "--force or not (remove it or pick another name)")
     parent = os.path.dirname(os.path.abspath(dst))
-    if not os.path.isdir(parent):
-        raise ckpt.CheckpointNotFoundError(f"{dst}: the directory {parent} does not exist")
+    require_directory(dst)  # missing directories are created, as for a single file
     old_of = {new: old for old, new in plan}
     specs = [(new, reader.tensors[old].dtype, reader.tensors[old].shape) for old, new in plan]
 
@@ -248,7 +247,7 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
         total = sum(reader.tensors[key].nbytes for key, _ in plan)
         if shards is not None:
             _write_sharded(reader, plan, metadata, dst, shards, fmt)
-            click.echo(f"{dst} ({fmt.name}, {shards} shards): {len(plan)} tensors from {reader.path} "
+            click.echo(f"{dst} ({fmt.name}, {shards} shards): {count(len(plan), 'tensor')} from {reader.path} "
                        f"({reader.format}); read back and checked")
             return
         try:

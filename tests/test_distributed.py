@@ -310,6 +310,8 @@ def test_cli_commands_on_sharded_checkpoints(tmp_path):
         for key, value in tensors.items():
             assert_bit_exact(value, reader.read(key))
     assert _cli("diff", back, path).exit_code == 0
+    nested = tmp_path / "new" / "dir" / "nested.h5"  # missing directories are created, as for one file
+    assert _cli("convert", single, nested, "--shards", 2).exit_code == 0 and _cli("diff", nested, path).exit_code == 0
     assert _cli("convert", single, back, "--shards", 2).exit_code == 2  # an existing DST needs --force
     refused = _cli("convert", single, back, "--shards", 2, "--force")  # and --shards never replaces one
     assert refused.exit_code == 1 and "never replaces" in refused.output

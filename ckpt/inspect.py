@@ -97,7 +97,8 @@ def count_params(tensors: Mapping[str, Any], exclude: str = "") -> ParamCount:
 def _count_lines(count: ParamCount, exclude: str) -> list[str]:
     tensors = "tensor" if count.excluded_tensors == 1 else "tensors"
     params = "param" if count.excluded_params == 1 else "params"
-    lines = [f"# Excluding {count.excluded_tensors} {tensors} ({count.excluded_params} {params}) that match "
+    match = "matches" if count.excluded_tensors == 1 else "match"
+    lines = [f"# Excluding {count.excluded_tensors} {tensors} ({count.excluded_params} {params}) that {match} "
              f"{exclude} when counting."] if exclude else []
     return lines + [f"# Total number of params: {count.total}"]
 
@@ -424,7 +425,7 @@ def print_tensors_in_checkpoint_file(file_name: str | os.PathLike[str], tensor_n
         [0.5]
         tensor: step (int32) []
         7
-        # Excluding 1 tensors (1 params) that match step when counting.
+        # Excluding 1 tensor (1 param) that matches step when counting.
         # Total number of params: 1
     """
     with load_checkpoint(file_name) as reader:

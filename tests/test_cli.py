@@ -873,7 +873,7 @@ def test_diff_compares_metadata(tmp_path):
 
 def test_summaries_use_singular_and_plural(tmp_path):
     src = save(tmp_path / "one.h5", {"w": np.array([1.0, 2.0])})
-    assert "# Excluding 1 tensor (2 params) that match ^w when counting." in run("inspect", src, "--exclude", "^w").stdout
+    assert "# Excluding 1 tensor (2 params) that matches ^w when counting." in run("inspect", src, "--exclude", "^w").stdout
     out = run("convert", src, tmp_path / "one.msgpack").stdout
     assert ": 1 tensor from " in out and "tensors" not in out
     assert "OK (1 tensor;" in run("verify", src).stdout

@@ -1,5 +1,5 @@
 """Every Python block of the README runs as written, in order, in a fresh process, and its
-comments say what it does."""
+comments say what it does. (The sharded-checkpoint block runs as one MPI process.)"""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ print(_json.dumps({
     "layer_keys": [k for k, _ in layer.named_variables()],
     "mlp_names": [v.name for v in model.layers[1].variables],
     "path": path,
+    "sharded": sharded,
+    "emb": ckpt.load_checkpoint("sharded_run").get_variable_to_shape_map(),
     "latest": ckpt.latest_checkpoint("run"),
     "bigger": bigger.name,
     "missing": result.missing,
@@ -50,6 +52,7 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["layer_keys"] == ["bias", "kernel"]
     assert facts["mlp_names"] == ["mlp/dense_1/bias:0", "mlp/dense_1/kernel:0"]
     assert facts["path"] == "run/model-1000.h5" and facts["latest"] == "run/model-1000.h5"
+    assert facts["sharded"] == "sharded_run/model-100.msgpack" and facts["emb"] == {"bias": [64], "emb": [1000, 64]}
     assert facts["bigger"] == "mlp_1"
     assert facts["missing"] == ["layers/2/bias", "layers/2/kernel"]
     assert facts["same_layers"] and facts["initialized"] == []

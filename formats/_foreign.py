@@ -59,6 +59,11 @@ def read_json(path: str, limit: int = MAX_JSON) -> Any:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if len(raw) > limit:
         raise CorruptCheckpointError(f"{path}: a JSON file over {limit} bytes; ckpt reads at most {limit}")
+    return parse_json(raw, path)
+
+
+def parse_json(raw: bytes, path: str) -> Any:
+    """JSON bytes as ``read_json`` checks them (``path`` names them in errors)."""
 
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")

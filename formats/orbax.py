@@ -1,18 +1,18 @@
 """orbax-checkpoint directories (JAX's checkpointer), read without jax, orbax or tensorstore.
 
 A ``PyTreeCheckpointHandler`` / ``StandardCheckpointer`` save is a directory: ``_METADATA``
-(JSON: each leaf's pytree path and value type) and, saved without OCDBT (``use_ocdbt=False``),
-one zarr v2 array per leaf in a sub-directory named by the path joined with "." ("params.dense.kernel":
-``.zarray`` plus chunk files "0.0", "0.1", ...). A ``CheckpointManager`` directory holds one
-directory per step ("1", "2", ...), each holding its items ("default", or the names given to
-``Composite``); opening it opens the latest finished step.
+(JSON: each leaf's pytree path and value type) and one zarr v2 array per leaf, named by the path
+joined with "." ("params.dense.kernel": ``.zarray`` plus chunks "0.0", "0.1", ...). With OCDBT
+(orbax's default) those arrays live as keys in tensorstore's OCDBT database (``manifest.ocdbt``,
+``d/`` and ``ocdbt.process_N/d/`` data files; :mod:`ckpt.formats._ocdbt`); without it
+(``use_ocdbt=False``) as files. A ``CheckpointManager`` directory holds one directory per step
+("1", "2", ...), each holding its items ("default", or the names given to ``Composite``); opening
+it opens the latest finished step.
 
 Keys are the pytree paths joined with "/": "params/dense/kernel", "layers/0". Chunks are
 decompressed with zstd (orbax's default; the optional ``zstandard`` package, ``pip install
 "ckpt[orbax]"``) or zlib/gzip, or read as they are; each chunk's decompressed size must be exactly
-the chunk's, and memory never exceeds one chunk beyond the result. OCDBT checkpoints
-(tensorstore's ``manifest.ocdbt`` with ``d/`` data files, orbax's default since 0.5) are refused
-with a message saying so.
+the chunk's, and memory never exceeds one chunk beyond the result.
 
 Example:
     >>> import ckpt
@@ -26,17 +26,18 @@ import itertools
 import os
 import re
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
-from ._foreign import NUMPY_DTYPES, read_json
+from ._foreign import MAX_JSON, NUMPY_DTYPES, parse_json, read_json
 from ._slicing import box
 from .base import BaseReader, TensorInfo, check_shape, key_problem
 
 METADATA = "_METADATA"
+MANIFEST = "manifest.ocdbt"
 #: A chunk may decompress to at most this many times its stored size (zstd's best is ~43000:1).
 MAX_RATIO = 1 << 16
 _STEP = re.compile(r"\d+")
@@ -110,17 +111,21 @@ class OrbaxReader(BaseReader):
     def __init__(self, path: str, items: list[str]) -> None:
         self.path = path
         self._tensors, self._arrays = {}, {}
+        self._stores: list[Any] = []
         notes: dict[str, str] = {}
-        for item in items:
-            prefix = "" if len(items) == 1 else os.path.basename(item) + "/"  # Composite: "<item>/..."
-            self._read_item(item, prefix, notes)
+        try:
+            for item in items:
+                prefix = "" if len(items) == 1 else os.path.basename(item) + "/"  # Composite: "<item>/..."
+                self._read_item(item, prefix, notes)
+        except BaseException:
+            self.close()
+            raise
         self._metadata = {"non_tensors": notes} if notes else {}
 
     def _read_item(self, item: str, prefix: str, notes: dict[str, str]) -> None:
-        if os.path.exists(os.path.join(item, "manifest.ocdbt")):
-            raise UnsupportedCheckpointError(
-                f"{item}: an orbax checkpoint in OCDBT format (tensorstore's manifest.ocdbt and d/ files, "
-                "orbax's default); ckpt reads orbax checkpoints saved with use_ocdbt=False (zarr arrays)")
+        store: _DirStore | _OcdbtStore = (_OcdbtStore(item) if os.path.exists(os.path.join(item, MANIFEST))
+                                          else _DirStore(item))
+        self._stores.append(store)
         meta = read_json(os.path.join(item, METADATA))
         tree = meta.get("tree_metadata") if isinstance(meta, dict) else None
         if not isinstance(tree, dict):
@@ -140,10 +145,10 @@ class OrbaxReader(BaseReader):
             if kind not in ("np.ndarray", "jax.Array", "scalar") or value.get("skip_deserialize"):
                 notes[key] = f"an orbax {kind!r} value, not an array ckpt reads"
                 continue
-            array = os.path.join(item, ".".join(parts))
-            info, spec = _zarray(array, key)
+            array = ".".join(parts)
+            info, spec = _zarray(store, array, key)
             self._tensors[key] = info
-            self._arrays[key] = (array, spec)
+            self._arrays[key] = (store, array, spec)
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         self._read_box(info, [(0, d) for d in info.shape], out)
@@ -157,43 +162,113 @@ class OrbaxReader(BaseReader):
         return out.reshape(shape)
 
     def _read_box(self, info: TensorInfo, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
-        array, spec = self._arrays[info.key]
+        store, array, spec = self._arrays[info.key]
         chunks, separator = spec["chunks"], spec["separator"]
         if out.size == 0:
             return
         ranges = [range(a // c, (b - 1) // c + 1) for (a, b), c in zip(bounds, chunks)]
         for index in itertools.product(*ranges):
             name = separator.join(str(i) for i in index) if index else "0"
-            chunk = self._chunk(os.path.join(array, name), spec, info.key)
+            chunk = _chunk(store, f"{array}/{name}", spec, info.key)
             region = [(i * c, min((i + 1) * c, d)) for i, c, d in zip(index, chunks, info.shape)]
             overlap = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(bounds, region)]
             out[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, bounds))] = \
                 chunk[tuple(slice(lo - r, hi - r) for (lo, hi), (r, _) in zip(overlap, region))]
 
-    def _chunk(self, path: str, spec: dict[str, Any], key: str) -> np.ndarray:
-        """One chunk, decompressed into the chunk's full shape (zarr v2 stores edge chunks whole)."""
-        dtype, chunks = spec["dtype"], spec["chunks"]
-        nbytes = dtype.itemsize
-        for c in chunks:
-            nbytes *= c
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        return super().verify(progress)  # every chunk read (OCDBT: every node's crc32c checked on open)
+
+    def close(self) -> None:
+        for store in self._stores:
+            store.close()
+
+
+class _DirStore:
+    """Orbax's zarr arrays as files: "params.dense.kernel/0.0" under the item directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def size(self, name: str) -> int | None:
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > nbytes * MAX_RATIO:  # no codec makes a chunk bigger than this
-                    raise CorruptCheckpointError(f"{path}: a {size}-byte chunk file for a {nbytes}-byte chunk of "
-                                                 f"{key!r}")
-                stored = f.read(size)  # read(n) allocates n bytes up front: ask for what is there
+            return os.stat(os.path.join(self.root, name)).st_size
+        except OSError:
+            return None
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            with open(os.path.join(self.root, name), "rb") as f:
+                return f.read(os.fstat(f.fileno()).st_size)  # read(n) allocates n up front: ask for what is there
         except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path}: chunk of {key!r} is missing") from None
+            return None
         except OSError as exc:
-            raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-        if len(stored) * MAX_RATIO < nbytes:
-            raise CorruptCheckpointError(f"{path}: {len(stored)} bytes cannot decompress to the {nbytes}-byte "
-                                         f"chunk {key!r} declares")
-        raw = _decompress(stored, spec["compressor"], nbytes + 1, path, key)
-        if len(raw) != nbytes:
-            raise CorruptCheckpointError(f"{path}: chunk of {key!r} holds {len(raw)} bytes, expected {nbytes}")
-        return np.frombuffer(raw, dtype).reshape(chunks)
+            raise CorruptCheckpointError(f"{self.root}/{name}: cannot read: {exc.strerror or exc}") from exc
+
+    def count(self, array: str) -> int:
+        try:
+            return len(os.listdir(os.path.join(self.root, array)))
+        except OSError:
+            return 0
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def close(self) -> None:
+        pass
+
+
+class _OcdbtStore:
+    """The same keys in tensorstore's OCDBT database (manifest.ocdbt and its data files)."""
+
+    def __init__(self, root: str) -> None:
+        from ._ocdbt import open_store
+
+        self.root = root
+        self._store = open_store(root)
+        self._counts: dict[str, int] = {}
+        for key in self._store.values:
+            head = key.split(b"/", 1)[0].decode("utf-8", "replace")
+            self._counts[head] = self._counts.get(head, 0) + 1
+
+    def size(self, name: str) -> int | None:
+        value = self._store.values.get(name.encode())
+        return None if value is None else len(value) if isinstance(value, bytes) else int(value[2])
+
+    def get(self, name: str) -> bytes | None:
+        return self._store.get(name.encode())
+
+    def count(self, array: str) -> int:
+        return self._counts.get(array, 0)
+
+    def where(self, name: str) -> str:
+        return f"{self.root} (OCDBT) key {name!r}"
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def _chunk(store: Any, name: str, spec: dict[str, Any], key: str) -> np.ndarray:
+    """One chunk, decompressed into the chunk's full shape (zarr v2 stores edge chunks whole)."""
+    dtype, chunks = spec["dtype"], spec["chunks"]
+    nbytes = dtype.itemsize
+    for c in chunks:
+        nbytes *= c
+    where = store.where(name)
+    size = store.size(name)
+    if size is None:
+        raise CorruptCheckpointError(f"{where}: chunk of {key!r} is missing")
+    if size > nbytes * MAX_RATIO:  # no codec makes a chunk bigger than this
+        raise CorruptCheckpointError(f"{where}: a {size}-byte chunk for a {nbytes}-byte chunk of {key!r}")
+    if size * MAX_RATIO < nbytes:
+        raise CorruptCheckpointError(f"{where}: {size} bytes cannot decompress to the {nbytes}-byte "
+                                     f"chunk {key!r} declares")
+    stored = store.get(name)
+    if stored is None:
+        raise CorruptCheckpointError(f"{where}: chunk of {key!r} is missing")
+    raw = _decompress(stored, spec["compressor"], nbytes + 1, where, key)
+    if len(raw) != nbytes:
+        raise CorruptCheckpointError(f"{where}: chunk of {key!r} holds {len(raw)} bytes, expected {nbytes}")
+    return np.frombuffer(raw, dtype).reshape(chunks)
 
 
 def _key_parts(entry: Any, item: str) -> list[str]:
@@ -214,12 +289,15 @@ def _key_parts(entry: Any, item: str) -> list[str]:
     return out
 
 
-def _zarray(array: str, key: str) -> tuple[TensorInfo, dict[str, Any]]:
+def _zarray(store: Any, array: str, key: str) -> tuple[TensorInfo, dict[str, Any]]:
     """A zarr v2 array's ``.zarray``: checked, and refused where ckpt does not read it."""
-    path = os.path.join(array, ".zarray")
-    if not os.path.isfile(path):
-        raise CorruptCheckpointError(f"{array}: the array of {key!r} is missing (no .zarray)")
-    meta = read_json(path)
+    path = store.where(f"{array}/.zarray")
+    size = store.size(f"{array}/.zarray")
+    if size is None:
+        raise CorruptCheckpointError(f"{store.where(array)}: the array of {key!r} is missing (no .zarray)")
+    if size > MAX_JSON:
+        raise CorruptCheckpointError(f"{path}: larger than {MAX_JSON} bytes")
+    meta = parse_json(store.get(f"{array}/.zarray") or b"", path)
     if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
         raise CorruptCheckpointError(f"{path}: not zarr v2 array metadata")
     shape = check_shape(meta.get("shape"), path, key)
@@ -244,8 +322,9 @@ def _zarray(array: str, key: str) -> tuple[TensorInfo, dict[str, Any]]:
     grid = 1
     for d, c in zip(shape, chunks):
         grid *= -(-d // c)
-    if grid > len(os.listdir(array)):  # every chunk is a file (orbax writes them all): bound the grid
-        raise CorruptCheckpointError(f"{array}: {key!r} needs {grid} chunk files, the directory holds fewer")
+    if grid > store.count(array):  # every chunk is stored (orbax writes them all): bound the grid
+        raise CorruptCheckpointError(f"{store.where(array)}: {key!r} needs {grid} chunk files, the store holds "
+                                     "fewer")
     nbytes = dtype.itemsize
     for d in shape:
         nbytes *= d
@@ -264,6 +343,14 @@ def _decompress(data: bytes, codec: str | None, limit: int, path: str, key: str)
         return _zstd(data, limit)
     except (zlib.error, ValueError, EOFError) as exc:
         raise CorruptCheckpointError(f"{path}: chunk of {key!r} does not decompress ({codec}): {exc}") from exc
+
+
+def zstd_decompress(data: bytes, limit: int, where: str) -> bytes:
+    """At most ``limit`` bytes of a zstd frame; CorruptCheckpointError when it is damaged."""
+    try:
+        return _zstd(data, limit)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{where}: does not decompress (zstd): {exc}") from exc
 
 
 def _zstd(data: bytes, limit: int) -> bytes:

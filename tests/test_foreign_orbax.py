@@ -1,5 +1,5 @@
-"""orbax-checkpoint: the directories orbax wrote (zarr arrays per leaf, a CheckpointManager root),
-OCDBT refused clearly, and hostile metadata and chunks.
+"""orbax-checkpoint: the directories orbax wrote (zarr arrays as files or in an OCDBT database, a
+CheckpointManager root), and hostile metadata, manifests, nodes and chunks.
 
 Fixtures written by jax 0.10.2 / orbax-checkpoint 0.12.8 (tests/fixtures/foreign/generators/gen_orbax.py).
 """
@@ -34,6 +34,7 @@ def expected(npz):
 
 
 @pytest.mark.parametrize("path, npz", [("orbax_zarr", "orbax_zarr_expected.npz"),
+                                       ("orbax_ocdbt", "orbax_ocdbt_expected.npz"),
                                        ("orbax_manager", "orbax_manager_expected.npz"),
                                        ("orbax_manager/2", "orbax_manager_expected.npz"),
                                        ("orbax_manager/1/default", None)])
@@ -71,9 +72,111 @@ def test_the_cli_reads_a_manager_root():
     assert "params/grid" in result.output
 
 
-def test_ocdbt_is_refused_clearly():
-    with pytest.raises(ckpt.UnsupportedCheckpointError, match="OCDBT"):
-        ckpt.load_checkpoint(os.path.join(FIXTURES, "orbax_ocdbt"))
+@pytest.mark.parametrize("directory", ["orbax_zarr", "orbax_ocdbt"])
+def test_get_slice_in_both_layouts(directory):
+    want = expected("orbax_zarr_expected.npz")["params/grid"]
+    with ckpt.load_checkpoint(os.path.join(FIXTURES, directory)) as reader:
+        assert_bit_exact(want[2:5, 3:6], reader.get_slice("params/grid", np.s_[2:5, 3:6]))
+
+
+def test_ocdbt_keys_follow_orbax_and_nodes_are_checked():
+    from ckpt.formats import _ocdbt
+
+    store = _ocdbt.open_store(os.path.join(FIXTURES, "orbax_ocdbt"))
+    try:
+        assert b"params.grid/1.1" in store.keys() and b"step/.zarray" in store.keys()
+        assert len(store.keys()) == 21
+    finally:
+        store.close()
+
+
+# --- hand-built OCDBT manifests ------------------------------------------------------------------
+def varint(n):
+    out = b""
+    while True:
+        out += bytes([n & 0x7F | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def manifest(body_fields, version=0):
+    import crc32c
+
+    body = b"".join(body_fields)
+    head = (0x0CDB3A2A).to_bytes(4, "big")
+    rest = varint(version) + varint(0) + body
+    raw = head + (4 + 8 + len(rest) + 4).to_bytes(8, "little") + rest
+    return raw + crc32c.crc32c(raw).to_bytes(4, "little")
+
+
+def config(kind=0):
+    return b"\x11" * 16 + varint(kind) + varint(1024) + varint(1 << 20) + b"\x04" + varint(0)
+
+
+def table(paths):
+    return varint(len(paths)) + b"".join(varint(0) for _ in paths[1:]) + b"".join(varint(len(p)) for p in paths) \
+        + b"".join(varint(0) for _ in paths) + b"".join(paths)
+
+
+def inline(file_id, offset, length, height=1):
+    return (varint(1) + varint(1) + bytes([height]) + varint(file_id) + varint(offset) + varint(length)
+            + varint(0) * 3 + b"\x00" * 8 + varint(0))
+
+
+@pytest.mark.parametrize("raw, error, words", [
+    (manifest([config(kind=1), table([b"d/x"]), inline(0, 0, 10)]), ckpt.UnsupportedCheckpointError, "numbered"),
+    (manifest([config(), table([b"../../etc/passwd"]), inline(0, 0, 10)]), ckpt.CorruptCheckpointError,
+     "outside the database"),
+    (manifest([config(), table([b"/etc/passwd"]), inline(0, 0, 10)]), ckpt.CorruptCheckpointError,
+     "outside the database"),
+    (manifest([config(), table([b"d/x"]), inline(3, 0, 10)]), ckpt.CorruptCheckpointError, "data file 3 of 1"),
+    (manifest([config(), table([b"d/x"]), varint(0) + varint(0)]), ckpt.UnsupportedCheckpointError,
+     "no inline version"),
+    (manifest([config(), table([b"d/x"]), inline(0, 0, 10)], version=1), ckpt.UnsupportedCheckpointError,
+     "version 1"),
+    (manifest([config(), table([b"d/x"])]), ckpt.CorruptCheckpointError, "needs 1 bytes"),
+    (manifest([config(), table([b"d/missing"]), inline(0, 0, 10)]), ckpt.CorruptCheckpointError, "missing"),
+    (manifest([config(), table([b"d/x"]), inline(0, 5, 1 << 40)]), ckpt.CorruptCheckpointError, "truncated"),
+    (b"\x0c\xdb\x3a\x2a" + b"\x00" * 30, ckpt.CorruptCheckpointError, "declares 0 bytes"),
+])
+def test_hostile_ocdbt_manifests(tmp_path, raw, error, words):
+    target = tmp_path / "o"
+    shutil.copytree(os.path.join(FIXTURES, "orbax_ocdbt"), target)
+    (target / "manifest.ocdbt").write_bytes(raw)
+    os.makedirs(target / "d", exist_ok=True)
+    (target / "d" / "x").write_bytes(b"\x00" * 64)
+    with pytest.raises(error, match=words):
+        ckpt.load_checkpoint(str(target))
+
+
+def test_ocdbt_files_truncated_and_flipped(tmp_path):
+    """The manifest and every data file: truncations and seeded bit flips end in values or a
+    CheckpointError (manifests and nodes carry crc32c; values are zarr chunks, checked by size)."""
+    target = tmp_path / "o"
+    shutil.copytree(os.path.join(FIXTURES, "orbax_ocdbt"), target)
+    files = [target / "manifest.ocdbt"] + sorted((target / "d").iterdir()) + sorted(
+        (target / "ocdbt.process_0" / "d").iterdir())
+    rng = np.random.default_rng(16)
+    count = 0
+    for victim in files:
+        raw = victim.read_bytes()
+        variants = [raw[:n] for n in range(0, len(raw), 3)]
+        for _ in range(40):
+            flipped = bytearray(raw)
+            flipped[int(rng.integers(len(raw)))] ^= 1 << int(rng.integers(8))
+            variants.append(bytes(flipped))
+        for variant in variants:
+            victim.write_bytes(variant)
+            count += 1
+            try:
+                with ckpt.load_checkpoint(str(target)) as reader:
+                    for key in reader.get_variable_to_shape_map():
+                        reader.get_tensor(key)
+            except ckpt.CheckpointError:
+                pass
+        victim.write_bytes(raw)
+    assert count > 700
 
 
 def copy(tmp_path):

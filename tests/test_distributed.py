@@ -369,3 +369,20 @@ def test_asynchronous_sharded_save(tmp_path):
     assert all(not isinstance(r, BaseException) for r in results), results
     assert_bit_exact(np.arange(40.0), ckpt.load_checkpoint(results[0][0]).get_tensor("v"))
     assert_bit_exact(np.zeros(40), ckpt.load_checkpoint(str(tmp_path)).get_tensor("v"))
+
+
+def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, ckpt; from ckpt import distributed\n"
+            "v = ckpt.Variable(np.ones(3), name='v', shard=ckpt.Shard((3,), (0,)))\n"
+            f"p = ckpt.Saver([v], comm=distributed.local()).save({str(tmp_path / 'm.h5')!r})\n"
+            "ckpt.Saver([v], comm=distributed.local()).restore(p)\n"
+            "print('mpi4py' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # sharded checkpoints without MPI import no MPI
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if the mpi extra were not installed
+    with pytest.raises(ImportError, match=r"pip install 'ckpt\[mpi\]'"):
+        distributed.mpi()

@@ -77,7 +77,7 @@ def tiling_problem(global_shape: Sequence[int], blocks: Sequence[tuple[Sequence[
         count = np.zeros([len(c) - 1 for c in cuts], np.int32)
         index = [{v: i for i, v in enumerate(c)} for c in cuts]
         where = []
-        for offset, shape, owner in full:
+        for offset, shape, _ in full:
             box = tuple(slice(index[a][o], index[a][o + n]) for a, (o, n) in enumerate(zip(offset, shape)))
             count[box] += 1
             where.append(box)

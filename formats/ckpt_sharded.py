@@ -85,9 +85,8 @@ def write_commit(directory: str, record: Mapping[str, Any]) -> None:
     body = _packb({"format": FORMAT_NAME, "version": VERSION, **record})
     footer = _FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, len(HEADER), 0xCF, len(body), 0xCE,
                           _io.crc32c(body))
-    with replace_atomically(os.path.join(directory, COMMIT)) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(HEADER + body + footer)
+    with replace_atomically(os.path.join(directory, COMMIT)) as tmp, open(tmp, "wb") as f:
+        f.write(HEADER + body + footer)
 
 
 class LazyBlock:
@@ -425,7 +424,7 @@ class ShardedReader(BaseReader):
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems: list[str] = []
-        for index, (name, _) in enumerate(self.files):
+        for index in range(len(self.files)):
             try:
                 problems.extend(self._shard(index).verify())
             except CorruptCheckpointError as exc:

@@ -262,9 +262,11 @@ def test_save_without_comm_refuses_sharded_variables(tmp_path):
 def test_damaged_commit_record_is_reported(tmp_path):
     path = _save(str(tmp_path), 1, "rows")[0]
     record = os.path.join(path, "COMMIT")
-    raw = bytearray(open(record, "rb").read())
-    raw[len(raw) // 2] ^= 0xFF
-    open(record, "wb").write(bytes(raw))
+    with open(record, "r+b") as f:
+        raw = bytearray(f.read())
+        raw[len(raw) // 2] ^= 0xFF
+        f.seek(0)
+        f.write(bytes(raw))
     with pytest.raises(ckpt.CorruptCheckpointError, match="COMMIT"):
         ckpt.load_checkpoint(path)
 

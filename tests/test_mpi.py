@@ -40,7 +40,11 @@ def mpirun(n: int, mode: str, out: str, *args: str, expect_ok: bool = True) -> l
     results = []
     for rank in range(n):
         path = os.path.join(out, f"result-{rank}.json")
-        results.append(json.load(open(path)) if os.path.exists(path) else None)
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            results.append(None)
     return results
 
 

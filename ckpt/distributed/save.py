@@ -222,9 +222,8 @@ def _clean_inside(path: str, keep: str | None = None) -> None:
         if name in referenced or name == sharded.COMMIT:
             continue
         ident = name.lstrip(".").split(".")[0]
-        if sharded.is_shard_file(name) and ident not in live:
-            _unlink(os.path.join(path, name))
-        elif name.startswith(".") and name.endswith(".saving") and ident not in live:
+        ours = sharded.is_shard_file(name) or (name.startswith(".") and name.endswith(".saving"))
+        if ours and ident not in live:
             _unlink(os.path.join(path, name))
     clean_stale_temporaries(path)
 

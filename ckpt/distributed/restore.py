@@ -36,7 +36,7 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
     if comm.rank == 0:
         try:
             message: dict[str, Any] = {"path": resolve_checkpoint(where)}
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
             message = {"error": str(exc), "type": type(exc).__name__}
         message = decode(comm.broadcast(encode(message), 0, timeout), where)
     else:
@@ -46,7 +46,7 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
     result, error = None, None
     try:
         result = restore_variables(message["path"], variables, strict=strict, allow_cast=allow_cast)
-    except CheckpointError as exc:
+    except Exception as exc:  # noqa: BLE001 - the other ranks must hear of it, then it is raised here
         error = exc
     outcome = None if error is None else {"error": str(error), "type": type(error).__name__}
     outcomes = [decode(raw, where) for raw in comm.allgather(encode(outcome), timeout)]

@@ -3,7 +3,8 @@
     python mpi_child.py MODE OUT_DIR ARGS...
 
 Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on those files.
-Modes: save DIR KIND STEP EXT | restore KIND DIR... | kill DIR PHASE | disagree DIR | timeout DIR.
+Modes: save DIR KIND STEP EXT | restore KIND DIR... | kill DIR PHASE | async DIR | disagree DIR |
+timeout DIR.
 """
 
 from __future__ import annotations
@@ -138,6 +139,16 @@ def main() -> None:
         ckpt.Saver(variables, comm=comm_used, timeout=30).save(os.path.join(directory, "model.msgpack"),
                                                                global_step=2)
         report(comm, {"saved": 2})
+    elif MODE == "async":
+        directory, = ARGS
+        variables = make_variables(tensors(), "cols", comm.rank, comm.size)
+        saver = ckpt.Saver(variables, comm=comm, timeout=30)
+        future = saver.save(os.path.join(directory, "model.h5"), global_step=5, blocking=False)
+        for var in variables.values():  # training goes on while the background thread saves
+            if var.dtype.kind != "O":
+                var.assign(np.zeros(var.shape, var.dtype))
+        comm.barrier(30)  # the training communicator keeps working beside the save's own duplicate
+        report(comm, {"path": future.result(timeout=60)})
     elif MODE == "disagree":
         directory, = ARGS
         v = ckpt.Variable(np.zeros(2, np.float64 if comm.rank == 2 else np.float32), name="w",

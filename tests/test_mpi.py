@@ -120,6 +120,15 @@ def test_a_rank_killed_at_each_phase_of_a_save(tmp_path, phase, steps):
             assert set(os.listdir(path)) == listed | {"COMMIT"}, (phase, os.listdir(path))
 
 
+def test_asynchronous_save_on_a_duplicated_communicator(tmp_path):
+    results = mpirun(3, "async", str(tmp_path / "out"), str(tmp_path))
+    assert len({r["path"] for r in results}) == 1
+    with ckpt.load_checkpoint(results[0]["path"]) as reader:  # the values of the save call, not the zeros
+        for key, value in global_tensors().items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert int(reader.get_tensor("step")) == 42
+
+
 def test_ranks_that_disagree_all_raise(tmp_path):
     results = mpirun(3, "disagree", str(tmp_path / "out"), str(tmp_path))
     for report in results:

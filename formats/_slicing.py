@@ -8,7 +8,7 @@ Example:
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Sequence
 
 
 def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple[int, ...]]:
@@ -41,3 +41,16 @@ def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tupl
         i %= dim
         out.append((i, i + 1))
     return out, tuple(result)
+
+
+def check_box(info: Any, offset: Sequence[int], shape: Sequence[int], path: str) -> list[tuple[int, int]]:
+    """The (start, stop) per dimension of the block ``[offset, offset + shape)`` of a tensor, or
+    MismatchError when it does not lie inside the tensor."""
+    from ckpt.errors import MismatchError
+
+    bounds = [(int(o), int(o) + int(n)) for o, n in zip(offset, shape)]
+    if len(offset) != len(info.shape) or len(shape) != len(info.shape) or \
+            any(a < 0 or b > d for (a, b), d in zip(bounds, info.shape)):
+        raise MismatchError(f"{path}: tensor {info.key!r} is {list(info.shape)}; the block at {list(offset)} of "
+                            f"shape {list(shape)} does not lie inside it")
+    return bounds

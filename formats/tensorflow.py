@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNot
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
-from ._slicing import box
+from ._slicing import box, check_box
 from .base import BaseReader, TensorInfo
 
 #: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
@@ -241,18 +241,28 @@ class TensorFlowReader(BaseReader):
         """
         info = self.info(key)
         bounds, result_shape = box(index, info.shape)
-        pieces = self._pieces.get(key)
-        if pieces is None:
-            return self.read(key)[tuple(slice(a, b) for a, b in bounds)].reshape(result_shape)
         out = np.empty([b - a for a, b in bounds], info.dtype)
+        self._read_box(info, bounds, out)
+        return out.reshape(result_shape)
+
+    def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
+        """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out`` (what
+        ``ckpt.reader.read_box_into`` and a distributed restore ask for)."""
+        info = self.info(key)
+        self._read_box(info, check_box(info, offset, out.shape, self.path), out)
+
+    def _read_box(self, info: TensorInfo, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
+        pieces = self._pieces.get(info.key)
+        if pieces is None:
+            out[...] = self.read(info.key)[tuple(slice(a, b) for a, b in bounds)]
+            return
         for region, entry in pieces:
             overlap = [(max(a, s), min(b, s + n)) for (a, b), (s, n) in zip(bounds, region)]
             if all(lo < hi for lo, hi in overlap):
                 piece = np.empty([n for _, n in region], info.dtype)
-                self._read_entry(entry, piece, f"tensor {key!r} slice {region}")
+                self._read_entry(entry, piece, f"tensor {info.key!r} slice {region}")
                 out[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, bounds))] = \
                     piece[tuple(slice(lo - s, hi - s) for (lo, hi), (s, _) in zip(overlap, region))]
-        return out.reshape(result_shape)
 
     def info(self, key: str) -> TensorInfo:
         if key in self._notes:

@@ -189,6 +189,8 @@ def describe_machine(directories: list[tuple[str, str]]) -> str:
 
 
 def main(args: Any) -> None:
+    from . import round2  # it builds on this module
+
     cases = set(args.cases.split(","))
     systems = all_systems()
     if args.systems:
@@ -203,7 +205,7 @@ def main(args: Any) -> None:
             print(distributed.plan_case(directory, args.reps) + "\n")
     if "sharded" in cases:
         print(distributed.sharded_case(directories, args.size_gib, args.reps) + "\n")
-    if not cases & {"a", "b", "c", "d", "e", "async", "checksum"}:
+    if not cases & {"a", "b", "c", "d", "e", "async", "checksum", "one", "cli"}:
         return
     model, variables = make_model(big_count, big_bytes)
     total = big_count * big_bytes
@@ -239,6 +241,7 @@ def main(args: Any) -> None:
                     print(fmt_row([name, f"{t:.3f}", f"{t / both.get('safetensors', float('nan')):.2f}x",
                                    f"{t / both.get('h5py', float('nan')):.2f}x"]))
                 print()
+                print(round2.small_targets(res) + "\n")
                 del small_model, small_vars
             if "d" in cases:
                 print(f"**(d) {label}: `ckpt inspect --names-only` (a new process), median of {args.reps}**\n")
@@ -273,6 +276,10 @@ def main(args: Any) -> None:
                 from .foreign_hdf5 import report as report_hdf5
 
                 report_hdf5(directory, args.reps)
+            if "one" in cases and label == "tmpfs":  # issue 18's targets are set on tmpfs
+                print(round2.one_tensor_case(label, directory, args.reps) + "\n")
+            if "cli" in cases and label == "tmpfs":
+                print(round2.cli_case(label, directory, args.cli_gib, args.reps) + "\n")
             if "checksum" in cases and label == "tmpfs":  # CPU cost: on disk, noise swamps it
                 shares = checksum_share(model, variables, directory, args.reps)
                 print(f"**checksum share of ckpt's save time ({label}, {total / GiB:.2f} GiB)**: " +

@@ -1,0 +1,233 @@
+"""Issue 18's cases: many small tensors against their targets, one tensor from a big file, and
+the command line (whole processes and in-process calls) against the I/O limit.
+
+Run through ``python -m benchmarks --cases b,one,cli`` (see benchmarks/run.py). Every figure is
+printed next to the ratio its target names, measured in the same run, systems interleaved:
+
+* **(b) targets**: from case (b)'s medians: HDF5 save + restore against safetensors' (≤ 1.5x),
+  restores of both formats and msgpack's save against safetensors (speed ≥ 1.0x).
+* **one**: one 8 MiB tensor of a 256 MiB checkpoint, opened and read by
+  ``Saver({key: var}).restore``, against plain h5py (open, ``read_direct``) for HDF5 and a raw
+  open-seek-readinto for msgpack (time ≤ 1.2x).
+* **cli**: a checkpoint of 8 float32 tensors (``--cli-gib``, 1 GiB by default) on tmpfs:
+  ``ckpt convert`` h5 → msgpack and msgpack → safetensors against a raw read plus a raw write of
+  the same bytes (speed ≥ 0.7x), ``ckpt diff`` against a raw read of both files (≥ 0.5x),
+  ``ckpt inspect --stats`` against a raw read (≥ 0.5x), each as a new process and as an
+  in-process call of the command, with the process's peak memory; ``ckpt --version`` and
+  ``--help`` against Python's start (no numpy), and ``ckpt inspect`` of a small file against
+  Python's start plus ``import numpy`` plus 0.1 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import ckpt
+
+from .run import Timings, fmt_row, make_model, timed
+
+MiB = 1 << 20
+_RAW_CHUNK = 4 * MiB
+
+
+def _median(fn: Callable[[], Any], reps: int) -> float:
+    return statistics.median(timed(fn) for _ in range(reps))
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def small_targets(res: dict[str, Timings]) -> str:
+    """Case (b) against issue 18's targets (speed ratios: above 1 is faster than safetensors)."""
+    if "safetensors" not in res:
+        return "(b) targets: safetensors is not installed (pip install '.[bench]')"
+    st = res["safetensors"]
+    lines = ["**(b) targets (10,000 x 1 KiB, against safetensors in the same run)**", "",
+             fmt_row(["measure", "ratio", "target", ""]), fmt_row(["---"] * 4)]
+
+    def add(label: str, value: float, target: str, ok: bool) -> None:
+        lines.append(fmt_row([label, f"{value:.2f}x", target, _verdict(ok)]))
+
+    if "ckpt hdf5" in res:
+        h5 = res["ckpt hdf5"]
+        both = (h5.median("save") + h5.median("restore")) / (st.median("save") + st.median("restore"))
+        add("HDF5 save + restore time / safetensors'", both, "≤ 1.5x", both <= 1.5)
+        speed = st.median("restore") / h5.median("restore")
+        add("HDF5 restore speed / safetensors'", speed, "≥ 1.0x", speed >= 1.0)
+    if "ckpt msgpack" in res:
+        mp = res["ckpt msgpack"]
+        speed = st.median("restore") / mp.median("restore")
+        add("msgpack restore speed / safetensors'", speed, "≥ 1.0x", speed >= 1.0)
+        speed = st.median("save") / mp.median("save")
+        add("msgpack save speed / safetensors'", speed, "≥ 1.0x", speed >= 1.0)
+    return "\n".join(lines)
+
+
+def one_tensor_case(label: str, directory: str, reps: int) -> str:
+    """One 8 MiB tensor of a 256 MiB checkpoint: ckpt against plain h5py and a raw read."""
+    import h5py
+
+    model, variables = make_model(32, 8 * MiB, seed=3)
+    key = list(model)[len(model) // 2]
+    out = np.empty_like(model[key])
+    paths = {fmt: os.path.join(directory, f"one.{ext}") for fmt, ext in (("hdf5", "h5"), ("msgpack", "msgpack"))}
+    for fmt, path in paths.items():
+        ckpt.Saver(variables, max_to_keep=None, format=fmt).save(path)
+    plain = os.path.join(directory, "one-plain.h5")
+    with h5py.File(plain, "w") as f:
+        for k, arr in model.items():
+            f.create_dataset(k, data=arr)
+    with ckpt.load_checkpoint(paths["msgpack"]) as reader:
+        (offset, _), = reader.tensors[key].extra[0]  # the tensor's one extent in the msgpack file
+
+    def h5py_read() -> None:
+        with h5py.File(plain, "r") as f:
+            f[key].read_direct(out)
+
+    def raw_read() -> None:
+        with open(paths["msgpack"], "rb", buffering=0) as f:
+            f.seek(offset)
+            f.readinto(memoryview(out).cast("B"))
+
+    single = {key: variables[key]}
+    runs: dict[str, Callable[[], Any]] = {
+        "h5py read_direct": h5py_read, "ckpt hdf5": lambda: ckpt.Saver(single).restore(paths["hdf5"]),
+        "raw open-seek-read": raw_read, "ckpt msgpack": lambda: ckpt.Saver(single).restore(paths["msgpack"])}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(max(reps, 5) * 4):  # milliseconds each: more repetitions, interleaved
+        for name, fn in runs.items():
+            times[name].append(timed(fn))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for path in (*paths.values(), plain):
+        os.remove(path)
+    h5 = med["ckpt hdf5"] / med["h5py read_direct"]
+    mp = med["ckpt msgpack"] / med["raw open-seek-read"]
+    return "\n".join([
+        f"**one {label}: one 8 MiB tensor of a 256 MiB checkpoint (open and read), median of "
+        f"{len(times['ckpt hdf5'])}**", "",
+        fmt_row(["system", "ms"]), fmt_row(["---"] * 2),
+        *(fmt_row([name, f"{1000 * t:.2f}"]) for name, t in med.items()), "",
+        fmt_row(["measure", "ratio", "target", ""]), fmt_row(["---"] * 4),
+        fmt_row(["ckpt hdf5 / h5py read_direct (time)", f"{h5:.2f}x", "≤ 1.2x", _verdict(h5 <= 1.2)]),
+        fmt_row(["ckpt msgpack / raw read (time)", f"{mp:.2f}x", "≤ 1.2x", _verdict(mp <= 1.2)])])
+
+
+def _raw_read(*paths: str) -> None:
+    buf = bytearray(_RAW_CHUNK)
+    view = memoryview(buf)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(view):
+                pass
+
+
+def _raw_copy(src: str, dst: str) -> None:
+    buf = bytearray(_RAW_CHUNK)
+    view = memoryview(buf)
+    with open(src, "rb", buffering=0) as f, open(dst, "wb", buffering=0) as g:
+        while True:
+            n = f.readinto(view)
+            if not n:
+                break
+            g.write(view[:n])
+        os.fsync(g.fileno())  # ckpt's convert makes its file durable too
+
+
+#: Runs the ckpt command as its console script does, then reports the process's peak memory.
+_WRAPPER = ("import sys\nfrom ckpt.cli import main\ntry:\n    main(sys.argv[1:], prog_name='ckpt')\n"
+            "finally:\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+            "    sys.stderr.write('\\nVmHWM ' + hwm[0].split()[1] + '\\n')\n")
+
+
+def _process(args: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak resident bytes of one ``ckpt`` process (exit status 0 or 1)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _WRAPPER, *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"ckpt {' '.join(args)} failed: {proc.stderr}")
+    return seconds, int(proc.stderr.rsplit("VmHWM ", 1)[1].split()[0]) * 1024
+
+
+def _in_process(args: list[str]) -> None:
+    from ckpt.cli import main
+
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        try:
+            main.main(args, prog_name="ckpt", standalone_mode=False)
+        except SystemExit:
+            pass
+
+
+def cli_case(label: str, directory: str, gib: float, reps: int) -> str:
+    """The command line on a big checkpoint, and its start-up."""
+    model, variables = make_model(8, int(gib * (1 << 30)) // 8, seed=4)
+    total = sum(a.nbytes for a in model.values())
+    h5, mp = os.path.join(directory, "cli.h5"), os.path.join(directory, "cli.msgpack")
+    ckpt.Saver(variables, max_to_keep=None, format="hdf5").save(h5)
+    ckpt.Saver(variables, max_to_keep=None, format="msgpack").save(mp)
+    del model, variables
+    out_mp, out_st, copy = (os.path.join(directory, n) for n in ("out.msgpack", "out.safetensors", "copy.bin"))
+
+    def clean() -> None:
+        for path in (out_mp, out_st, copy):
+            if os.path.exists(path):
+                os.remove(path)
+
+    commands = {
+        "convert h5 -> msgpack": (["convert", h5, out_mp], lambda: _raw_copy(h5, copy), "raw read + write", 0.7),
+        "convert msgpack -> safetensors": (["convert", mp, out_st], lambda: _raw_copy(mp, copy),
+                                           "raw read + write", 0.7),
+        "diff": (["diff", h5, mp], lambda: _raw_read(h5, mp), "raw read of both", 0.5),
+        "inspect --stats": (["inspect", h5, "--stats"], lambda: _raw_read(h5), "raw read", 0.5),
+    }
+    rows = [f"**cli {label}: {total / (1 << 30):.2f} GiB in 8 float32 tensors, median of {reps}**", "",
+            fmt_row(["command", "process s", "in-process s", "reference s", "speed vs reference (process)",
+                     "(in-process)", "target", "", "peak RSS MiB"]), fmt_row(["---"] * 9)]
+    for name, (args, reference, ref_label, target) in commands.items():
+        proc, inproc, ref, peak = [], [], [], 0
+        for _ in range(reps):
+            clean()
+            ref.append(timed(reference))
+            clean()
+            seconds, rss = _process(args)
+            proc.append(seconds)
+            peak = max(peak, rss)
+            clean()
+            inproc.append(timed(lambda: _in_process(args)))
+        clean()
+        r, p, i = statistics.median(ref), statistics.median(proc), statistics.median(inproc)
+        rows.append(fmt_row([name, f"{p:.3f}", f"{i:.3f}", f"{r:.3f} ({ref_label})", f"{r / p:.2f}x",
+                             f"{r / i:.2f}x", f"≥ {target}x", _verdict(r / i >= target), f"{peak / MiB:.0f}"]))
+    rows += ["", "(the verdict uses the in-process speed: a process adds Python's start and imports, "
+             "reported below)", ""]
+    small = os.path.join(directory, "small.h5")
+    ckpt.Saver({"w": ckpt.Variable(np.arange(10.0))}, max_to_keep=None).save(small)
+    python = _median(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), reps)
+    numpy = _median(lambda: subprocess.run([sys.executable, "-c", "import numpy"], check=True), reps)
+    start = {what: statistics.median(_process(args)[0] for _ in range(reps))
+             for what, args in (("ckpt --version", ["--version"]), ("ckpt --help", ["--help"]),
+                                ("ckpt inspect (small file)", ["inspect", small]))}
+    rows += [fmt_row(["start-up", "s", "target", ""]), fmt_row(["---"] * 4),
+             fmt_row(["python -c pass", f"{python:.3f}", "", ""]),
+             fmt_row(["python -c 'import numpy'", f"{numpy:.3f}", "", ""])]
+    for what, seconds in start.items():
+        if what.startswith("ckpt inspect"):
+            bound, text = numpy + 0.1, f"≤ import numpy + 0.1 s = {numpy + 0.1:.3f}"
+        else:
+            bound, text = numpy, f"< import numpy ({numpy:.3f}): numpy is not imported"
+        rows.append(fmt_row([what, f"{seconds:.3f}", text, _verdict(seconds <= bound)]))
+    for path in (h5, mp, small):
+        os.remove(path)
+    return "\n".join(rows)

@@ -40,7 +40,7 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
 
 from . import _h5struct, _io
-from .base import (BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
+from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
                    dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
@@ -384,16 +384,7 @@ class Hdf5Reader(FileReader):
                 "truncated or modified after ckpt saved it")
         data_start = self._userblock = userblock
         self._metadata = check_metadata(metadata, path)
-        self._tensors = {}
-        for entry in entries:
-            info = _parse_entry(entry, path, data_start, size)
-            if info.key in self._tensors:
-                raise CorruptCheckpointError(f"{path}: tensor {info.key!r} appears twice in the index")
-            self._tensors[info.key] = info
-        self._extents = sorted((i.extra[0], i.nbytes, k) for k, i in self._tensors.items() if i.nbytes)
-        for (a_off, a_n, a_key), (b_off, _, b_key) in zip(self._extents, self._extents[1:]):
-            if a_off + a_n > b_off:
-                raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
+        self._tensors, self._extents = _parse_entries(entries, path, data_start, size)
 
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
@@ -446,6 +437,51 @@ def _unpack_index(raw: bytes, path: str) -> dict[str, Any]:
     if not isinstance(index, dict):
         raise CorruptCheckpointError(f"{path}: the index is not a map")
     return index
+
+
+def _parse_entries(entries: list[Any], path: str, data_start: int,
+                   size: int) -> tuple[dict[str, TensorInfo], list[tuple[int, int, str]]]:
+    """Validate every index entry; return them by key, and their data extents in file order.
+
+    A hot loop (an index can hold 10,000s of entries): numeric entries that are plainly valid
+    take the inline path; anything else goes through ``_parse_entry``, which names the problem.
+    """
+    tensors: dict[str, TensorInfo] = {}
+    extents: list[tuple[int, int, str]] = []
+    last_end, ordered, limit = 0, True, _MAX_U32
+    for entry in entries:
+        info = None
+        if type(entry) is list and len(entry) == 6:
+            key, name, shape, offset, nbytes, crc = entry
+            dtype = _FILE_DTYPES.get(name) if type(name) is str else None
+            if dtype is not None and dtype.kind != "O" and type(shape) is list and len(shape) <= 64 and \
+                    type(offset) is int and type(nbytes) is int and type(crc) is int and 0 <= crc <= limit \
+                    and not key_problem(key):
+                n = dtype.itemsize
+                for d in shape:
+                    if type(d) is not int or d < 1:  # zero or odd dimensions: the full check
+                        n = -1
+                        break
+                    n *= d
+                if n == nbytes and data_start <= offset and offset + nbytes <= size:
+                    info = TensorInfo(key, dtype, tuple(shape), nbytes, (offset, crc, None, None))
+        if info is None:
+            info = _parse_entry(entry, path, data_start, size)
+        key = info.key
+        if key in tensors:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r} appears twice in the index")
+        tensors[key] = info
+        if info.nbytes:
+            offset = info.extra[0]
+            ordered = ordered and offset >= last_end
+            last_end = offset + info.nbytes
+            extents.append((offset, info.nbytes, key))
+    if not ordered:  # ckpt writes data in index order; any other order must not overlap
+        extents.sort()
+        for (a_off, a_n, a_key), (b_off, _, b_key) in zip(extents, extents[1:]):
+            if a_off + a_n > b_off:
+                raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
+    return tensors, extents
 
 
 def _parse_entry(entry: Any, path: str, data_start: int, size: int) -> TensorInfo:

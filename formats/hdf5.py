@@ -391,26 +391,27 @@ class Hdf5Reader(FileReader):
         return None if dtypes.is_string(info.dtype) else [(info.extra[0], info.nbytes)]
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
-        spans, targets = [], []
+        spans: list[tuple[int, memoryview]] = []
+        strings: dict[int, np.ndarray] = {}  # span index -> the fixed-width bytes read for it
+        byte_view = _io.byte_view
         for info, out in pairs:
             offset, _, itemsize, _ = info.extra
-            if dtypes.is_string(info.dtype):
-                raw = np.empty(info.shape, dtype=f"S{itemsize}")
-                spans.append((offset, _io.byte_view(raw)))
-                targets.append((info, out, raw))
+            if itemsize is None:  # numeric: straight into the caller's buffer
+                spans.append((offset, byte_view(out)))
             else:
-                spans.append((offset, _io.byte_view(out)))
-                targets.append((info, out, None))
-        crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {targets[i][0].key!r}")
-        for (info, out, raw), crc in zip(targets, crcs):
+                raw = strings[len(spans)] = np.empty(info.shape, dtype=f"S{itemsize}")
+                spans.append((offset, byte_view(raw)))
+        crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {pairs[i][0].key!r}")
+        for (info, out), crc in zip(pairs, crcs):
             if crc != info.extra[1]:
                 raise CorruptCheckpointError(
                     f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {crc:#010x}, expected "
                     f"{info.extra[1]:#010x}): the file is damaged")
-            if raw is not None:
-                flat = out.reshape(-1)
-                for i, item in enumerate(_decode_strings(raw, info.extra[3])):
-                    flat[i] = item
+        for i, raw in strings.items():
+            info, out = pairs[i]
+            flat = out.reshape(-1)
+            for j, item in enumerate(_decode_strings(raw, info.extra[3])):
+                flat[j] = item
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []

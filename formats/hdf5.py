@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -402,7 +403,7 @@ class Hdf5Reader(FileReader):
                 raw = strings[len(spans)] = np.empty(info.shape, dtype=f"S{itemsize}")
                 spans.append((offset, byte_view(raw)))
         crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {pairs[i][0].key!r}")
-        for (info, out), crc in zip(pairs, crcs):
+        for (info, _), crc in zip(pairs, crcs):
             if crc != info.extra[1]:
                 raise CorruptCheckpointError(
                     f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {crc:#010x}, expected "
@@ -479,7 +480,7 @@ def _parse_entries(entries: list[Any], path: str, data_start: int,
             extents.append((offset, info.nbytes, key))
     if not ordered:  # ckpt writes data in index order; any other order must not overlap
         extents.sort()
-        for (a_off, a_n, a_key), (b_off, _, b_key) in zip(extents, extents[1:]):
+        for (a_off, a_n, a_key), (b_off, _, b_key) in itertools.pairwise(extents):
             if a_off + a_n > b_off:
                 raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
     return tensors, extents

@@ -93,3 +93,11 @@ def test_a_file_that_crashes_libhdf5_is_refused_in_the_users_process():
     done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env)
     assert done.returncode == 3, (done.returncode, done.stderr[-2000:])
     assert "libhdf5 crashed (SIGSEGV)" in done.stdout
+
+
+def test_a_file_that_hangs_libhdf5_is_refused(fresh, monkeypatch):
+    """hdf5_hang.h5: keras_legacy_model.h5 with bits flipped, found by fuzzing; libhdf5 spins on it for
+    well over a minute. The probe's time limit refuses it and the child is killed."""
+    monkeypatch.setattr(_h5child, "TIMEOUT", 3.0)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="did not finish reading this file within 3 s"):
+        ckpt.load_checkpoint(os.path.join(FIXTURES, "hdf5_hang.h5"))

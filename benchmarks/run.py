@@ -14,8 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -249,7 +250,7 @@ def main(args: Any) -> None:
                 print(fmt_row(["---"] * 3))
                 for size_label, per in ((f"{big_count} x {big_bytes >> 20} MiB", big_bytes),
                                         (f"{big_count} x 16 KiB", 16 << 10)):
-                    m, v = (model, variables) if per == big_bytes else make_model(big_count, per)
+                    _m, v = (model, variables) if per == big_bytes else make_model(big_count, per)
                     row = [size_label]
                     for fmt, ext in (("hdf5", "h5"), ("msgpack", "msgpack")):
                         path = ckpt.Saver(v, max_to_keep=None, format=fmt).save(os.path.join(directory, f"i.{ext}"))

@@ -7,7 +7,8 @@ arrays where its API allows (ckpt, h5py, raw) and through its own loading API ot
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -13,7 +13,8 @@ Example:
     >>> with replace_atomically(target) as tmp:
     ...     with open(tmp, "w") as f:
     ...         _ = f.write("{}")
-    >>> open(target).read()
+    >>> with open(target) as f:
+    ...     f.read()
     '{}'
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -183,7 +185,7 @@ def clean_stale_temporaries(directory: str) -> list[str]:
 
     A file whose lock is still held belongs to a save in progress and is left alone.
     """
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

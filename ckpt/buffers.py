@@ -36,7 +36,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     start = -raw.ctypes.data % PAGE
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    out: np.ndarray = raw[start:start + nbytes].view(dtype).reshape(shape)
+    return out
 
 
 def is_aligned(arr: np.ndarray) -> bool:

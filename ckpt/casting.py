@@ -103,7 +103,7 @@ def check_cast(arr: np.ndarray, weak: bool, target: np.dtype, where: str) -> Non
     src_name = "Python " + {"b": "bool", "i": "int", "f": "float", "c": "complex", "S": "string"}.get(
         src_kind, str(arr.dtype)) if weak else dtypes.dt_name_or_none(arr.dtype) or str(arr.dtype)
     dst_name = dtypes.dt_name_or_none(target) or str(target)
-    if (src_kind == "S") != (dst_kind == "S") or src_kind not in _KIND_ORDER and src_kind != "S":
+    if (src_kind == "S") != (dst_kind == "S") or (src_kind not in _KIND_ORDER and src_kind != "S"):
         raise TypeError(f"{where}: cannot cast {src_name} to {dst_name}")
     if src_kind == "S":
         return
@@ -124,7 +124,7 @@ def copy_into(dst: np.ndarray, value: Any, where: str) -> None:
 
     A 0-d value broadcasts; any other shape must equal ``dst.shape``.
     """
-    arr, weak = prepare(dst, value, where)
+    arr, _weak = prepare(dst, value, where)
     with np.errstate(over="ignore"):  # float64 -> float16 overflow is inf, as numpy casts it
         np.copyto(dst, arr, casting="unsafe")
 

@@ -77,10 +77,10 @@ def as_dtype(spec: Any) -> np.dtype:
         raise TypeError(f"unsupported dtype {spec!r}; supported: {', '.join(NAMES)}") from exc
     if dt.kind in "SUO":
         return string
-    dt = dt.newbyteorder("=") if dt.byteorder not in "=|" else dt
-    if dt_name_or_none(dt) is None:
-        raise TypeError(f"unsupported dtype {dt}; supported: {', '.join(NAMES)}")
-    return dt
+    native: np.dtype = dt.newbyteorder("=") if dt.byteorder not in "=|" else dt
+    if dt_name_or_none(native) is None:
+        raise TypeError(f"unsupported dtype {native}; supported: {', '.join(NAMES)}")
+    return native
 
 
 _NAMES_SEEN: dict[np.dtype, str | None] = {}

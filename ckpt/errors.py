@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = [
     "CheckpointError",

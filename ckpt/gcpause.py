@@ -9,8 +9,8 @@ these blocks forms reference cycles, so collection can wait until the block ends
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

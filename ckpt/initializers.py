@@ -156,7 +156,7 @@ class Initializer:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self.get_config() == other.get_config()  # type: ignore[attr-defined]
+        return bool(self.get_config() == other.get_config())
 
     def __hash__(self) -> int:
         return hash((type(self), repr(self)))
@@ -168,10 +168,10 @@ def _check_seed(seed: int | None) -> int | None:
 
 def _float_arg(name: str, value: Any, *, nonnegative: bool = False) -> float:
     """Return ``value`` as a float, rejecting NaN (and negatives when asked)."""
-    value = float(value)
-    if math.isnan(value) or (nonnegative and value < 0):
-        raise ValueError(f"{name} must be a {'non-negative ' if nonnegative else ''}number, got {value}")
-    return value
+    number = float(value)
+    if math.isnan(number) or (nonnegative and number < 0):
+        raise ValueError(f"{name} must be a {'non-negative ' if nonnegative else ''}number, got {number}")
+    return number
 
 
 def _truncated_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -275,7 +275,8 @@ class Constant(Initializer):
         else:
             value = np.asarray(value).astype(dtype)
         try:
-            return np.broadcast_to(value, shape).copy()
+            out: np.ndarray = np.broadcast_to(value, shape).copy()
+            return out
         except ValueError:
             raise ValueError(f"Constant value of shape {value.shape} does not broadcast "
                              f"to shape {shape}") from None

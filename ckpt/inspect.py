@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -80,8 +81,10 @@ def count_params(tensors: Mapping[str, Any], exclude: str = "") -> ParamCount:
         >>> from ckpt.formats.base import TensorInfo
         >>> f32 = np.dtype("float32")
         >>> infos = {"w": TensorInfo("w", f32, (2, 3), 24), "step": TensorInfo("step", f32, (), 4)}
-        >>> count_params(infos), count_params(infos, exclude="^step$")
-        (ParamCount(total=7, excluded_tensors=0, excluded_params=0), ParamCount(total=6, excluded_tensors=1, excluded_params=1))
+        >>> count_params(infos)
+        ParamCount(total=7, excluded_tensors=0, excluded_params=0)
+        >>> count_params(infos, exclude="^step$")
+        ParamCount(total=6, excluded_tensors=1, excluded_params=1)
     """
     pattern = re.compile(exclude) if exclude else None
     total = skipped = skipped_params = 0

@@ -31,7 +31,8 @@ import functools
 import re
 import threading
 import weakref
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from . import scopes
 from .variables import Variable

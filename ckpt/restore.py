@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -38,7 +38,7 @@ from .variables import Variable, global_variables
 
 __all__ = ["Saver"]
 
-VarList = Union[None, Module, Mapping[str, Variable], Iterable[Variable]]
+VarList = None | Module | Mapping[str, Variable] | Iterable[Variable]
 
 
 def _registry() -> Any:
@@ -55,7 +55,7 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
         pairs = var_list.named_variables()
     elif isinstance(var_list, Mapping):
         pairs = list(var_list.items())
-    elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):
+    elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):  # type: ignore[unreachable]
         unique = {id(v): v for v in var_list}  # the same variable listed twice is listed once
         pairs = [(v.key if isinstance(v, Variable) else v, v) for v in unique.values()]
     else:
@@ -164,16 +164,16 @@ class Saver:
         return list(self._last_checkpoints)
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
-        path = os.fspath(path)
-        fmt = _registry().format_for_path(path)
+        name = os.fspath(path)
+        fmt = _registry().format_for_path(name)
         if fmt is None or not fmt.can_write:
             fmt = self._format
-            path += fmt.extensions[0]
-        ext = next(e for e in fmt.extensions if path.lower().endswith(e))
+            name += fmt.extensions[0]
+        ext = next(e for e in fmt.extensions if name.lower().endswith(e))
         if global_step is not None:
             step = operator.index(global_step)
-            path = f"{path[:len(path) - len(ext)]}-{step}{path[len(path) - len(ext):]}"
-        return path, fmt
+            name = f"{name[:len(name) - len(ext)]}-{step}{name[len(name) - len(ext):]}"
+        return name, fmt
 
     @overload
     def save(self, path: str | os.PathLike[str], global_step: Any = None,
@@ -230,7 +230,7 @@ class Saver:
                 tensors.append((key, var._read()))
             except UninitializedVariableError as exc:
                 raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
-        metadata = _registry().normalize_metadata(metadata, path)
+        meta: dict[str, Any] = _registry().normalize_metadata(metadata, path)
         directory = os.path.dirname(os.path.abspath(path))
         listed_before = False
         if os.path.isdir(directory):
@@ -247,9 +247,9 @@ class Saver:
         if not blocking:
             require_directory(path)  # found now, not later in the background
             return self._background.submit(
-                path, tensors, lambda sources: self._commit(path, fmt, sources, metadata, step, listed_before,
+                path, tensors, lambda sources: self._commit(path, fmt, sources, meta, step, listed_before,
                                                             background=True))
-        return self._commit(path, fmt, tensors, metadata, step, listed_before)
+        return self._commit(path, fmt, tensors, meta, step, listed_before)
 
     def _save_sharded_async(self, path: str, fmt: Any, step: int | None, metadata: Any) -> SaveFuture:
         """Snapshot this rank's variables, then run the collective save in a background thread on a

@@ -13,8 +13,9 @@ Example:
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 __all__ = ["name_scope", "device", "deferred_init", "current_name_scope", "current_device",
            "DeviceSpec", "LOCAL_CPU"]
@@ -107,7 +108,7 @@ class DeviceSpec(NamedTuple):
         """Fields set here win; unset ones come from the enclosing scope."""
         if outer is None:
             return self
-        return DeviceSpec(*(mine if mine is not None else theirs for mine, theirs in zip(self, outer)))
+        return DeviceSpec._make(mine if mine is not None else theirs for mine, theirs in zip(self, outer))
 
     def to_string(self) -> str:
         """The canonical form, e.g. "/job:ps/task:7/device:CPU:0"."""

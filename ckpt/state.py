@@ -25,13 +25,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from .atomic import replace_atomically
-from .errors import (CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError,
-                     UnsupportedCheckpointError)
+from .errors import CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 __all__ = ["STATE_FILE", "CheckpointEntry", "CheckpointState", "read_state", "write_state",
            "state_lock", "latest_checkpoint", "resolve_checkpoint"]

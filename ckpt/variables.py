@@ -16,7 +16,8 @@ import itertools
 import operator
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -190,7 +191,7 @@ class Variable:
 
     def value(self) -> np.ndarray:
         """Return a read-only snapshot of the value."""
-        snapshot = self._read().copy()
+        snapshot: np.ndarray = self._read().copy()
         snapshot.flags.writeable = False
         return snapshot
 
@@ -314,7 +315,7 @@ class Variable:
     def __len__(self) -> int:
         if not self._shape:
             raise TypeError(f"len() of a 0-d variable {self.name!r}")
-        return self._shape[0]
+        return int(self._shape[0])
 
     def __iter__(self) -> Iterator[np.ndarray]:
         if not self._shape:
@@ -338,7 +339,7 @@ class Variable:
     __xor__, __rxor__ = _binary(operator.xor)
     __lt__, __gt__ = _binary(operator.lt)[0], _binary(operator.gt)[0]
     __le__, __ge__ = _binary(operator.le)[0], _binary(operator.ge)[0]
-    __eq__, __ne__ = _binary(operator.eq)[0], _binary(operator.ne)[0]  # type: ignore[assignment]
+    __eq__, __ne__ = _binary(operator.eq)[0], _binary(operator.ne)[0]
 
     def __neg__(self) -> Any:
         return -self._read()

@@ -77,7 +77,9 @@ def plan_keys(keys: list[str], pattern: str | None, renames: dict[str, str], src
     chosen = [k for k in keys if pattern is None or re.search(pattern, k)]
     if not chosen:
         raise KeyNotFoundError(f"{src}: no tensor key matches --keys {pattern!r}")
-    plan, used, source = [], set(), {}
+    plan: list[tuple[str, str]] = []
+    used: set[str | None] = set()
+    source: dict[str, str] = {}
     for key in chosen:
         new, old = _renamed(key, renames)
         if new in source:
@@ -109,7 +111,7 @@ def _same_data(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     if dtypes.is_string(a.dtype):
-        return a.reshape(-1).tolist() == b.reshape(-1).tolist()
+        return bool(a.reshape(-1).tolist() == b.reshape(-1).tolist())
     va, vb = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
     return all(np.array_equal(va[i:i + CHUNK], vb[i:i + CHUNK]) for i in range(0, va.size, CHUNK))
 
@@ -122,7 +124,7 @@ class _Source:
         self._reader, self._info, self._progress = reader, info, progress
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        value = self._reader.get_tensor(self._info.key)
+        value: np.ndarray = self._reader.get_tensor(self._info.key)
         if self._progress is not None:
             self._progress(self._info.nbytes)
         return value

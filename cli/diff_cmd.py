@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import click
 import numpy as np
@@ -132,6 +132,8 @@ def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float
             if changed:
                 detail = f"; {_values_differ(vd)}{_numbers(vd)}" if vd and vd.unequal else ""
                 yield f"! {key}: {_label(a)} -> {_label(b)}{detail}"
+            elif vd is None:  # unreachable: equal shapes and kinds were compared above
+                raise AssertionError(key)
             elif vd.outside:
                 yield f"! {key} {_label(a)}: {_values_differ(vd)}{_numbers(vd)}"
             elif vd.unequal:

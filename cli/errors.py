@@ -22,7 +22,8 @@ import functools
 import json
 import os
 import re
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -107,7 +108,7 @@ def check_regex(pattern: str, param_hint: str) -> None:
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint=param_hint)
+        raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint=param_hint) from exc
 
 
 def error_json(message: str, exc: click.ClickException) -> str:

@@ -61,7 +61,7 @@ def parse_printoptions(values: tuple[str, ...]) -> dict[str, Any]:
         >>> parse_printoptions(("threshold=10000 precision=4", "suppress=true"))
         {'threshold': 10000, 'precision': 4, 'suppress': True}
     """
-    current = np.get_printoptions()
+    current: dict[str, Any] = dict(np.get_printoptions())
     options: dict[str, Any] = {}
     for item in (word for value in values for word in value.split()):
         name, sep, text = item.partition("=")
@@ -129,8 +129,9 @@ def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: b
         # only --stats over many bytes is slow enough for a bar; values print as they come
         held = stats and shows_progress(sum(info.nbytes for key, info in reader.tensors.items()
                                             if not tensor_name or key == tensor_name))
-        view = dict(tensor_name=tensor_name, all_tensors=all_tensors, names_only=names_only, stats=stats,
-                    exclude=exclude, progress=tracked("computing statistics") if held else None)
+        view: dict[str, Any] = dict(tensor_name=tensor_name, all_tensors=all_tensors, names_only=names_only,
+                                    stats=stats, exclude=exclude,
+                                    progress=tracked("computing statistics") if held else None)
         if as_json:
             click.echo(json.dumps(inspect_report(reader, **view), allow_nan=False))
         else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 from contextlib import contextmanager
-from typing import IO, Any, Callable, Iterable, Iterator, Sequence
+from typing import IO, Any, TextIO
 
 import click
 

@@ -11,6 +11,7 @@ with the ``ckpt`` command; the last lines say where they are and how to remove t
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import sys
@@ -37,7 +38,7 @@ class MLP(ckpt.Module):
     def __init__(self, sizes: list[int], name: str | None = None) -> None:
         super().__init__(name=name)
         with self.name_scope:
-            self.layers = [Dense(a, b, name=f"dense_{i}") for i, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+            self.layers = [Dense(a, b, name=f"dense_{i}") for i, (a, b) in enumerate(itertools.pairwise(sizes))]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         for layer in self.layers[:-1]:

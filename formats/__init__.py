@@ -10,7 +10,8 @@ from . import h5plain
 from .base import register_format
 from .flax import FlaxFormat
 from .hdf5 import Hdf5Format
-from .keras import KerasFormat, adopt as adopt_keras
+from .keras import KerasFormat
+from .keras import adopt as adopt_keras
 from .msgpack import MsgpackFormat
 from .orbax import OrbaxFormat
 from .safetensors import SafetensorsFormat

@@ -38,7 +38,7 @@ NUMPY_DTYPES.update({
 def check_key(key: Any, path: str) -> str:
     """Return ``key`` if it follows ckpt's key rules, else raise UnsupportedCheckpointError."""
     problem = key_problem(key)
-    if problem:
+    if problem or not isinstance(key, str):
         raise UnsupportedCheckpointError(
             f"{path}: key {key!r} cannot be a ckpt key ({problem}); ckpt reads files whose keys are "
             "'/'-separated names")

@@ -123,8 +123,8 @@ def byte_view(arr: np.ndarray) -> memoryview:
     """A flat, writable-if-possible byte view of a C-contiguous array (0-d and empty included)."""
     # ml_dtypes' float8_e5m2 says kind "f" but cannot export a buffer: only numpy's own types
     if arr.dtype.kind in "biufc" and arr.dtype.isbuiltin == 1 and arr.size:
-        return memoryview(arr).cast("B")  # the fast path: 3x cheaper than going through numpy views
-    return memoryview(arr.reshape(-1).view(np.uint8))
+        return arr.data.cast("B")  # the fast path: 3x cheaper than going through numpy views
+    return arr.reshape(-1).view(np.uint8).data
 
 
 def pread_into(fd: int, view: memoryview, offset: int, path: str, what: str) -> None:
@@ -185,7 +185,7 @@ def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
     labels span i in errors.
     """
     crcs = [0] * len(spans)
-    order = range(len(spans))
+    order: Sequence[int] = range(len(spans))
     if any(spans[i][0] > spans[i + 1][0] for i in range(len(spans) - 1)):
         order = sorted(order, key=lambda i: spans[i][0])
     group: list[int] = []

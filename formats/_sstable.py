@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import struct
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import _io
 

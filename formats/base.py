@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    KeyNotFoundError,
+    MismatchError,
+    UnsupportedCheckpointError,
+    closest_hint,
+)
 from ckpt.gcpause import gc_paused
-from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
-                         MismatchError, UnsupportedCheckpointError, closest_hint)
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "register_format", "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
@@ -337,7 +345,7 @@ def materialize(source: Any) -> np.ndarray:
 
 def checkpoint_exists(path: str) -> bool:
     """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix)."""
-    return os.path.isfile(path) or any(getattr(f, "claims", None) is not None and f.claims(path)
+    return os.path.isfile(path) or any(getattr(f, "claims", None) is not None and f.claims(path)  # type: ignore[attr-defined]
                                        for f in formats())
 
 
@@ -470,7 +478,7 @@ def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[st
         if isinstance(value, (list, tuple)):
             return [convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
         if isinstance(value, Mapping):
-            out = {}
+            out: dict[str, Any] = {}
             for k, v in value.items():
                 if not isinstance(k, str):
                     raise ValueError(f"{path}: metadata keys must be strings, got {k!r} in {where}")
@@ -483,4 +491,5 @@ def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[st
         return {}
     if not isinstance(metadata, Mapping):
         raise ValueError(f"{path}: metadata must be a dict, got {type(metadata).__name__}")
-    return convert(metadata, "", 0)
+    normalized: dict[str, Any] = convert(metadata, "", 0)
+    return normalized

@@ -161,7 +161,8 @@ class H5pyReader(BaseReader):
         if ds.dtype.kind == "S" or h5py.check_string_dtype(ds.dtype) is not None:
             return dtypes.string
         if ds.dtype.kind != "O" and dtypes.dt_name_or_none(ds.dtype) is not None:
-            return ds.dtype
+            found: np.dtype = ds.dtype
+            return found
         raise UnsupportedCheckpointError(f"{self.path}: dataset {key!r} has HDF5 type {ds.dtype!r}, which no "
                                          "ckpt tensor can hold")
 

@@ -32,7 +32,8 @@ import itertools
 import json
 import os
 import struct
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,7 +60,8 @@ LIBVER = ("v110", "v110")
 def _packb(obj: Any) -> bytes:
     import msgpack
 
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def _encode_strings(arr: np.ndarray) -> tuple[np.ndarray, list[int] | None]:

@@ -27,8 +27,10 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import struct
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +39,19 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CorruptCheckpointError
 
 from . import _io
-from .base import (FileReader, TensorInfo, check_metadata, check_shape, check_version, dtype_or_raise,
-                   key_problem, materialize, normalize_metadata, unique_pairs, validate_keys)
+from .base import (
+    FileReader,
+    TensorInfo,
+    check_metadata,
+    check_shape,
+    check_version,
+    dtype_or_raise,
+    key_problem,
+    materialize,
+    normalize_metadata,
+    unique_pairs,
+    validate_keys,
+)
 
 FORMAT_NAME = "ckpt-msgpack"
 VERSION = 2
@@ -90,7 +103,8 @@ def is_ckpt_msgpack(head: bytes) -> bool:
 def _packb(obj: Any) -> bytes:
     import msgpack
 
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 class MsgpackFormat:
@@ -388,7 +402,7 @@ def _check_disjoint(spans: list[tuple[int, int, str, int]], path: str, start: in
     """Refuse overlapping extents (offset, length, key, bin header length); return the object
     count as _parse_entries counts it."""
     spans.sort()
-    for (a_off, a_n, a_key, _), (b_off, _, b_key, _) in zip(spans, spans[1:]):
+    for (a_off, a_n, a_key, _), (b_off, _, b_key, _) in itertools.pairwise(spans):
         if a_off + a_n > b_off:
             raise CorruptCheckpointError(f"{path}: tensors {a_key!r} and {b_key!r} overlap in the file")
     ends = [start] + [offset + n for offset, n, _, _ in spans]

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

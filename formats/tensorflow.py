@@ -32,8 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
-                         UnsupportedCheckpointError)
+from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key

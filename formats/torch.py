@@ -22,7 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class TorchFormat:
 
     def sniff(self, head: bytes) -> bool:
         first = _zip.first_member_name(head)
-        return head.startswith(LEGACY_MAGIC) or first is not None and first.endswith("data.pkl")
+        return head.startswith(LEGACY_MAGIC) or (first is not None and first.endswith("data.pkl"))
 
     def open(self, path: str) -> TorchReader:
         return TorchReader(path)
@@ -293,7 +294,7 @@ def _is_c_contiguous(ref: TensorRef) -> bool:
 
 def _plain(value: Any) -> Any:
     """A non-tensor value as JSON-like metadata (bytes, sets and storages are described)."""
-    if isinstance(value, (bool, float, str)) or type(value) is int and -2 ** 63 <= value < 2 ** 64:
+    if isinstance(value, (bool, float, str)) or (type(value) is int and -2 ** 63 <= value < 2 ** 64):
         return value
     if type(value) is int:
         return str(value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,7 @@ def assert_bit_exact(expected: np.ndarray, actual: np.ndarray) -> None:
 
 def data_offset(path, value: np.ndarray) -> int:
     """Where ``value``'s bytes sit in the file (found by content: independent of any index)."""
-    raw = open(path, "rb").read()
+    raw = pathlib.Path(path).read_bytes()
     offset = raw.find(value.tobytes())
     assert offset > 0 and raw.find(value.tobytes(), offset + 1) == -1, "tensor bytes must be unique"
     return offset

@@ -14,9 +14,10 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -401,6 +402,7 @@ def run_isolated(directory: str, pristine: str, cases: Sequence[Case],
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        proc.stdout.close()
     if len(out) < len(cases):
         raise AssertionError(f"libhdf5 child process ended (code {proc.returncode}) while reading "
                              f"{current!r}: a crash")

@@ -18,8 +18,7 @@ from conftest import assert_bit_exact, every_dtype_tensors
 
 import ckpt
 from ckpt.atomic import replace_atomically
-from ckpt.cli import main
-from ckpt.cli import progress
+from ckpt.cli import main, progress
 from ckpt.cli.diff_cmd import compare_values
 from ckpt.cli.ls_cmd import human_size
 from ckpt.formats import base

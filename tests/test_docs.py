@@ -14,7 +14,8 @@ DOCS = [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "
 def test_every_markdown_file_a_doc_names_exists():
     missing = []
     for doc in DOCS:
-        text = open(doc, encoding="utf-8").read()
+        with open(doc, encoding="utf-8") as f:
+            text = f.read()
         for name in set(re.findall(r"[\w./-]+\.md\b", text)):
             here = os.path.join(os.path.dirname(doc), name)
             if not os.path.exists(here) and not os.path.exists(os.path.join(ROOT, name)):

@@ -9,7 +9,6 @@ import pkgutil
 import pytest
 
 
-
 def _modules() -> list[str]:
     names = []
     for package in ("ckpt", "ckpt.formats", "ckpt.cli"):  # installs nest formats/ and cli/ in ckpt

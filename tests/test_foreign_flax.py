@@ -89,9 +89,11 @@ def test_chunked_arrays_are_reassembled(tmp_path):
 def test_ckpt_msgpack_and_flax_are_told_apart(tmp_path):
     own = tmp_path / "own.msgpack"
     ckpt.Saver({"w": ckpt.Variable([1.0, 2.0])}).save(str(own))
-    assert ckpt.load_checkpoint(str(own)).format == "msgpack"
+    with ckpt.load_checkpoint(str(own)) as reader:
+        assert reader.format == "msgpack"
     flax = write(tmp_path / "flax.msgpack", {"w": ndarray(np.ones(2, np.float32))})
-    assert ckpt.load_checkpoint(flax).format == "flax"
+    with ckpt.load_checkpoint(flax) as reader:
+        assert reader.format == "flax"
     fmt = base.get_format("flax")
     assert not fmt.sniff(own.read_bytes()[:4096])
     assert not fmt.sniff(msgpack.packb([1, 2]))  # not a state dict

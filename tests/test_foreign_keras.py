@@ -100,10 +100,12 @@ def test_other_hdf5_files_are_not_keras(tmp_path):
     plain = str(tmp_path / "plain.h5")
     with h5py.File(plain, "w") as f:
         f["weights/w"] = np.ones(2, np.float32)
-    assert ckpt.load_checkpoint(plain).format == "hdf5"
+    with ckpt.load_checkpoint(plain) as reader:
+        assert reader.format == "hdf5"
     own = str(tmp_path / "own.h5")
     ckpt.Saver({"layers/w": ckpt.Variable([1.0])}).save(own)
-    assert ckpt.load_checkpoint(own).format == "hdf5"
+    with ckpt.load_checkpoint(own) as reader:
+        assert reader.format == "hdf5"
 
 
 def test_keras_files_with_external_links_or_missing_weights(tmp_path):

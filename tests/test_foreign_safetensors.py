@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import pathlib
 import struct
 
 import ml_dtypes
@@ -38,7 +40,7 @@ def test_the_file_safetensors_wrote():
         assert not reader._reader.checksummed
         assert reader.get_variable_to_shape_map() == {"a/b": [2, 3], "h": [4], "i8": [5]}
         assert reader.get_variable_to_dtype_map() == {"a/b": np.float32, "h": np.float16, "i8": np.int8}
-        raw = open(FIXTURE, "rb").read()
+        raw = pathlib.Path(FIXTURE).read_bytes()
         start = 8 + struct.unpack("<Q", raw[:8])[0]  # an independent decode of the spec's layout
         assert_bit_exact(np.frombuffer(raw[start:start + 24], "<f4").reshape(2, 3), reader.get_tensor("a/b"))
         assert_bit_exact(np.frombuffer(raw[start + 24:start + 32], "<f2"), reader.get_tensor("h"))
@@ -65,7 +67,7 @@ def test_round_trip_every_dtype_with_checksums(tmp_path, tensors):
     assert (8 + n) % 8 == 0 and header["__metadata__"]["format"] == "np"
     spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
     assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     f32 = header["dtypes/float32"]
     begin, end = f32["data_offsets"]
     assert f32["dtype"] == "F32" and f32["shape"] == [2, 3]
@@ -152,7 +154,8 @@ F32x2 = ("w", "F32", [2], b"\x00" * 8)
 def test_rule_breaking_files_are_refused(tmp_path, kwargs, error, message):
     path = build(tmp_path / "bad.safetensors", **kwargs)
     if error is None:
-        assert ckpt.load_checkpoint(path).get_tensor("w").shape == (2,)
+        with ckpt.load_checkpoint(path) as reader:
+            assert reader.get_tensor("w").shape == (2,)
         return
     with pytest.raises(error, match=message) as info:
         ckpt.load_checkpoint(path)

@@ -6,6 +6,7 @@ Pickles are assembled opcode by opcode here (no torch, and nothing here ever unp
 from __future__ import annotations
 
 import os
+import pathlib
 import struct
 import zipfile
 
@@ -229,4 +230,4 @@ def test_compressed_storages_legacy_files_and_other_zips(tmp_path):
         z.writestr("notes.txt", "hello")
     with pytest.raises(ckpt.UnsupportedCheckpointError, match="not a checkpoint in any supported format"):
         ckpt.load_checkpoint(str(other))
-    assert base.get_format("pytorch").sniff(open(path, "rb").read(4096))
+    assert base.get_format("pytorch").sniff(pathlib.Path(path).read_bytes()[:4096])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import struct
 
 import h5py
@@ -13,8 +14,7 @@ import pytest
 from conftest import assert_bit_exact, data_offset, every_dtype_tensors
 
 import ckpt
-from ckpt.formats import base
-from ckpt.formats import h5plain
+from ckpt.formats import base, h5plain
 from ckpt.formats import msgpack as mpfmt
 
 
@@ -160,14 +160,14 @@ def test_plain_msgpack_unpackb_and_a_streaming_unpacker_decode_the_file(tmp_path
     assert footer[0] == b"ckpt-idx"
     assert len(payloads) == len(tensors)
     for (key, value), payload in zip(tensors, payloads):
-        dtype, shape, extents, crc = index["tensors"][key]
+        dtype, shape, _extents, _crc = index["tensors"][key]
         assert dtype == ckpt.dtypes.dtype_name(value.dtype) and shape == list(value.shape)
         if value.dtype.kind == "O":
             assert payload == value.reshape(-1).tolist()
         else:
             assert payload == value.tobytes()
     size = os.path.getsize(path)
-    raw = open(path, "rb").read()
+    raw = pathlib.Path(path).read_bytes()
     assert footer[1] + footer[2] + mpfmt.FOOTER_SIZE == size
     assert msgpack.unpackb(raw[footer[1]:footer[1] + footer[2]], raw=False) == index
 
@@ -188,19 +188,19 @@ def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
 # --- versions, damage -------------------------------------------------------------------------
 def test_newer_msgpack_version_is_a_clear_error(tmp_path):
     path = write(base.get_format("msgpack"), tmp_path / "v.msgpack", [("a", np.zeros(2))])
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     raw[mpfmt.DATA_START - 1] = 3  # the header's version
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 3"):
         ckpt.load_checkpoint(path)
 
 
 def test_newer_hdf5_version_is_a_clear_error(tmp_path):
     path = write(base.get_format("hdf5"), tmp_path / "v.h5", [("a", np.zeros(2))])
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     raw[8:12] = struct.pack("<I", 2)
     raw[28:32] = struct.pack("<I", ckpt.formats._io.crc32c(bytes(raw[:28])))
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 2"):
         ckpt.load_checkpoint(path)
 
@@ -209,9 +209,9 @@ def test_flipped_bit_in_tensor_data_is_caught_and_named(tmp_path, fmt):
     path = write(fmt, tmp_path / f"flip{fmt.extensions[0]}",
                  [("good", np.ones(8, np.float32)), ("bad", np.arange(8, dtype=np.float32))])
     offset = data_offset(path, np.arange(8, dtype=np.float32)) + 5
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     raw[offset] ^= 0x10
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     with ckpt.load_checkpoint(path) as reader:
         np.testing.assert_array_equal(reader.get_tensor("good"), np.ones(8))
         with pytest.raises(ckpt.CorruptCheckpointError, match=r"flip.*'bad'.*checksum"):
@@ -223,9 +223,9 @@ def test_flipped_bit_in_tensor_data_is_caught_and_named(tmp_path, fmt):
 @pytest.mark.parametrize("bit", [0, 9, 63])
 def test_damaged_hdf5_magic_never_reaches_libhdf5(tmp_path, bit, monkeypatch):
     path = write(base.get_format("hdf5"), tmp_path / "magic.h5", [("a", np.ones(4, np.float32))])
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     raw[bit // 8] ^= 1 << (bit % 8)
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     monkeypatch.setattr(h5plain, "H5pyReader", None)  # any route to libhdf5 would fail loudly
     with pytest.raises(ckpt.CorruptCheckpointError, match="magic bytes are damaged"):
         ckpt.load_checkpoint(path)
@@ -233,10 +233,10 @@ def test_damaged_hdf5_magic_never_reaches_libhdf5(tmp_path, bit, monkeypatch):
 
 def test_hdf5_verify_catches_damaged_structure(tmp_path):
     path = write(base.get_format("hdf5"), tmp_path / "meta.h5", [("a", np.ones(4, np.float32))])
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     userblock = struct.unpack_from("<I", raw, 12)[0]
     raw[userblock + 20] ^= 0x01  # inside HDF5's superblock, which ckpt's reader never needs
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     with ckpt.load_checkpoint(path) as reader:
         np.testing.assert_array_equal(reader.get_tensor("a"), np.ones(4))  # data is intact
         assert any("HDF5 structure" in p for p in reader.verify())
@@ -245,8 +245,8 @@ def test_hdf5_verify_catches_damaged_structure(tmp_path):
 @pytest.mark.parametrize("cut", [1, 10, 33, 100])
 def test_truncated_files_are_corrupt(tmp_path, fmt, cut):
     path = write(fmt, tmp_path / f"t{fmt.extensions[0]}", [("a", np.arange(64, dtype=np.float64))])
-    raw = open(path, "rb").read()
-    open(path, "wb").write(raw[:-cut])
+    raw = pathlib.Path(path).read_bytes()
+    pathlib.Path(path).write_bytes(raw[:-cut])
     with pytest.raises(ckpt.CheckpointError, match=r"t\.(h5|msgpack)"):
         with ckpt.load_checkpoint(path) as reader:
             reader.get_tensor("a")
@@ -328,7 +328,7 @@ def test_hdf5_files_are_deterministic(tmp_path):
     tensors = every_dtype_tensors()
     a = write(base.get_format("hdf5"), tmp_path / "a.h5", tensors, {"x": 1})
     b = write(base.get_format("hdf5"), tmp_path / "b.h5", tensors, {"x": 1})
-    assert open(a, "rb").read() == open(b, "rb").read()
+    assert pathlib.Path(a).read_bytes() == pathlib.Path(b).read_bytes()
 
 
 def test_large_tensors_start_page_aligned(tmp_path, fmt):
@@ -342,7 +342,7 @@ def test_large_tensors_start_page_aligned(tmp_path, fmt):
         np.testing.assert_array_equal(reader.read("big"), big)
     if fmt.name == "msgpack":  # padding is zero-filled bin objects, outside every tensor
         objects = plain_objects(path)
-        payloads = [o for o in objects[1:-2]]
+        payloads = list(objects[1:-2])
         assert payloads[0] == b"\x01\x01\x01" and payloads[2] == big.tobytes()
         assert not any(payloads[1]) and not any(payloads[3])  # the padding before each big tensor
 
@@ -350,10 +350,10 @@ def test_large_tensors_start_page_aligned(tmp_path, fmt):
 def test_damaged_msgpack_padding_is_reported_by_verify(tmp_path):
     big = np.arange(1 << 16, dtype=np.float32)
     path = write(base.get_format("msgpack"), tmp_path / "pad.msgpack", [("small", np.ones(3, np.int8)), ("big", big)])
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     padding_header = raw.index(b"\xc5", mpfmt.DATA_START + 5)  # the bin 16 padding after "small"
     raw[padding_header] ^= 0x01
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     with base.open_reader(path) as reader:
         np.testing.assert_array_equal(reader.read("big"), big)  # the data is intact...
         assert any("framing" in p for p in reader.verify())  # ...but plain msgpack could not decode it

@@ -12,9 +12,21 @@ import pytest
 
 from ckpt import initializers, random
 from ckpt.initializers import (
-    Constant, GlorotNormal, GlorotUniform, HeNormal, HeUniform, Identity, LecunNormal,
-    LecunUniform, Ones, Orthogonal, RandomNormal, RandomUniform, TruncatedNormal,
-    VarianceScaling, Zeros,
+    Constant,
+    GlorotNormal,
+    GlorotUniform,
+    HeNormal,
+    HeUniform,
+    Identity,
+    LecunNormal,
+    LecunUniform,
+    Ones,
+    Orthogonal,
+    RandomNormal,
+    RandomUniform,
+    TruncatedNormal,
+    VarianceScaling,
+    Zeros,
 )
 
 TRUNC_STD = 0.87962566103423978  # std of a unit normal truncated at +-2

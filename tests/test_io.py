@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 import crc32c
 import numpy as np
@@ -23,7 +24,7 @@ def test_crc32c_combine_matches_the_checksum_of_the_concatenation(head):
 def test_large_spans_are_read_in_pieces_with_the_whole_checksum(tmp_path, size):
     data = np.random.default_rng(size).bytes(3 * _io.PIECE + 20000)
     path = str(tmp_path / "data")
-    open(path, "wb").write(data)
+    pathlib.Path(path).write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
         small, big = bytearray(10), bytearray(size)
@@ -36,7 +37,7 @@ def test_large_spans_are_read_in_pieces_with_the_whole_checksum(tmp_path, size):
 
 def test_a_short_file_fails_every_piece_cleanly(tmp_path):
     path = str(tmp_path / "short")
-    open(path, "wb").write(bytes(_io.PIECE + 10))
+    pathlib.Path(path).write_bytes(bytes(_io.PIECE + 10))
     fd = os.open(path, os.O_RDONLY)
     try:
         with pytest.raises(ckpt.CorruptCheckpointError, match="span 0.*truncated"):

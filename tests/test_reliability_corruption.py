@@ -15,9 +15,22 @@ import collections
 import random
 
 import pytest
-from reliability_support import (ANY, OPEN, Case, data_extents, hdf5_rebuild, hdf5_split, large_tensors,
-                                 msgpack_rebuild, msgpack_split, packb, read_outcome, run_cases, small_tensors,
-                                 write_checkpoint)
+from reliability_support import (
+    ANY,
+    OPEN,
+    Case,
+    data_extents,
+    hdf5_rebuild,
+    hdf5_split,
+    large_tensors,
+    msgpack_rebuild,
+    msgpack_split,
+    packb,
+    read_outcome,
+    run_cases,
+    small_tensors,
+    write_checkpoint,
+)
 
 from ckpt.formats import hdf5 as hdf5_format
 from ckpt.formats import msgpack as msgpack_format
@@ -153,7 +166,7 @@ def test_every_bit_flip_in_headers_indexes_and_footers_is_caught_on_open(tmp_pat
     names = ["hdf5 header", "hdf5 index"] if fmt == "hdf5" else ["msgpack header", "msgpack index", "msgpack footer"]
     bits = [p * 8 + b for name in names for p in regions.positions(name) for b in range(8)]
     counts = run_cases(str(tmp_path), path, small_tensors(), [flip_case(raw, regions, b) for b in bits])
-    assert set(kind for _, kind in counts) == {"open-error"} and sum(counts.values()) == len(bits)
+    assert {kind for _, kind in counts} == {"open-error"} and sum(counts.values()) == len(bits)
     report(f"{fmt}: every bit of the header, index and footer", counts)
 
 
@@ -352,7 +365,7 @@ def test_damaged_hdf5_magic_plus_more_damage_never_reads_wrong_values(tmp_path, 
 
 
 def test_msgpack_verify_sees_damaged_framing(tmp_path, pristine):
-    path, raw = pristine["msgpack", "small"]
+    _path, raw = pristine["msgpack", "small"]
     regions = Regions(raw)
     framing = [p for p in range(len(raw)) if regions.at(p)[0] == "msgpack framing"]
     assert framing

@@ -22,8 +22,17 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reliability_support import (hdf5_rebuild, hdf5_split, msgpack_rebuild, msgpack_split, overwrite, packb,
-                                 small_tensors, time_limit, write_checkpoint)
+from reliability_support import (
+    hdf5_rebuild,
+    hdf5_split,
+    msgpack_rebuild,
+    msgpack_split,
+    overwrite,
+    packb,
+    small_tensors,
+    time_limit,
+    write_checkpoint,
+)
 
 import ckpt
 from ckpt.formats import _io
@@ -92,7 +101,7 @@ def edited_object(draw, obj: object) -> object:
     for _ in range(draw(st.integers(1, 3))):
         paths: list[tuple] = []
 
-        def walk(node: object, path: tuple) -> None:
+        def walk(node: object, path: tuple, paths: list[tuple] = paths) -> None:
             paths.append(path)
             if isinstance(node, dict):
                 for k, v in node.items():

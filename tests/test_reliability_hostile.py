@@ -21,8 +21,18 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
-from reliability_support import (Restorer, hdf5_rebuild, hdf5_split, msgpack_rebuild, msgpack_split, packb,
-                                 read_outcome, small_tensors, splice, write_checkpoint)
+from reliability_support import (
+    Restorer,
+    hdf5_rebuild,
+    hdf5_split,
+    msgpack_rebuild,
+    msgpack_split,
+    packb,
+    read_outcome,
+    small_tensors,
+    splice,
+    write_checkpoint,
+)
 
 import ckpt
 from ckpt.formats.base import open_reader
@@ -166,7 +176,7 @@ def hdf5_base(tmp_path_factory):
 
 
 def hdf5_cases(raw: bytes) -> dict[str, bytes]:
-    head, index = hdf5_split(raw)
+    _head, index = hdf5_split(raw)
     entries = index["tensors"]
     k = next(i for i, e in enumerate(entries) if e[0] == "dense/kernel")
     kernel = entries[k]

@@ -21,7 +21,8 @@ import random
 import subprocess
 import sys
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -69,7 +70,7 @@ class FileProxy:
 class Faults:
     """Wraps the functions a save or restore calls; records calls, fails the n-th one."""
 
-    WRAPPED = [(os, "open"), (os, "write"), (os, "pwrite"), (os, "preadv"), (os, "fsync"), (os, "replace"),
+    WRAPPED: ClassVar[list[tuple[object, str]]] = [(os, "open"), (os, "write"), (os, "pwrite"), (os, "preadv"), (os, "fsync"), (os, "replace"),
                (os, "close"), (os, "unlink"), (os, "listdir"), (fcntl, "flock")]
 
     def __init__(self, fail_at: int | None = None, code: int = errno.EIO) -> None:

@@ -74,6 +74,7 @@ class Zygote:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+        self.proc.stdout.close()
         self._stderr.close()
 
 

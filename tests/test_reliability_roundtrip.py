@@ -14,9 +14,9 @@ import tempfile
 
 import numpy as np
 from click.testing import CliRunner
+from conftest import every_dtype_tensors
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from conftest import every_dtype_tensors
 from reliability_support import equal_tensors
 
 import ckpt

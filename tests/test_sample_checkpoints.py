@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import filecmp
 import importlib.util
+import io
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -75,8 +77,8 @@ def test_msgpack_golden_files_of_both_versions(name):
     """v1/ keeps files of msgpack format version 1 (a stream of objects) as ckpt wrote them;
     the files beside it are version 2 (one array). Both read back to the same tensors."""
     v1, v2 = (os.path.join(SAMPLES, p, f"{name}.msgpack") for p in ("v1", ""))
-    raw1, raw2 = open(v1, "rb").read(), open(v2, "rb").read()
-    objects = list(msgpack.Unpacker(open(v1, "rb"), raw=False))
+    raw1, raw2 = pathlib.Path(v1).read_bytes(), pathlib.Path(v2).read_bytes()
+    objects = list(msgpack.Unpacker(io.BytesIO(raw1), raw=False))
     assert objects[0] == {"format": "ckpt-msgpack", "version": 1} and objects[-1][0] == b"ckpt-idx"
     with pytest.raises(msgpack.ExtraData):
         msgpack.unpackb(raw1, raw=False)
@@ -93,7 +95,7 @@ def test_the_msgpack_writer_reproduces_the_version_2_golden_file_byte_for_byte(t
     path = str(tmp_path / "dtypes.msgpack")
     generate.write_file(path, sorted(generate.every_dtype().items()),
                         {"description": "every dtype ckpt supports"})
-    assert open(path, "rb").read() == open(os.path.join(SAMPLES, "dtypes.msgpack"), "rb").read()
+    assert pathlib.Path(path).read_bytes() == pathlib.Path(os.path.join(SAMPLES, "dtypes.msgpack")).read_bytes()
 
 
 def test_steps_directory():
@@ -124,7 +126,7 @@ def test_generate_is_deterministic(tmp_path):
                        check=True, capture_output=True, timeout=120, env=env)
     names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "steps/checkpoint",
              *(f"steps/model-{s}.msgpack" for s in (300, 400, 500))]
-    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
+    _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
     assert (mismatch, errors) == ([], [])
     assert sorted(os.listdir(tmp_path / "a" / "steps")) == sorted(os.listdir(os.path.join(SAMPLES, "steps")))
 

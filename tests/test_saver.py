@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pathlib
 import time
 
 import numpy as np
@@ -323,7 +324,7 @@ def test_failed_write_leaves_previous_checkpoint_and_no_temp(tmp_path, monkeypat
     v = ckpt.Variable([1.0, 2.0])
     saver = ckpt.Saver([v])
     first = saver.save(str(tmp_path / "m.h5"))
-    before = open(first, "rb").read()
+    before = pathlib.Path(first).read_bytes()
     from ckpt.formats import _io
 
     def full_disk(*args, **kwargs):
@@ -333,7 +334,7 @@ def test_failed_write_leaves_previous_checkpoint_and_no_temp(tmp_path, monkeypat
     v.assign([3.0, 4.0])
     with pytest.raises(ckpt.CheckpointWriteError, match=r"m\.h5.*No space left"):
         saver.save(str(tmp_path / "m.h5"))
-    assert open(first, "rb").read() == before
+    assert pathlib.Path(first).read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == [".checkpoint.lock", "checkpoint", "m.h5"]
 
 
@@ -391,9 +392,9 @@ def test_checksum_failure_midway_uninitializes_touched_variables(tmp_path, ext):
     first, second, third = (ckpt.Variable(np.full(4, i, np.float32)) for i in (1, 2, 3))
     path = ckpt.Saver({"a": first, "b": second, "c": third}).save(str(tmp_path / f"m.{ext}"))
     offset = data_offset(path, np.full(4, 2, np.float32))
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     raw[offset] ^= 0xFF
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     x, y, z = (ckpt.Variable(np.full(4, 9, np.float32), name=n) for n in ("x", "y", "z"))
     with pytest.raises(ckpt.CorruptCheckpointError, match=r"(?s)'b'.*checksum.*uninitialized.*x:0, y:0") as info:
         ckpt.Saver({"a": x, "b": y, "c": z}).restore(path)

@@ -23,9 +23,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError
 

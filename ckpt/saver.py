@@ -25,7 +25,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack, nullcontext
-from typing import Any, Literal, Union, overload
+from typing import Any, Literal, overload
 
 from .async_save import BackgroundSaves, SaveFuture
 from .atomic import clean_stale_temporaries, replace_atomically, require_directory

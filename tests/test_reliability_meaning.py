@@ -17,9 +17,20 @@ import random
 
 import numpy as np
 import pytest
-from reliability_support import (OPEN, Case, hdf5_rebuild, hdf5_split, msgpack_rebuild, msgpack_split, packb,
-                                 run_cases, safetensors_rebuild, safetensors_split, small_tensors,
-                                 write_checkpoint)
+from reliability_support import (
+    OPEN,
+    Case,
+    hdf5_rebuild,
+    hdf5_split,
+    msgpack_rebuild,
+    msgpack_split,
+    packb,
+    run_cases,
+    safetensors_rebuild,
+    safetensors_split,
+    small_tensors,
+    write_checkpoint,
+)
 
 from ckpt import dtypes
 from ckpt.formats import _io
@@ -194,7 +205,7 @@ def test_one_byte_edits_of_a_ckpt_safetensors_header(tmp_path, pristine, reliabi
     """The issue's edit ("F32" -> "I32") and seeded others: refused, or the same meaning (a
     space of padding turned into another whitespace), never other values."""
     path, raw = pristine["safetensors"]
-    n, header = safetensors_split(raw)
+    n, _header = safetensors_split(raw)
     text = raw[8:8 + n]
     first = text.index(b'"F32"') + 9  # the issue's edit: 8 + 1 bytes into the dtype's string
     cases = [Case('dtype "F32" -> "I32"', raw[:first] + b"I" + raw[first + 1:], OPEN, region="header byte")]

@@ -17,8 +17,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

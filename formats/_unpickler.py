@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import IO, Any, Protocol, cast
 
 import numpy as np
 
@@ -101,7 +102,7 @@ _SCALARS = (str, int, float, bool, bytes, type(None))
 class Unpickler:
     """Interprets one pickle; ``persistent_load(pid)`` turns storage ids into StorageRefs."""
 
-    def __init__(self, data: bytes | BinaryIO, path: str,
+    def __init__(self, data: bytes | PickleStream, path: str,
                  persistent_load: Callable[[StorageRef], StorageRef]) -> None:
         self._data, self._path, self._persistent_load = data, path, persistent_load
         self._globals: dict[tuple[str, str], Any] = {
@@ -127,7 +128,8 @@ class Unpickler:
             stream = io.BytesIO(self._data) if isinstance(self._data, bytes) else self._data
             with warnings.catch_warnings():  # a protocol-0 STRING's bad escape warns (an error under -W error)
                 warnings.simplefilter("ignore", DeprecationWarning)
-                return self._run(pickletools.genops(stream), stack, memo)
+                # genops only calls read() (and tell() where there is one); typeshed asks for IO[bytes]
+                return self._run(pickletools.genops(cast(IO[bytes], stream)), stack, memo)
         except (ValueError, TypeError, IndexError, KeyError, RecursionError, OverflowError) as exc:
             if isinstance(exc, (CorruptCheckpointError, UnsupportedCheckpointError)):
                 raise
@@ -416,7 +418,15 @@ class Unpickler:
         return text.encode("latin-1")
 
 
-def load(data: bytes | BinaryIO, path: str, persistent_load: Callable[[StorageRef], StorageRef]) -> Any:
+class PickleStream(Protocol):
+    """What the machine reads a pickle from: a binary file, or anything with these two methods."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def readline(self) -> bytes: ...
+
+
+def load(data: bytes | PickleStream, path: str, persistent_load: Callable[[StorageRef], StorageRef]) -> Any:
     """Interpret a pickle with the restricted machine (see the module docstring).
 
     ``data`` is the pickle's bytes, or a binary file positioned at its start: then the file is left

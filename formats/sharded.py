@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class ShardedFormat:
                 raise CheckpointNotFoundError(f"{path}: no {' or '.join(HF_FILES)} in this directory")
             path = os.path.join(path, name)
             if not name.endswith(".json"):
-                return _open_shard(path, _HF_SHARD_FORMATS, path)  # type: ignore[return-value]
+                return _open_shard(path, _HF_SHARD_FORMATS, path)
         index = read_index(path)
         if path.endswith(_KERAS_SUFFIX):
             return ShardedReader(path, "keras", _keras_map(index, path), _index_metadata(index, path),

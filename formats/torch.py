@@ -270,10 +270,12 @@ class _Bounded:
 
     def read(self, n: int = -1) -> bytes:
         left = self._size - self._file.tell()
-        return self._file.read(left if n < 0 else max(0, min(n, left)))
+        data: bytes = self._file.read(left if n < 0 else max(0, min(n, left)))
+        return data
 
     def readline(self) -> bytes:
-        return self._file.readline(1 << 16)
+        line: bytes = self._file.readline(1 << 16)
+        return line
 
     def tell(self) -> int:
         return int(self._file.tell())

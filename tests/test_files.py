@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def test_load_file_reads_foreign_files_and_directories(tmp_path):
 def test_save_file_is_atomic_and_refuses_bad_input(tmp_path):
     path = str(tmp_path / "m.msgpack")
     ckpt.save_file({"w": np.ones(2)}, path)
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     with pytest.raises(ValueError, match="invalid key"):
         ckpt.save_file({"a//b": np.ones(1)}, path)
     with pytest.raises(ValueError, match="both a tensor and a scope"):
@@ -64,16 +65,16 @@ def test_save_file_is_atomic_and_refuses_bad_input(tmp_path):
         ckpt.save_file({"w": np.ones(2)}, str(tmp_path / "m.npz"))
     with pytest.raises(ValueError, match="metadata"):
         ckpt.save_file({"w": np.ones(2)}, path, metadata={"f": object()})
-    assert open(path, "rb").read() == before
+    assert pathlib.Path(path).read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["m.msgpack"]  # no temporary file left behind
 
 
 def test_load_file_verifies_checksums(tmp_path):
     path = ckpt.save_file({"w": np.arange(64, dtype=np.float32)}, str(tmp_path / "m.h5"))
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     offset = raw.rindex(np.arange(64, dtype=np.float32).tobytes())
     raw[offset + 10] ^= 0x40
-    open(path, "wb").write(raw)
+    pathlib.Path(path).write_bytes(raw)
     with pytest.raises(ckpt.CorruptCheckpointError, match="'w'.*checksum"):
         ckpt.load_file(path)
 

@@ -9,11 +9,11 @@ import shutil
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import assert_bit_exact
 
 import ckpt
 from ckpt.cli import main as cli_main
-from click.testing import CliRunner
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "foreign")
 HF_LAYOUTS = ["hf_safetensors", "hf_sharded_safetensors", "hf_bin", "hf_sharded_bin",

@@ -8,6 +8,7 @@ expected values are what torch.load returned (views resolved).
 from __future__ import annotations
 
 import os
+import pathlib
 import struct
 
 import numpy as np
@@ -37,7 +38,7 @@ def check_against(path, npz):
 
 
 def test_untyped_storage_dtypes_and_lazy_views():
-    reader, keys = check_against(os.path.join(FIXTURES, "torch_v3.pt"), "torch_v3_expected.npz")
+    _reader, keys = check_against(os.path.join(FIXTURES, "torch_v3.pt"), "torch_v3_expected.npz")
     assert {k: str(ckpt.load_variable(os.path.join(FIXTURES, "torch_v3.pt"), k).dtype) for k in keys} == {
         "u16": "uint16", "u32": "uint32", "u64": "uint64", "f8_e4m3fn": "float8_e4m3fn", "f8_e5m2": "float8_e5m2",
         "f8_e4m3fnuz": "float8_e4m3fnuz", "f8_e5m2fnuz": "float8_e5m2fnuz", "conj": "complex64", "neg": "float32",
@@ -60,7 +61,7 @@ def test_legacy_format_reads_bit_exact():
 
 
 def legacy_bytes():
-    return bytearray(open(LEGACY, "rb").read())
+    return bytearray(pathlib.Path(LEGACY).read_bytes())
 
 
 def test_legacy_truncated_at_every_byte(tmp_path):

@@ -196,6 +196,9 @@ class _Group:
     object header, B-tree and local heap went."""
 
     __slots__ = ("children", "header", "heap", "tree")
+    header: int
+    heap: int
+    tree: int
 
     def __init__(self) -> None:
         self.children: dict[bytes, Any] = {}

@@ -147,17 +147,20 @@ class CheckpointReader(Mapping[str, np.ndarray]):
             >>> import ckpt, numpy as np, tempfile, os
             >>> path = os.path.join(tempfile.mkdtemp(), "s.h5")
             >>> _ = ckpt.Saver({"w": ckpt.Variable(np.arange(6).reshape(2, 3))}).save(path)
-            >>> ckpt.load_checkpoint(path).get_slice("w", np.s_[1, 1:])
+            >>> with ckpt.load_checkpoint(path) as reader:
+            ...     reader.get_slice("w", np.s_[1, 1:])
             array([4, 5])
         """
         read_slice = getattr(self._reader, "read_slice", None)
         if read_slice is not None:
-            return read_slice(key, index)  # type: ignore[no-any-return]
+            part: np.ndarray = read_slice(key, index)
+            return part
         from .formats._slicing import box
 
         bounds, shape = box(index, tuple(self._reader.tensors[key].shape) if key in self._reader.tensors
                             else tuple(self._reader.info(key).shape))
-        return self.get_tensor(key)[tuple(slice(a, b) for a, b in bounds)].reshape(shape)
+        block: np.ndarray = self.get_tensor(key)[tuple(slice(a, b) for a, b in bounds)].reshape(shape)
+        return block
 
     @property
     def checksummed(self) -> bool:

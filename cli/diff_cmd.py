@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import click

@@ -209,7 +209,7 @@ def adopt_layout(reader: H5pyReader) -> BaseReader:
     except BaseException:
         reader.close()
         raise
-    return adopted  # type: ignore[no-any-return]
+    return adopted
 
 
 def refuse_opaque(reader: H5pyReader) -> None:

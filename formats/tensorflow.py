@@ -176,7 +176,7 @@ class TensorFlowReader(BaseReader):
         if slices and (dtype is None or dtypes.is_string(dtype)):
             what = "string" if dtype is not None else _OTHER_DTYPES.get(code, f"type-{code}")
             self._notes[key] = f"a {what} variable in {len(slices)} slices, not a tensor ckpt reads"
-        elif slices:
+        elif slices and dtype is not None:
             self._add_sliced(check_key(key, self._index), dtype, shape, slices)
         elif key == OBJECT_GRAPH_KEY:
             self._notes[key] = f"TensorFlow's object graph (a serialized proto of {entry['size']} bytes)"

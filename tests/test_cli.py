@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import io
 import json
 import os
@@ -843,15 +844,17 @@ def test_convert_reads_each_tensor_only_when_the_writer_writes_it(tmp_path, monk
 def test_convert_refuses_an_existing_dst_without_force(tmp_path):
     src = save(tmp_path / "src.h5", model())
     dst = save(tmp_path / "dst.msgpack", {"old": np.ones(1)})
-    before = open(dst, "rb").read()
+    before = pathlib.Path(dst).read_bytes()
     result = run("convert", src, dst)
     assert result.exit_code == 2 and result.stdout == ""
     (line,) = result.stderr.splitlines()  # click quotes 'DST' or not, by version
     assert line.startswith("Error: Invalid value for") and line.endswith(
         f"DST: {dst} exists; pass --force to replace it (see 'ckpt convert --help')"), line
-    assert open(dst, "rb").read() == before
+    assert pathlib.Path(dst).read_bytes() == before
     result = run("convert", src, dst, "--force")
-    assert result.exit_code == 0 and sorted(ckpt.load_checkpoint(dst)) == sorted(model())
+    assert result.exit_code == 0
+    with ckpt.load_checkpoint(dst) as reader:
+        assert sorted(reader) == sorted(model())
 
 
 def test_diff_compares_metadata(tmp_path):

@@ -6,6 +6,7 @@ Fixtures written by tensorflow-cpu 2.21 (tests/fixtures/foreign/generators/gen_t
 
 from __future__ import annotations
 
+import pathlib
 import os
 import shutil
 
@@ -40,7 +41,7 @@ def test_sliced_variables_reassemble_bit_exact(directory, npz, count):
     want = expected(npz)
     with ckpt.load_checkpoint(os.path.join(FIXTURES, directory)) as reader:
         keys = reader.get_variable_to_shape_map()
-        assert len(keys) == count and "non_tensors" not in reader.metadata or \
+        assert (len(keys) == count and "non_tensors" not in reader.metadata) or \
             set(reader.metadata["non_tensors"]) == {"_CHECKPOINTABLE_OBJECT_GRAPH"}
         for key in keys:
             assert_bit_exact(want[npz_key(key)], reader.get_tensor(key))
@@ -209,8 +210,8 @@ def test_orphan_slices_are_refused(tmp_path):
     raw = np.zeros(2, np.float32).tobytes()
     entries = [(b"", header()), (slice_key("ghost", [(0, 2)]), entry(1, (2,), 0, 8, crc32c.crc32c(raw)))]
     prefix = str(tmp_path / "model.ckpt-1")
-    open(prefix + ".index", "wb").write(table(entries))
-    open(prefix + ".data-00000-of-00001", "wb").write(raw)
+    pathlib.Path(prefix + ".index").write_bytes(table(entries))
+    pathlib.Path(prefix + ".data-00000-of-00001").write_bytes(raw)
     with pytest.raises(ckpt.CorruptCheckpointError, match="slices of 'ghost'"):
         ckpt.load_checkpoint(prefix)
 

@@ -310,7 +310,8 @@ def _zarray(store: Any, array: str, key: str) -> tuple[TensorInfo, dict[str, Any
     chunks = meta.get("chunks")
     if type(chunks) is not list or len(chunks) != len(shape) or not all(type(c) is int and c > 0 for c in chunks):
         raise CorruptCheckpointError(f"{path}: the chunks {chunks!r} do not fit the shape {list(shape)}")
-    dtype = _ZARR_DTYPES.get(meta.get("dtype")) if type(meta.get("dtype")) is str else None
+    code = meta.get("dtype")
+    dtype = _ZARR_DTYPES.get(code) if isinstance(code, str) else None
     if dtype is None:
         raise UnsupportedCheckpointError(f"{path}: {key!r} has zarr dtype {meta.get('dtype')!r}, which ckpt "
                                          "does not read (little-endian numbers, bool, bfloat16, float8)")

@@ -125,8 +125,12 @@ def diff_lines(ra: ckpt.CheckpointReader, rb: ckpt.CheckpointReader, atol: float
         else:
             a, b, vd = ta[key], tb[key], values.get(key)
             changed = a.dtype != b.dtype or a.shape != b.shape
-            change = "changed dtype or shape" if changed else "differ" if vd.outside else \
-                "within tolerance" if vd.unequal else "identical"
+            if changed:
+                change = "changed dtype or shape"
+            elif vd is None:  # unreachable: equal shapes and kinds were compared above
+                raise AssertionError(key)
+            else:
+                change = "differ" if vd.outside else "within tolerance" if vd.unequal else "identical"
             counts[change] += 1
             records.append({"key": key, "change": change, "a": _described(a), "b": _described(b),
                             "values": _values(vd)})

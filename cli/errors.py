@@ -53,7 +53,7 @@ class Failure(click.ClickException):
     def __init__(self, message: str, exit_code: int = 1, file: str | None = None,
                  key: str | None = None) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click types it per class; ours is per failure
         self.file = file
         self.key = key if key is not None else _key_of(message)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import click
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any, TextIO
 
@@ -132,7 +133,7 @@ def emit(lines: Iterable[str], held: bool) -> None:
 
 
 @contextmanager
-def byte_bar(nbytes: int, label: str, stream: IO[str] | None = None,
+def byte_bar(nbytes: int, label: str, stream: TextIO | None = None,
              io_factor: int = 1) -> Iterator[Callable[[int], None] | None]:
     """Yield a ``progress(nbytes_done)`` callback drawing a bar, or None when no bar belongs here.
 

@@ -73,8 +73,20 @@ class Variable:
         <ckpt.Variable 'var_a:0' shape=() dtype=float32, numpy=2.0>
     """
 
-    __slots__ = ("_value", "_initialized", "_shape", "_dtype", "_name", "_trainable",
-                 "_requested_device", "_initial", "_adoptable", "_uid", "_shard", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_adoptable",
+        "_dtype",
+        "_initial",
+        "_initialized",
+        "_name",
+        "_requested_device",
+        "_shape",
+        "_shard",
+        "_trainable",
+        "_uid",
+        "_value",
+    )
 
     def __init__(self, initial_value: Any, trainable: bool = True, name: str | None = None,
                  dtype: Any = None, shape: Sequence[int] | None = None, shard: Shard | None = None) -> None:

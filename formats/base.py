@@ -31,7 +31,8 @@ from ckpt.errors import (
 )
 from ckpt.gcpause import gc_paused
 
-__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "register_format", "unregister_format",
+__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
+           "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "SNIFF_BYTES"]
 
@@ -218,11 +219,17 @@ class FileReader(BaseReader):
 class Format(Protocol):
     """A checkpoint format: a name, file extensions, content sniffing, a reader, maybe a writer."""
 
-    name: str
-    #: Lower-case extensions with the dot, first is the default: (".h5", ".hdf5").
-    extensions: tuple[str, ...]
-    #: Whether ``write`` is implemented (foreign formats may be read-only).
-    can_write: bool
+    @property
+    def name(self) -> str:
+        """The registered name ("hdf5")."""
+
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """Lower-case extensions with the dot, first is the default: (".h5", ".hdf5")."""
+
+    @property
+    def can_write(self) -> bool:
+        """Whether this is a WritableFormat (foreign formats may be read-only)."""
 
     def sniff(self, head: bytes) -> bool:
         """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format.
@@ -234,6 +241,11 @@ class Format(Protocol):
 
     def open(self, path: str) -> Reader:
         """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
+
+
+@runtime_checkable
+class WritableFormat(Format, Protocol):
+    """A Format that also writes checkpoints (``can_write`` is True)."""
 
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
         """Write a complete checkpoint to ``path`` (an existing, empty temporary file).

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from ckpt.atomic import replace_atomically
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from .base import (BaseReader, TensorInfo, check_metadata, check_shape, check_version, dtype_or_raise,
+from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
                    format_for_path, key_problem, normalize_metadata, validate_keys)
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name, _packb, _unpack
 
@@ -124,7 +125,7 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
         ([[2.0, 3.0], [4.0, 5.0]], 2)
     """
     fmt = format_for_path("x" + ext)
-    if fmt is None or not fmt.can_write or parts < 1:
+    if not isinstance(fmt, WritableFormat) or parts < 1:
         raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
     validate_keys((key for key, _, _ in specs), directory)
     metadata = normalize_metadata(metadata, directory)
@@ -211,7 +212,7 @@ class Blocks:
     block i's start) or None for strings. ``block(i)`` and iteration give ``(file, offset,
     shape, nbytes, checksums)`` tuples."""
 
-    __slots__ = ("files", "offsets", "shapes", "nbytes", "crcs")
+    __slots__ = ("crcs", "files", "nbytes", "offsets", "shapes")
 
     def __init__(self, files: np.ndarray, offsets: np.ndarray, shapes: np.ndarray, nbytes: np.ndarray,
                  crcs: tuple[np.ndarray, np.ndarray] | None) -> None:

@@ -19,10 +19,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import ckpt  # noqa: E402
-from ckpt import distributed  # noqa: E402
-from ckpt.formats import sharded  # noqa: E402
-from distributed_support import global_tensors, layout, make_variables  # noqa: E402
+import ckpt
+from ckpt import distributed
+from ckpt.formats import sharded
+from distributed_support import global_tensors, layout, make_variables
 
 MODE, OUT = sys.argv[1], sys.argv[2]
 ARGS = sys.argv[3:]

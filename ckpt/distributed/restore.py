@@ -18,7 +18,8 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..errors import CheckpointError
 from ..restore import RestoreResult, restore_variables

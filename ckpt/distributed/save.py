@@ -117,7 +117,7 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
                 save_id = os.urandom(8).hex()
                 lock_fd, listed_before = _prepare(saver, path, save_id)
                 verdict = {"save_id": save_id}
-            except Exception as exc:  # noqa: BLE001 - every rank must hear why, or it would wait for nothing
+            except Exception as exc:
                 kind = "notfound" if isinstance(exc, CheckpointNotFoundError) else "write"
                 verdict = {"kind": kind, "error": str(exc) if isinstance(exc, CheckpointError) else
                            f"{path}: rank 0 could not prepare the save: {type(exc).__name__}: {exc}"}
@@ -134,7 +134,7 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         if rank == 0:
             try:
                 outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
-            except Exception as exc:  # noqa: BLE001 - the other ranks wait for the outcome
+            except Exception as exc:
                 outcome = {"kind": "write", "error": f"{path}: rank 0 could not commit: {type(exc).__name__}: {exc}"}
             outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
         else:
@@ -282,7 +282,7 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
                 blocks.append([block.key, list(block.offset), list(block.shape), reader.tensors[block.key].nbytes,
                                block.crcs])
         return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
-    except Exception as exc:  # noqa: BLE001 - reported to rank 0, raised on every rank
+    except Exception as exc:
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}
 
 

@@ -111,9 +111,11 @@ def test_get_slice_reads_only_the_checksum_blocks_it_needs(tmp_path):
         with pytest.raises(IndexError):
             reader.read_slice("big", (1000, 0))
     # the same through the public API, and on a single-file checkpoint
-    assert_bit_exact(big[5:9, 1:3], ckpt.load_checkpoint(path).get_slice("big", np.s_[5:9, 1:3]))
+    with ckpt.load_checkpoint(path) as r:
+        assert_bit_exact(big[5:9, 1:3], r.get_slice("big", np.s_[5:9, 1:3]))
     single = ckpt.Saver({"big": ckpt.Variable(big, name="b2")}).save(str(tmp_path / "s.h5"))
-    assert_bit_exact(big[5:9, 1:3], ckpt.load_checkpoint(single).get_slice("big", np.s_[5:9, 1:3]))
+    with ckpt.load_checkpoint(single) as r:
+        assert_bit_exact(big[5:9, 1:3], r.get_slice("big", np.s_[5:9, 1:3]))
 
 
 def test_partial_read_detects_a_damaged_block(tmp_path):

@@ -12,7 +12,8 @@ Example:
     ...                     shard=ckpt.Shard(global_shape=(4, 2), offset=(0, 0)))
     >>> saver = ckpt.Saver([emb], comm=comm)
     >>> path = saver.save(os.path.join(tempfile.mkdtemp(), "model.msgpack"), global_step=1)
-    >>> ckpt.load_checkpoint(path).get_slice("emb", np.s_[1:3, :]).tolist()
+    >>> with ckpt.load_checkpoint(path) as reader:
+    ...     reader.get_slice("emb", np.s_[1:3, :]).tolist()
     [[1.0, 1.0], [1.0, 1.0]]
 """
 

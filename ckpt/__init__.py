@@ -11,17 +11,7 @@ Example:
 """
 
 import importlib as _importlib
-import importlib.util as _importlib_util
-import os as _os
 from typing import TYPE_CHECKING, Any
-
-# A source checkout keeps formats/ and cli/ beside ckpt/ (installs nest them as ckpt.formats and
-# ckpt.cli). When this package was imported from a checkout that is not what is installed (say
-# `python -m benchmarks` run from its root), let those two be found beside it.
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _importlib_util.find_spec(".formats", __name__) is None and \
-        _os.path.isfile(_os.path.join(_root, "formats", "base.py")):
-    __path__.append(_root)
 
 # errors are light (no numpy) and every caller needs them; the rest loads on first use, so that
 # `ckpt --version` or `import ckpt.errors` does not pay for numpy, ml_dtypes and the formats

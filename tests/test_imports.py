@@ -17,7 +17,8 @@ def test_import_ckpt_loads_no_numpy_and_no_format():
 
 
 def test_every_public_name_resolves_and_is_declared_for_type_checkers():
-    source = open(ckpt.__file__, encoding="utf-8").read()
+    with open(ckpt.__file__, encoding="utf-8") as f:
+        source = f.read()
     declared = set(re.findall(r"^    from \.\w* import \w+ as (\w+)$", source, flags=re.MULTILINE))
     assert declared == set(ckpt._LAZY)
     for name in ckpt._LAZY:

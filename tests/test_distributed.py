@@ -3,7 +3,6 @@ partial reads. The same code paths run under real MPI processes in test_mpi.py."
 
 from __future__ import annotations
 
-import pathlib
 import os
 
 import numpy as np

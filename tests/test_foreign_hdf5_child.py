@@ -3,6 +3,7 @@ without taking the user's process down."""
 
 from __future__ import annotations
 
+import pathlib
 import os
 import subprocess
 import sys
@@ -69,7 +70,7 @@ def test_ckpt_files_and_keras_zips_are_not_probed(tmp_path, fresh, monkeypatch):
 
 def test_a_python_error_in_the_child_is_left_to_the_reader(tmp_path, fresh):
     path = tmp_path / "junk.h5"
-    raw = bytearray(open(os.path.join(FIXTURES, "keras3.weights.h5"), "rb").read())
+    raw = bytearray(pathlib.Path(os.path.join(FIXTURES, "keras3.weights.h5")).read_bytes())
     raw[2000:2400] = b"\x00" * 400
     path.write_bytes(bytes(raw))
     with pytest.raises(ckpt.CheckpointError):

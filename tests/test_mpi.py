@@ -5,7 +5,6 @@ Every run is bounded by a timeout; each rank reports in a JSON file the test rea
 
 from __future__ import annotations
 
-import pathlib
 import json
 import os
 import shutil

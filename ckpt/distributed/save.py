@@ -28,7 +28,8 @@ import fcntl
 import os
 import shutil
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 import numpy as np
 

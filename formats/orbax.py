@@ -110,7 +110,8 @@ class OrbaxReader(BaseReader):
 
     def __init__(self, path: str, items: list[str]) -> None:
         self.path = path
-        self._tensors, self._arrays = {}, {}
+        self._tensors: dict[str, TensorInfo] = {}
+        self._arrays: dict[str, Any] = {}
         self._stores: list[Any] = []
         notes: dict[str, str] = {}
         try:
@@ -274,7 +275,8 @@ def _chunk(store: Any, name: str, spec: dict[str, Any], key: str) -> np.ndarray:
     raw = _decompress(stored, spec["compressor"], nbytes + 1, where, key)
     if len(raw) != nbytes:
         raise CorruptCheckpointError(f"{where}: chunk of {key!r} holds {len(raw)} bytes, expected {nbytes}")
-    return np.frombuffer(raw, dtype).reshape(chunks)
+    chunk: np.ndarray = np.frombuffer(raw, dtype).reshape(chunks)
+    return chunk
 
 
 def _key_parts(entry: Any, item: str) -> list[str]:
@@ -368,6 +370,6 @@ def _zstd(data: bytes, limit: int) -> bytes:
                                          "pip install \"ckpt[orbax]\"") from None
     try:
         with zstandard.ZstdDecompressor().stream_reader(data) as reader:
-            return reader.read(limit)  # type: ignore[no-any-return]
+            return reader.read(limit)
     except zstandard.ZstdError as exc:
         raise ValueError(str(exc)) from exc

@@ -371,8 +371,10 @@ def test_asynchronous_sharded_save(tmp_path):
 
     results = run_ranks(3, fn)
     assert all(not isinstance(r, BaseException) for r in results), results
-    assert_bit_exact(np.arange(40.0), ckpt.load_checkpoint(results[0][0]).get_tensor("v"))
-    assert_bit_exact(np.zeros(40), ckpt.load_checkpoint(str(tmp_path)).get_tensor("v"))
+    with ckpt.load_checkpoint(results[0][0]) as r:
+        assert_bit_exact(np.arange(40.0), r.get_tensor("v"))
+    with ckpt.load_checkpoint(str(tmp_path)) as r:
+        assert_bit_exact(np.zeros(40), r.get_tensor("v"))
 
 
 def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):

@@ -8,7 +8,8 @@ Example:
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 
 def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple[int, ...]]:

@@ -26,7 +26,8 @@ import itertools
 import os
 import re
 import zlib
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 import bisect
 import os
 import re
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -47,7 +47,7 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
     result, error = None, None
     try:
         result = restore_variables(message["path"], variables, strict=strict, allow_cast=allow_cast)
-    except Exception as exc:  # noqa: BLE001 - the other ranks must hear of it, then it is raised here
+    except Exception as exc:
         error = exc
     outcome = None if error is None else {"error": str(error), "type": type(error).__name__}
     outcomes = [decode(raw, where) for raw in comm.allgather(encode(outcome), timeout)]

@@ -28,6 +28,7 @@ __all__ = [
     "UninitializedVariableError",
     "CheckpointWriteError",
     "ReplacedWriteError",
+    "StorageError",
     "closest_hint",
 ]
 
@@ -81,6 +82,14 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 class ReplacedWriteError(CheckpointWriteError):
     """The new file is complete and replaced the old one, but flushing it to disk failed."""
+
+
+class StorageError(CheckpointError, OSError):
+    """The storage under a checkpoint failed: an object store that cannot be reached, refuses
+    the credentials or the access, or times out. The message names the URL."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def closest_hint(key: str, keys: Iterable[str]) -> str:

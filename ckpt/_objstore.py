@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from contextlib import nullcontext
 from typing import Any, Callable, Sequence
 
 from . import _urls
@@ -43,7 +44,7 @@ __all__ = ["ObjectStore", "PIECE", "CONCURRENCY"]
 PIECE = 8 << 20
 #: Requests in flight at once for one read or upload.
 CONCURRENCY = 16
-_memory_lock = threading.Lock()  # memory:// has no conditional writes of its own
+_memory_lock = threading.RLock()  # memory:// has no conditional writes of its own
 
 
 class ObjectStore:
@@ -115,6 +116,42 @@ class ObjectStore:
         buf = bytearray(size)
         self.read_into(url, [(offset, memoryview(buf))], lambda i: what)
         return bytes(buf)
+
+    def read_small_or_head(self, url: str, limit: int, what: str) -> tuple[bytes, int] | None:
+        """The first ``limit`` bytes of an object and its size (None: no such object)."""
+        path = self._path(url)
+        with translating(url, f"reading {what}"):
+            try:
+                if self._s3:
+                    return self._s3_head(url, limit)
+                size = int(self.fs.size(path))
+                return bytes(self.fs.cat_file(path, start=0, end=min(limit, size))), size
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise
+                return None
+
+    def _s3_head(self, url: str, limit: int) -> tuple[bytes, int]:
+        """One ranged GET: the first bytes, and the size from its Content-Range header."""
+        bucket, key = self._bucket_key(url)
+
+        async def get() -> tuple[bytes, int]:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit - 1}")
+            try:
+                data = await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+            total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+            return data, int(total) if total.isdigit() else len(data)
+
+        from fsspec.asyn import sync
+
+        try:
+            return sync(self.fs.loop, get)  # type: ignore[no-any-return]
+        except OSError as exc:
+            if "InvalidRange" in repr(exc.__cause__) or "not satisfiable" in str(exc).lower():
+                return b"", 0  # an empty object
+            raise
 
     def read_small(self, url: str, limit: int, what: str) -> bytes | None:
         """A whole small object (a commit record, a state file), or None when there is none.
@@ -205,8 +242,7 @@ class ObjectStore:
                     raise
                 self.fs.invalidate_cache(self._path(url))
             return True
-        lock = _memory_lock if self.protocol == "memory" else threading.Lock()
-        with lock:
+        with _memory_lock if self.protocol == "memory" else nullcontext():
             current = self.read_small(url, max(len(data), 16 << 20), "the state file")
             if current != version:
                 return False

@@ -34,7 +34,7 @@ from .atomic import replace_atomically
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 __all__ = ["STATE_FILE", "CheckpointEntry", "CheckpointState", "read_state", "write_state",
-           "state_lock", "latest_checkpoint", "resolve_checkpoint"]
+           "state_lock", "latest_checkpoint", "parse_state", "dump_state", "resolve_checkpoint"]
 
 STATE_FILE = "checkpoint"
 LOCK_FILE = ".checkpoint.lock"
@@ -104,6 +104,11 @@ def read_state(directory: str) -> CheckpointState | None:
             raw = f.read(min(os.fstat(f.fileno()).st_size, 16 << 20))  # read(N) mallocs N bytes first
     except (FileNotFoundError, NotADirectoryError):
         return None
+    return parse_state(raw, path)
+
+
+def parse_state(raw: bytes, path: str) -> CheckpointState:
+    """Parse a state file's bytes (``path`` names it in errors)."""
     if raw.lstrip().startswith((b"model_checkpoint_path", b"all_model_checkpoint_paths")):
         return _read_tensorflow_state(raw, path)
     try:
@@ -153,15 +158,19 @@ def _read_tensorflow_state(raw: bytes, path: str) -> CheckpointState:
 
 def write_state(directory: str, state: CheckpointState) -> None:
     """Write the state file atomically."""
+    with replace_atomically(os.path.join(directory, STATE_FILE)) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(dump_state(state))
+
+
+def dump_state(state: CheckpointState) -> bytes:
+    """The state file's bytes for ``state``."""
     latest = state.latest
     doc = {"format": _FORMAT, "version": _VERSION, "latest": latest.path if latest else None,
            "checkpoints": [e.to_json() for e in state.checkpoints],
            "preserved": [e.to_json() for e in state.preserved],
            "last_preserved_time": state.last_preserved_time, "deleting": state.deleting}
-    with replace_atomically(os.path.join(directory, STATE_FILE)) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+    return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
 
 
 @contextmanager

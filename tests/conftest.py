@@ -92,3 +92,29 @@ def reliability_scale() -> int:
     from reliability_support import scale
 
     return scale()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (free port), with AWS_* variables pointing at it."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from s3server import S3Server
+
+    server = S3Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh, empty bucket on the test S3 server: its URL, "s3://ckpt-test-N"."""
+    import uuid
+
+    import boto3
+
+    name = f"ckpt-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    s3_server.traffic.clear()
+    return f"s3://{name}"

@@ -1,0 +1,216 @@
+"""Checkpoints in object stores: the commit protocol, the state file, retention and cleanup
+(internal; ``Saver``, ``latest_checkpoint`` and the readers call it for URLs).
+
+An object store has no rename, so a save to ``<dir>/<name>`` goes (docs/formats.md, "Object
+stores"):
+
+1. the format writes the checkpoint to a local temporary file (``$TMPDIR``);
+2. it is uploaded create-only to the data object ``<dir>/.ckpt-data/<name>/<token>`` (a
+   unique name: a multipart upload in parallel parts, invisible until complete);
+3. the commit record ``<dir>/<name>`` (small JSON naming the data object) is written with a
+   create-only conditional write: from this moment the checkpoint exists, whole; a late or
+   duplicate writer of the same name is refused by the store;
+4. the state file ``<dir>/checkpoint`` is updated by compare-and-swap on its version,
+   retried, so racing savers never lose each other's entries.
+
+Data objects no commit record names (a save killed between 2 and 3) are deleted by a later
+save once they are older than ``ORPHAN_GRACE_S`` (their token starts with the save's start
+time); retention deletes a dropped checkpoint's commit record, then its data object.
+
+Example:
+    >>> from ckpt import _remote
+    >>> _remote.is_commit_record(_remote.commit_record(".ckpt-data/m.msgpack/abc", 10))
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from typing import Callable, TypeVar
+
+from . import _urls
+from ._objstore import ObjectStore
+from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from .state import STATE_FILE, CheckpointState, dump_state, parse_state
+
+__all__ = ["RemoteDirectory", "commit_record", "is_commit_record", "DATA_DIR", "ORPHAN_GRACE_S",
+           "HEAD_BYTES"]
+
+DATA_DIR = ".ckpt-data"
+_COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1
+_COMMIT_PREFIX = b'{"format": "ckpt-commit"'
+#: A checkpoint's first ranged GET: enough for a commit record, or a plain checkpoint's header.
+HEAD_BYTES = 64 << 10
+#: Seconds after which an uncommitted data object counts as abandoned (no live save takes that
+#: long between finishing its upload and writing its commit record).
+ORPHAN_GRACE_S = 3600.0
+_CAS_ATTEMPTS = 50
+
+T = TypeVar("T")
+
+
+def commit_record(data: str, size: int) -> bytes:
+    """The commit record naming ``data`` (relative to the directory), ``size`` bytes long."""
+    doc = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION, "data": data, "size": size,
+           "time": time.time()}
+    return json.dumps(doc).encode()
+
+
+def is_commit_record(head: bytes) -> bool:
+    """True when the bytes at the start of an object are a commit record."""
+    return head.startswith(_COMMIT_PREFIX)
+
+
+def parse_commit(raw: bytes, url: str) -> tuple[str, int]:
+    """``(data object name relative to the directory, size)`` from a commit record."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise CorruptCheckpointError(f"{url}: the commit record is not valid JSON") from None
+    data, size = doc.get("data") if isinstance(doc, dict) else None, doc.get("size") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or type(doc.get("version")) is not int or not isinstance(data, str) or \
+            type(size) is not int or size < 0 or not data.startswith(DATA_DIR + "/") or \
+            any(part in ("", ".", "..") for part in data.split("/")):
+        raise CorruptCheckpointError(f"{url}: malformed commit record")
+    if doc["version"] > _COMMIT_VERSION:
+        raise CorruptCheckpointError(f"{url}: commit record version {doc['version']} is newer than this "
+                                     f"ckpt reads ({_COMMIT_VERSION}): upgrade ckpt")
+    return data, size
+
+
+def _token() -> str:
+    """A unique data-object name that starts with the save's start time (ms, hex)."""
+    return f"{int(time.time() * 1000):012x}-{os.urandom(8).hex()}"
+
+
+def _token_age(token: str) -> float | None:
+    try:
+        return time.time() - int(token.split("-", 1)[0], 16) / 1000
+    except ValueError:
+        return None
+
+
+class RemoteDirectory:
+    """One checkpoint directory in an object store (``s3://bucket/run``)."""
+
+    def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.store = ObjectStore(self.url, storage_options)
+
+    def join(self, name: str) -> str:
+        return _urls.join(self.url, name)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def locate(self, name: str) -> tuple[str, int, bytes]:
+        """``(data object URL, size, its first bytes)`` for the checkpoint ``name``: through its
+        commit record, or the object itself when it is a plain checkpoint (uploaded by hand).
+
+        Raises:
+            CheckpointNotFoundError: no such checkpoint.
+        """
+        url = self.join(name)
+        head = self.store.read_small_or_head(url, HEAD_BYTES, "the checkpoint")
+        if head is None:
+            raise CheckpointNotFoundError(f"{url}: no such checkpoint")
+        data, size = head
+        if not is_commit_record(data):
+            return url, size, data
+        relative, size = parse_commit(data, url)
+        return self.join(relative), size, b""
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(self.join(name))
+
+    def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
+        """Stage with ``write(local_path)``, upload, then commit ``name`` create-only.
+
+        Raises:
+            CheckpointWriteError: the store refused or failed; nothing was committed (the
+                data object, if uploaded, is deleted again, or left to the next cleanup).
+        """
+        url = self.join(name)
+        relative = f"{DATA_DIR}/{name}/{_token()}"
+        fd, local = tempfile.mkstemp(prefix=".ckpt-upload-", suffix=os.path.splitext(name)[1])
+        try:
+            os.close(fd)
+            write(local)
+            size = os.path.getsize(local)
+            self.store.upload(local, self.join(relative), create_only=True)
+        finally:
+            os.unlink(local)
+        try:
+            self.store.put(url, commit_record(relative, size), create_only=True)
+        except BaseException:
+            self._delete_quietly([self.join(relative)])
+            raise
+
+    def delete_checkpoints(self, names: list[str]) -> None:
+        """Delete each checkpoint: its commit record first (it stops existing), then its data."""
+        for name in names:
+            url = self.join(name)
+            try:
+                data, _, _ = self.locate(name)
+            except CheckpointNotFoundError:
+                continue
+            self.store.delete([url])
+            if data != url:
+                self.store.delete([data])
+
+    def clean_orphans(self) -> list[str]:
+        """Delete data objects of saves that never committed (older than ORPHAN_GRACE_S); return
+        their names. Costs one LIST when there are none."""
+        removed = []
+        commits: dict[str, str | None] = {}
+        for entry in self.store.list(self.join(DATA_DIR), recursive=True):
+            name, _, token = str(entry["name"]).rpartition("/")
+            age = _token_age(token)
+            if not name or age is None or age < ORPHAN_GRACE_S:
+                continue
+            if name not in commits:
+                try:
+                    commits[name] = self.locate(name)[0]
+                except CheckpointNotFoundError:
+                    commits[name] = None
+                except CorruptCheckpointError:
+                    continue  # a damaged commit record: leave its data for a person to look at
+            data_url = self.join(f"{DATA_DIR}/{entry['name']}")
+            if commits[name] != data_url:
+                self._delete_quietly([data_url])
+                removed.append(str(entry["name"]))
+        return removed
+
+    def _delete_quietly(self, urls: list[str]) -> None:
+        try:
+            self.store.delete(urls)
+        except CheckpointError:
+            pass  # left for clean_orphans
+
+    # -- the state file ---------------------------------------------------------------------
+
+    def read_state(self) -> CheckpointState | None:
+        url = self.join(STATE_FILE)
+        raw = self.store.read_small(url, 16 << 20, "the state file")
+        return None if raw is None else parse_state(raw, url)
+
+    def update_state(self, change: Callable[[CheckpointState | None], tuple[CheckpointState, T]]) -> T:
+        """Apply ``change`` to the current state and write the result if nobody wrote in between;
+        otherwise re-read and apply again (compare-and-swap on the state file's version).
+
+        Raises:
+            CheckpointWriteError: still conflicting after many attempts, or the store failed.
+        """
+        url = self.join(STATE_FILE)
+        for attempt in range(_CAS_ATTEMPTS):
+            raw, version = self.store.get_versioned(url)
+            state, result = change(None if raw is None else parse_state(raw, url))
+            if self.store.put_if(url, dump_state(state), version):
+                return result
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))  # back off, jittered
+        raise CheckpointWriteError(f"{url}: the state file kept changing under {_CAS_ATTEMPTS} attempts "
+                                   "to update it")
+

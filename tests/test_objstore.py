@@ -1,0 +1,177 @@
+"""The object-store layer against moto's S3 server on 127.0.0.1: the conditional writes the
+commit protocol relies on, ranged reads, the state file's compare-and-swap, orphan cleanup,
+and every store fault as a CheckpointError naming the URL."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+import ckpt
+from ckpt import _remote, _urls
+from ckpt._objstore import PIECE, ObjectStore
+from ckpt._storefaults import store_error
+from ckpt.state import CheckpointEntry, CheckpointState
+
+pytest.importorskip("s3fs")
+
+
+# -- what the protocol assumes of the store (checked on the server itself) ---------------------
+
+def test_create_only_put_refuses_a_second_writer(s3_bucket):
+    import boto3
+    import botocore.exceptions
+
+    client, bucket = boto3.client("s3"), s3_bucket[5:]
+    client.put_object(Bucket=bucket, Key="k", Body=b"first", IfNoneMatch="*")
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        client.put_object(Bucket=bucket, Key="k", Body=b"second", IfNoneMatch="*")
+    assert info.value.response["Error"]["Code"] == "PreconditionFailed"
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"first"
+
+
+def test_create_only_multipart_completion_refuses_a_second_writer(s3_bucket):
+    """s3fs sends If-None-Match on CompleteMultipartUpload for "xb" files of several parts."""
+    fs = _urls.filesystem(s3_bucket)
+    path = f"{s3_bucket[5:]}/big"
+    for fill in (b"a", b"b"):
+        try:
+            with fs.open(path, "xb", block_size=5 << 20) as f:
+                f.write(fill * (11 << 20))  # three parts
+        except FileExistsError:
+            assert fill == b"b"
+        else:
+            assert fill == b"a"
+    assert fs.cat_file(path, start=0, end=4) == b"aaaa"
+
+
+def test_store_put_create_only_and_compare_and_swap(s3_bucket):
+    store = ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/state"
+    assert store.get_versioned(url) == (None, None)
+    assert store.put_if(url, b"v1", None)
+    assert not store.put_if(url, b"other", None)  # someone created it first
+    data, version = store.get_versioned(url)
+    assert data == b"v1"
+    assert store.put_if(url, b"v2", version)
+    assert not store.put_if(url, b"v3", version)  # stale version
+    assert store.read_small(url, 100, "x") == b"v2"
+    store.put(f"{s3_bucket}/c", b"x", create_only=True)
+    with pytest.raises(ckpt.CheckpointWriteError, match=f"{s3_bucket}/c: .*create-only"):
+        store.put(f"{s3_bucket}/c", b"y", create_only=True)
+
+
+def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_server):
+    store = ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/blob"
+    blob = bytes(range(256)) * (PIECE // 256 * 2 + 3)
+    store.put(url, blob, create_only=True)
+    s3_server.traffic.clear()
+    a, b = bytearray(10), bytearray(PIECE + 100)  # b spans two pieces: two GETs side by side
+    store.read_into(url, [(5, memoryview(a)), (1000, memoryview(b))])
+    assert bytes(a) == blob[5:15] and bytes(b) == blob[1000:1000 + len(b)]
+    gets = s3_server.traffic.gets()
+    assert len(gets) == 3 and all(g[2].startswith("bytes=") for g in gets)
+    assert s3_server.traffic.bytes_sent == len(a) + len(b)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="truncated"):
+        store.read_into(url, [(len(blob) - 4, memoryview(bytearray(8)))], lambda i: "tensor 'w'")
+    assert store.read_small_or_head(url, 64, "x") == (blob[:64], len(blob))
+
+
+# -- the state file under racing writers ---------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["s3", "memory"])
+def test_racing_state_updates_lose_no_entry(where, s3_bucket):
+    url = s3_bucket + "/run" if where == "s3" else f"memory://race-{time.time_ns()}"
+    directory = _remote.RemoteDirectory(url)
+    names = [f"m-{i}" for i in range(12)]
+
+    def add(name: str) -> None:
+        def change(state):
+            state = state or CheckpointState()
+            state.checkpoints.append(CheckpointEntry(name, time.time()))
+            return state, None
+        directory.update_state(change)
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(e.path for e in directory.read_state().checkpoints) == sorted(names)
+
+
+# -- commits and orphans ---------------------------------------------------------------------
+
+def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
+    directory = _remote.RemoteDirectory(s3_bucket + "/run")
+
+    def write(payload):
+        return lambda local: open(local, "wb").write(payload)
+
+    directory.write_checkpoint("m.bin", write(b"one"))
+    data, size, _ = directory.locate("m.bin")
+    assert size == 3 and directory.store.read(data, 0, 3) == b"one"
+    with pytest.raises(ckpt.CheckpointWriteError, match="m.bin: .*create-only.*nothing was committed"):
+        directory.write_checkpoint("m.bin", write(b"two"))
+    data2, _, _ = directory.locate("m.bin")
+    assert data2 == data and directory.store.read(data, 0, 3) == b"one"
+    # the refused writer's data object is gone; a killed save's orphan goes after the grace time
+    kept = [e["name"] for e in directory.store.list(directory.join(_remote.DATA_DIR), recursive=True)]
+    assert kept == [data.rpartition(_remote.DATA_DIR + "/")[2]]
+    orphan = directory.join(f"{_remote.DATA_DIR}/m2.bin/{_remote._token()}")
+    directory.store.put(orphan, b"partial", create_only=True)
+    assert directory.clean_orphans() == []  # still young: might be a save in progress
+    monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", 0.0)
+    assert directory.clean_orphans() == [orphan.rpartition(_remote.DATA_DIR + "/")[2]]
+    assert directory.store.read(data, 0, 3) == b"one"  # committed data stays
+    directory.delete_checkpoints(["m.bin"])
+    assert not directory.exists("m.bin") and not directory.store.exists(data)
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+def test_missing_bucket_and_object_name_the_url(s3_server):
+    store = ObjectStore("s3://no-such-bucket-ckpt")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="s3://no-such-bucket-ckpt/x: .*bucket does not exist"):
+        store.read("s3://no-such-bucket-ckpt/x", 0, 4)
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="bucket does not exist"):
+        store.put("s3://no-such-bucket-ckpt/x", b"1", create_only=True)
+
+
+def test_connection_refused_is_a_storage_error_naming_the_url():
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    store = ObjectStore("s3://bkt", options)
+    with pytest.raises(ckpt.StorageError, match="s3://bkt/m: reading .*cannot be reached"):
+        store.read("s3://bkt/m", 0, 4)
+    with pytest.raises(ckpt.CheckpointWriteError, match="s3://bkt/m: writing: .*cannot be reached.*nothing was committed"):
+        store.put("s3://bkt/m", b"x", create_only=True)
+
+
+def test_fault_translation_covers_credentials_permissions_and_timeouts():
+    url = "s3://b/m"
+    assert isinstance(store_error(PermissionError("Access Denied"), url, "reading"), ckpt.StorageError)
+    assert "access denied" in str(store_error(PermissionError("Access Denied"), url, "reading"))
+    no_creds = type("NoCredentialsError", (Exception,), {})("Unable to locate credentials")
+    err = store_error(no_creds, url, "reading")
+    assert isinstance(err, ckpt.StorageError) and "AWS_ACCESS_KEY_ID" in str(err) and str(err).startswith(url)
+    err = store_error(TimeoutError(), url, "writing", writing=True)
+    assert isinstance(err, ckpt.CheckpointWriteError) and "cannot be reached" in str(err)
+
+
+def test_urls():
+    assert _urls.is_url("s3://b/k") and _urls.is_url("memory://x") and not _urls.is_url("file:///tmp/x")
+    assert not _urls.is_url("/tmp/x") and not _urls.is_url("C:/x")
+    assert _urls.local_path("file:///tmp/x") == "/tmp/x"
+    assert _urls.split("s3://b/run/") == ("s3://b", "run")
+    assert _urls.split("s3://b") == ("s3://b", "")
+    with pytest.raises(ckpt.CheckpointError, match="nope://x: no filesystem"):
+        _urls.filesystem("nope://x")

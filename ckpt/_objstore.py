@@ -256,8 +256,18 @@ class ObjectStore:
     # -- listing and deleting --------------------------------------------------------------
 
     def exists(self, url: str) -> bool:
+        """Whether the object exists (for S3 one HEAD; fsspec's exists() also lists prefixes)."""
         with translating(url, "looking up"):
-            return bool(self.fs.exists(self._path(url)))
+            if not self._s3:
+                return bool(self.fs.isfile(self._path(url)))
+            bucket, key = self._bucket_key(url)
+            try:
+                self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise
+                return False
+            return True
 
     def list(self, url: str, recursive: bool = False) -> list[dict[str, Any]]:
         """Objects under the directory ``url``: dicts with "name" (relative), "size" and the

@@ -30,7 +30,9 @@ import os
 import random
 import tempfile
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from . import _urls
 from ._objstore import ObjectStore
@@ -214,3 +216,139 @@ class RemoteDirectory:
         raise CheckpointWriteError(f"{url}: the state file kept changing under {_CAS_ATTEMPTS} attempts "
                                    "to update it")
 
+
+
+#: Bytes of a data object fetched when it is opened: its start (format sniffing, headers)
+#: and its end (footers and indexes), two ranged GETs side by side.
+OPEN_HEAD, OPEN_TAIL = 4096, 64 << 10
+_options: ContextVar[_urls.StorageOptions | None] = ContextVar("ckpt_storage_options", default=None)
+_handed: ContextVar[RemoteFile | None] = ContextVar("ckpt_remote_file", default=None)
+
+
+@contextmanager
+def using(storage_options: _urls.StorageOptions | None) -> Iterator[None]:
+    """Use ``storage_options`` for every URL opened inside the block (the public API's keyword)."""
+    token = _options.set(storage_options)
+    try:
+        yield
+    finally:
+        _options.reset(token)
+
+
+def directory(url: str) -> RemoteDirectory:
+    """The RemoteDirectory of ``url`` with the storage options in force."""
+    return RemoteDirectory(url, _options.get())
+
+
+class RemoteFile:
+    """A committed checkpoint's data object opened for ranged reads: what a format reader's
+    file descriptor is for a local file. The first and last bytes are fetched on open, so
+    sniffing, headers, footers and small indexes cost no further request."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parent, name = _urls.split(url)
+        self.directory = directory(parent)
+        self.data_url, self.size, first = self.directory.locate(name)
+        self._cache: list[tuple[int, bytes]] = []
+        if first:
+            self._cache.append((0, first))
+        wanted = []
+        if len(first) < min(OPEN_HEAD, self.size):
+            wanted.append((0, min(OPEN_HEAD, self.size)))
+        tail = max(len(first), self.size - OPEN_TAIL)
+        if wanted and tail <= OPEN_HEAD:
+            wanted = [(0, self.size)]  # a small object: one GET for all of it
+        elif tail < self.size:
+            wanted.append((tail, self.size - tail))
+        buffers = [bytearray(n) for _, n in wanted]
+        self.directory.store.read_into(self.data_url, [(o, memoryview(b)) for (o, _), b in zip(wanted, buffers)],
+                                       lambda i: "the checkpoint's header and index")
+        self._cache += [(o, bytes(b)) for (o, _), b in zip(wanted, buffers)]
+        self.head = next((data for offset, data in self._cache if offset == 0), b"")
+
+    def _cached(self, offset: int, n: int) -> bytes | None:
+        for start, data in self._cache:
+            if start <= offset and offset + n <= start + len(data):
+                return data[offset - start:offset - start + n]
+        return None
+
+    def pread_into(self, view: memoryview, offset: int, what: str) -> None:
+        if offset + len(view) > self.size:
+            raise CorruptCheckpointError(f"{self.url}: the object ends in the middle of {what} (offset "
+                                         f"{self.size}): it is truncated")
+        cached = self._cached(offset, len(view))
+        if cached is not None:
+            view[:] = cached
+        else:
+            self.directory.store.read_into(self.data_url, [(offset, view)], lambda i: what)
+
+    def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
+        """Fill every span (several ranged GETs in flight) and return each one's crc32c."""
+        from .formats import _io
+
+        fetch = []
+        for i, (offset, view) in enumerate(spans):
+            cached = self._cached(offset, len(view))
+            if cached is not None:
+                view[:] = cached
+            elif offset + len(view) > self.size:
+                raise CorruptCheckpointError(f"{self.url}: the object ends in the middle of {name(i)}: it is "
+                                             "truncated")
+            else:
+                fetch.append(i)
+        self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]))
+        return [_io.crc32c(view) for _, view in spans]
+
+    def close(self) -> None:
+        self._cache.clear()
+
+
+@contextmanager
+def handing(source: RemoteFile) -> Iterator[None]:
+    """Let the next ``open_file`` of the same URL inside the block take ``source`` (already open)."""
+    token = _handed.set(source)
+    try:
+        yield
+    finally:
+        _handed.reset(token)
+
+
+def open_file(url: str) -> RemoteFile:
+    """Open a checkpoint URL for ranged reads (or take the one ``handing`` passed down)."""
+    handed = _handed.get()
+    if handed is not None and handed.url == url:
+        _handed.set(None)
+        return handed
+    return RemoteFile(url)
+
+
+def latest(url: str) -> str | None:
+    """The URL of the newest existing checkpoint the directory's state file lists, or None."""
+    remote = directory(url)
+    state = remote.read_state()
+    for entry in reversed(state.all_entries() if state is not None else []):
+        if remote.exists(entry.path):
+            return remote.join(entry.path)
+    return None
+
+
+def resolve(url: str) -> str:
+    """A checkpoint URL as is; a directory URL -> its latest checkpoint. A URL ending in a
+    checkpoint extension is a checkpoint (no request spent on looking for a state file).
+
+    Raises:
+        CheckpointNotFoundError: a directory without a state file naming an existing checkpoint.
+    """
+    from .formats.base import format_for_path
+
+    if format_for_path(url) is not None:
+        return url
+    found = latest(url)
+    if found is not None:
+        return found
+    parent, name = _urls.split(url)
+    if name and directory(parent).exists(name):
+        return url  # a checkpoint object without a known extension
+    raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
+                                  "naming an existing checkpoint)")

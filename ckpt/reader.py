@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ._urls import StorageOptions, is_url
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from .state import resolve_checkpoint
 
@@ -29,12 +30,18 @@ __all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_varia
            "read_box_into"]
 
 
-def open_checkpoint(path: str | os.PathLike[str]) -> Any:
+def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Any:
     """Open a checkpoint file, or a directory's latest checkpoint, as a format Reader.
 
     A directory's latest checkpoint can be deleted by another process's ``max_to_keep``
-    between looking it up and opening it; then the lookup is repeated.
+    between looking it up and opening it; then the lookup is repeated. Object-store URLs
+    are opened with ``storage_options`` (see ``ckpt._remote``).
     """
+    if storage_options is not None and is_url(path):
+        from ._remote import using
+
+        with using(storage_options):
+            return open_checkpoint(path)
     from .formats.base import open_reader  # the registry; importing it registers the built-ins
 
     is_dir = os.path.isdir(path)
@@ -201,29 +208,37 @@ def read_box_into(reader: Any, key: str, offset: tuple[int, ...], out: np.ndarra
     out[...] = whole[tuple(slice(o, o + n) for o, n in zip(offset, out.shape))]
 
 
-def load_checkpoint(ckpt_dir_or_file: str | os.PathLike[str]) -> CheckpointReader:
+def load_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
+                    storage_options: StorageOptions | None = None) -> CheckpointReader:
     """Open a checkpoint (a file, or a directory -> its latest) for reading without a model.
+
+    Either may be an object-store URL ("s3://bucket/run/model-10.msgpack", "s3://bucket/run"):
+    opening reads the index with ranged GETs, ``get_tensor`` only that tensor's bytes.
+    ``storage_options`` go to the store's fsspec filesystem (credentials and endpoints
+    otherwise come from the store's usual configuration, e.g. the AWS_* variables).
 
     Raises:
         CheckpointNotFoundError: no such file, or a directory without checkpoints.
         UnsupportedCheckpointError: a file of a kind no registered format reads.
         CorruptCheckpointError: a damaged or truncated file.
     """
-    return CheckpointReader(open_checkpoint(ckpt_dir_or_file))
+    return CheckpointReader(open_checkpoint(ckpt_dir_or_file, storage_options))
 
 
-def list_variables(ckpt_dir_or_file: str | os.PathLike[str]) -> list[tuple[str, list[int]]]:
-    """Return ``[(key, shape)]`` for every tensor, sorted by key."""
-    with load_checkpoint(ckpt_dir_or_file) as reader:
+def list_variables(ckpt_dir_or_file: str | os.PathLike[str],
+                   storage_options: StorageOptions | None = None) -> list[tuple[str, list[int]]]:
+    """Return ``[(key, shape)]`` for every tensor, sorted by key (only the index is read)."""
+    with load_checkpoint(ckpt_dir_or_file, storage_options) as reader:
         return sorted(reader.get_variable_to_shape_map().items())
 
 
-def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.ndarray:
+def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str,
+                  storage_options: StorageOptions | None = None) -> np.ndarray:
     """Return one tensor's value; a trailing ":0" in ``name`` is ignored.
 
     Unless the checkpoint holds ``name`` itself: Keras 2 files keep the ":0" in their keys.
     """
-    with load_checkpoint(ckpt_dir_or_file) as reader:
+    with load_checkpoint(ckpt_dir_or_file, storage_options) as reader:
         if name.endswith(":0") and not reader.has_tensor(name):
             name = name[:-2]
         return reader.get_tensor(name)

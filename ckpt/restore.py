@@ -192,13 +192,14 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
 
 
 def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Variable],
-                      strict: bool = True, allow_cast: bool = False) -> RestoreResult:
+                      strict: bool = True, allow_cast: bool = False,
+                      storage_options: Mapping[str, Any] | None = None) -> RestoreResult:
     """Restore ``variables`` (checkpoint key -> Variable) from a file or a directory's latest.
 
     With ``strict=False`` missing keys are skipped and reported instead of raising; with
     ``allow_cast=True`` tensors whose dtype the assign rule converts (same_kind) are cast.
     """
-    with open_checkpoint(path) as reader, gc_paused():
+    with open_checkpoint(path, storage_options) as reader, gc_paused():
         pairs, missing, cast = _plan(reader, list(variables.items()), allow_missing=not strict,
                                      allow_cast=allow_cast)
         _read_into_variables(reader, pairs, staged=_read_cast(reader, pairs, cast))
@@ -226,6 +227,7 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
                          assignment_map: Mapping[str, AssignmentTarget] | Sequence[tuple[str, AssignmentTarget]]
                          | Module,
                          transpose: Collection[str] | Callable[[str], bool] = (),
+                         storage_options: Mapping[str, Any] | None = None,
                          ) -> list[tuple[str, Variable]]:
     """Restore checkpoint tensors into existing variables, with TensorFlow's assignment maps.
 
@@ -247,6 +249,7 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
             kernel is (in, out). Only 2-D tensors are transposed (0-D and 1-D ones are left
             as they are); naming a tensor of higher rank is an error, since convolution
             kernels differ by a permutation, not a transpose.
+        storage_options: for an object-store URL, options for its fsspec filesystem.
 
     Returns:
         The (checkpoint key, variable) pairs restored.
@@ -319,7 +322,7 @@ def init_from_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],
         raise ValueError("invalid assignment map:\n  " + "\n  ".join(problems))
     unique = {(key, id(var)): (key, var) for key, var in pairs}  # the same pair twice is one assignment
     pairs = list(unique.values())
-    with open_checkpoint(ckpt_dir_or_file) as reader, gc_paused():
+    with open_checkpoint(ckpt_dir_or_file, storage_options) as reader, gc_paused():
         checked, _, _ = _plan(reader, pairs, allow_missing=False, transposed=transposed)
         _read_into_variables(reader, checked, transposed)
     return checked

@@ -25,11 +25,13 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack, nullcontext
-from typing import Any, Literal, overload
+from typing import Any, Callable, Literal, overload
 
+from . import _remote, _urls
 from .async_save import BackgroundSaves, SaveFuture
 from .atomic import clean_stale_temporaries, replace_atomically, require_directory
-from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError, UninitializedVariableError
+from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError, StorageError,
+                     UninitializedVariableError)
 from .gcpause import gc_paused
 from .module import Module
 from .restore import RestoreResult, restore_variables
@@ -117,6 +119,9 @@ class Saver:
             ``ckpt.Shard``) and rank 0 commits a sharded checkpoint. See docs/distributed.md.
         timeout: with ``comm``, seconds a rank waits for the others in each step of a save or
             restore before it raises (a rank that died or never arrived).
+        storage_options: for object-store URLs ("s3://bucket/run/model.msgpack"), options for
+            the store's fsspec filesystem; credentials and endpoints otherwise come from the
+            store's usual configuration (for S3 the AWS_* variables and profiles).
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
@@ -125,8 +130,10 @@ class Saver:
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
                  keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
-                 staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0) -> None:
+                 staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self._vars = _key_map(var_list)
+        self._storage_options = storage_options
         self._background = BackgroundSaves(staging_bytes)
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -231,6 +238,11 @@ class Saver:
             except UninitializedVariableError as exc:
                 raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
         meta: dict[str, Any] = _registry().normalize_metadata(metadata, path)
+        if _urls.is_url(path):  # an object store: commit record written last, create-only (ckpt._remote)
+            if not blocking:
+                return self._background.submit(path, tensors, lambda sources: self._commit_remote(
+                    path, fmt, sources, meta, step))
+            return self._commit_remote(path, fmt, tensors, meta, step)
         directory = os.path.dirname(os.path.abspath(path))
         listed_before = False
         if os.path.isdir(directory):
@@ -300,6 +312,38 @@ class Saver:
             raise flush_error
         return path
 
+    def _commit_remote(self, url: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None) -> str:
+        """Save to an object store: clean orphans, upload, commit, record, apply retention."""
+        try:
+            return self._save_remote(url, fmt, tensors, metadata, step)
+        except CheckpointNotFoundError as exc:  # the bucket: as a missing directory is for files
+            raise CheckpointNotFoundError(f"{url}: cannot save: {exc}") from exc
+        except StorageError as exc:  # store faults on the way (the state file, listing orphans)
+            raise CheckpointWriteError(f"{url}: cannot save: {exc}; nothing was committed") from exc
+
+    def _save_remote(self, url: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None) -> str:
+        with _remote.using(self._storage_options):
+            parent, name = _urls.split(url)
+            remote = _remote.directory(parent)
+            self._check_owner(remote.read_state(), parent, url)
+            remote.clean_orphans()
+            remote.write_checkpoint(name, lambda local: fmt.write(local, tensors, metadata))
+            try:
+                kept, doomed = remote.update_state(lambda state: self._retain(
+                    self._check_owner(state, parent, url) or CheckpointState(), name, step, remote.exists))
+            except CheckpointError as exc:
+                remote.delete_checkpoints([name])
+                raise CheckpointWriteError(f"{url}: the checkpoint was written but could not be recorded in "
+                                           f"the state file ({exc}); it was removed, and the previous "
+                                           "checkpoint is still the latest") from exc
+            try:
+                remote.delete_checkpoints(doomed)
+            except CheckpointError as exc:
+                warnings.warn(f"could not delete old checkpoints {doomed}: {exc}", stacklevel=3)
+            self._last_checkpoints = [remote.join(p) for p in kept]
+            self._saved = True
+        return url
+
     def wait(self) -> None:
         """Wait until this Saver's asynchronous save, if one is in flight, is committed.
 
@@ -318,7 +362,10 @@ class Saver:
     @staticmethod
     def _check_state_owner(directory: str, path: str) -> CheckpointState | None:
         """Read the directory's state; refuse to take over another program's state file."""
-        state = read_state(directory)
+        return Saver._check_owner(read_state(directory), directory, path)
+
+    @staticmethod
+    def _check_owner(state: CheckpointState | None, directory: str, path: str) -> CheckpointState | None:
         if state is not None and state.written_by != "ckpt":
             raise CheckpointWriteError(
                 f"{path}: {directory} holds a {state.written_by} '{STATE_FILE}' state file; save ckpt "
@@ -363,9 +410,17 @@ class Saver:
     def _update_state(self, directory: str, path: str, step: int | None) -> tuple[list[str], list[str]]:
         """Write the new state (the caller holds the lock); return (kept names, names to delete)."""
         name = os.path.basename(path)
+        state = self._check_state_owner(directory, path) or CheckpointState()
+        state, result = self._retain(state, name, step, lambda n: os.path.lexists(os.path.join(directory, n)))
+        write_state(directory, state)
+        return result
+
+    def _retain(self, state: CheckpointState, name: str, step: int | None,
+                exists: Callable[[str], bool]) -> tuple[CheckpointState, tuple[list[str], list[str]]]:
+        """Add ``name`` to ``state`` and apply max_to_keep / keep-every-N-hours; return the new
+        state and (kept names, names to delete)."""
         now = time.time()
         doomed: list[str] = []
-        state = self._check_state_owner(directory, path) or CheckpointState()
         state.checkpoints = [e for e in state.checkpoints if e.path != name]
         state.preserved = [e for e in state.preserved if e.path != name]
         state.checkpoints.append(CheckpointEntry(name, now, step))
@@ -380,10 +435,9 @@ class Saver:
                 doomed.append(old.path)
         # recorded before deleting: a save killed in between leaves the files to the next save
         kept = {e.path for e in state.checkpoints + state.preserved}
-        leftover = [n for n in state.deleting if os.path.lexists(os.path.join(directory, n))]
+        leftover = [n for n in state.deleting if exists(n)]
         state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
-        write_state(directory, state)
-        return [e.path for e in state.checkpoints], list(state.deleting)
+        return state, ([e.path for e in state.checkpoints], list(state.deleting))
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True,
                 allow_cast: bool = False) -> RestoreResult:
@@ -409,7 +463,8 @@ class Saver:
             from .distributed.restore import restore_collective
 
             return restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast)
-        result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast)
+        result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast,
+                                   storage_options=self._storage_options)
         self._restored_from = result.path
         return result
 

@@ -29,7 +29,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from collections.abc import Mapping
 
+from ._urls import is_url
 from .atomic import replace_atomically
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
@@ -195,8 +197,12 @@ def state_lock(directory: str) -> Iterator[None]:
             pass  # nothing was written through this descriptor: nothing can be lost
 
 
-def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:
+def latest_checkpoint(directory: str | os.PathLike[str],
+                      storage_options: Mapping[str, Any] | None = None) -> str | None:
     """Return the path of the newest checkpoint in ``directory`` that exists, or None.
+
+    ``directory`` may be an object-store URL ("s3://bucket/run"); ``storage_options`` go to
+    its fsspec filesystem (credentials and endpoints otherwise come from the environment).
 
     Example:
         >>> import ckpt, tempfile, os
@@ -207,6 +213,11 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:
         True
     """
     directory = os.fspath(directory)
+    if is_url(directory):
+        from . import _remote
+
+        with _remote.using(storage_options):
+            return _remote.latest(directory)
     state = read_state(directory)
     if state is None:
         return None
@@ -234,6 +245,10 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
         CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
     """
     path = os.fspath(path)
+    if is_url(path):
+        from . import _remote
+
+        return _remote.resolve(path)
     if os.path.isdir(path):
         latest = latest_checkpoint(path)
         if latest is None and _is_checkpoint_dir(path):  # a Hugging Face model directory, say

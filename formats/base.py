@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from ckpt import dtypes
+from ckpt._urls import is_url
+from ckpt._urls import split as split_url
 from ckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -188,9 +190,14 @@ class FileReader(BaseReader):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._file = open(path, "rb", buffering=self._buffering)
+        if is_url(path):  # an object store: ranged GETs instead of preads
+            from ckpt._remote import open_file
+
+            self._file = open_file(path)
+        else:
+            self._file = open(path, "rb", buffering=self._buffering)
         try:
-            self._fd = self._file.fileno()
+            self._fd = self._file if is_url(path) else self._file.fileno()
             with gc_paused():  # an index of many entries creates many small, acyclic objects
                 self._open()
         except BaseException:
@@ -327,6 +334,8 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
         UnsupportedCheckpointError: no registered format recognises it.
     """
     path = os.fspath(path)
+    if is_url(path):
+        return _open_url(path)
     for fmt in formats():
         claims = getattr(fmt, "claims", None)
         if claims is not None and claims(path):
@@ -350,6 +359,24 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
 
 
+def _open_url(url: str) -> Reader:
+    """open_reader for an object-store URL: the data object's first bytes pick the format."""
+    from ckpt._remote import handing, open_file
+
+    source = open_file(url)
+    try:
+        for fmt in formats():
+            if getattr(fmt, "claims", None) is None and fmt.sniff(source.head):
+                with handing(source):
+                    return fmt.open(url)
+    except BaseException:
+        source.close()
+        raise
+    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats() if getattr(f, "claims", None) is None)
+    what = "an empty object" if not source.head else "not a checkpoint in a format ckpt reads from object stores"
+    raise UnsupportedCheckpointError(f"{url}: {what}; supported formats: {known}")
+
+
 def materialize(source: Any) -> np.ndarray:
     """The array behind a tensor handed to a writer: an ndarray itself, a lazy source read now."""
     return source if isinstance(source, np.ndarray) else np.asarray(source)
@@ -357,6 +384,11 @@ def materialize(source: Any) -> np.ndarray:
 
 def checkpoint_exists(path: str) -> bool:
     """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix)."""
+    if is_url(path):
+        from ckpt._remote import directory
+
+        parent, name = split_url(path)
+        return directory(parent).exists(name)
     return os.path.isfile(path) or any(getattr(f, "claims", None) is not None and f.claims(path)  # type: ignore[attr-defined]
                                        for f in formats())
 

@@ -38,8 +38,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ckpt import dtypes
+from ckpt._urls import is_url
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
+from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _h5struct, _io
 from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
@@ -122,6 +123,9 @@ class Hdf5Format:
             head = exc.head
         if _damaged_magic(head):  # ckpt's own file: do not hand its (damaged) bytes to libhdf5
             raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
+        if is_url(path):  # libhdf5 reads local files only
+            raise UnsupportedCheckpointError(f"{path}: an HDF5 file ckpt did not write cannot be read from an "
+                                             "object store; download it first")
         mark = _ckpt_mark(path)
         if mark:  # ckpt wrote it and its index is gone: damaged, never an unchecksummed foreign file
             raise CorruptCheckpointError(

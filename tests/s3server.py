@@ -6,6 +6,7 @@ s3fs/botocore exactly as it would to S3. ``Traffic`` counts what reaches it.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ class S3Server:
         self._saved_env: dict[str, str | None] = {}
 
     def start(self) -> str:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self._server.start()
         wsgi = self._server._server  # the werkzeug server: count what its app answers
         wsgi.app = _Counting(wsgi.app, self.traffic)

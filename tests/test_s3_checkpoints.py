@@ -1,0 +1,228 @@
+"""Checkpoints at s3:// URLs, end to end against moto's S3 server on 127.0.0.1: every dtype,
+retention, latest, racing savers, a SIGKILL mid-save, the create-only commit, store faults,
+the CLI, and the requests and bytes of a one-tensor read."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import assert_bit_exact, every_dtype_tensors
+
+import ckpt
+from ckpt import _remote
+
+pytest.importorskip("s3fs")
+
+
+def _keys(bucket_url: str, prefix: str = "") -> list[str]:
+    import boto3
+
+    resp = boto3.client("s3").list_objects_v2(Bucket=bucket_url[5:], Prefix=prefix)
+    return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_every_dtype_round_trips_through_s3(fmt, s3_bucket):
+    tensors = every_dtype_tensors()
+    variables = {key: ckpt.Variable(value) for key, value in tensors}
+    saver = ckpt.Saver(variables, format=fmt)
+    url = saver.save(f"{s3_bucket}/run/model", global_step=3, metadata={"lr": 0.5})
+    assert url == f"{s3_bucket}/run/model-3.{'h5' if fmt == 'hdf5' else 'msgpack'}"
+    fresh = {key: ckpt.Variable(np.zeros_like(value) if value.dtype.kind != "O" else np.full(value.shape, b"z", object))
+             for key, value in tensors}
+    result = ckpt.Saver(fresh, format=fmt).restore(f"{s3_bucket}/run")
+    assert result.path == url and sorted(result.restored) == sorted(k for k, _ in tensors)
+    for key, value in tensors:
+        assert_bit_exact(value, np.asarray(fresh[key].numpy(), dtype=value.dtype))
+    with ckpt.load_checkpoint(url) as reader:
+        assert reader.metadata == {"lr": 0.5} and reader.verify() == []
+        for key, value in tensors:
+            assert_bit_exact(value, reader.get_tensor(key))
+
+
+def test_retention_latest_and_state_file(s3_bucket):
+    v = ckpt.Variable(np.arange(4.0), name="v")
+    saver = ckpt.Saver([v], max_to_keep=2, format="msgpack")
+    for step in range(4):
+        v.assign(np.full(4, float(step)))
+        saver.save(f"{s3_bucket}/run/model", global_step=step)
+    latest = f"{s3_bucket}/run/model-3.msgpack"
+    assert ckpt.latest_checkpoint(f"{s3_bucket}/run") == latest
+    assert saver.last_checkpoints == [f"{s3_bucket}/run/model-2.msgpack", latest]
+    keys = _keys(s3_bucket, "run/")
+    # the dropped checkpoints are gone: commit records and data objects
+    assert [k for k in keys if not k.startswith("run/.ckpt-data/")] == \
+        ["run/checkpoint", "run/model-2.msgpack", "run/model-3.msgpack"]
+    assert sorted(k.split("/")[2] for k in keys if k.startswith("run/.ckpt-data/")) == \
+        ["model-2.msgpack", "model-3.msgpack"]
+    assert ckpt.load_variable(f"{s3_bucket}/run", "v").tolist() == [3.0] * 4
+    assert ckpt.latest_checkpoint(f"{s3_bucket}/empty") is None
+
+
+def test_racing_savers_lose_no_state_entry(s3_bucket):
+    errors = []
+
+    def run(writer: int) -> None:
+        try:
+            saver = ckpt.Saver({"w": ckpt.Variable(np.full(3, writer, np.int32))}, max_to_keep=None,
+                               format="msgpack")
+            for step in range(3):
+                saver.save(f"{s3_bucket}/run/w{writer}", global_step=step)
+        except Exception as exc:  # reported below: a thread's exception would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    state = _remote.RemoteDirectory(f"{s3_bucket}/run").read_state()
+    assert sorted(e.path for e in state.checkpoints) == sorted(f"w{w}-{s}.msgpack" for w in range(3) for s in range(3))
+
+
+def test_the_commit_refuses_a_second_writer(s3_bucket):
+    v = ckpt.Variable([1.0, 2.0], name="v")
+    url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/model.msgpack")
+    v.assign([5.0, 6.0])
+    with pytest.raises(ckpt.CheckpointWriteError, match=f"{url}: .*create-only.*nothing was committed"):
+        ckpt.Saver([v]).save(url)
+    assert ckpt.load_variable(url, "v").tolist() == [1.0, 2.0]
+    assert len(_keys(s3_bucket, "run/.ckpt-data/")) == 1  # the refused writer's data is gone
+
+
+_CHILD = """
+import sys, numpy as np, ckpt
+url = sys.argv[1]
+variables = {f"t{i}": ckpt.Variable(np.zeros(50_000, np.float32)) for i in range(4)}
+saver = ckpt.Saver(variables, max_to_keep=2, format="msgpack")
+step = 0
+while True:
+    for var in variables.values():
+        var.assign(np.full(50_000, step, np.float32))
+    saver.save(url + "/model", global_step=step)
+    print(step, flush=True)
+    step += 1
+"""
+
+
+def test_sigkill_mid_save_leaves_the_latest_restorable_and_the_next_save_cleans(s3_bucket, monkeypatch):
+    run = f"{s3_bucket}/run"
+    rng = random.Random(0)
+    last = -1
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, run], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        child.stdout.readline()  # one save done: the next ones are under way
+        time.sleep(rng.uniform(0.0, 0.3))
+        child.kill()
+        child.wait()
+        latest = ckpt.latest_checkpoint(run)
+        assert latest is not None
+        with ckpt.load_checkpoint(latest) as reader:
+            assert reader.verify() == []
+            steps = {float(reader.get_tensor(f"t{i}")[0]) for i in range(4)}
+        assert len(steps) == 1 and steps.pop() >= last  # whole, and never older than before
+    # uncommitted data objects (if the kills left any) go with the next save past the grace time
+    monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", 0.0)
+    ckpt.Saver({"x": ckpt.Variable(1.0)}, max_to_keep=None).save(f"{run}/other.msgpack")
+    committed = {_remote.RemoteDirectory(run).locate(name)[0] for name in
+                 (k.split("/", 1)[1] for k in _keys(s3_bucket, "run/")
+                  if not k.startswith("run/.ckpt-data/") and k != "run/checkpoint")}
+    data = {f"{s3_bucket}/{k}" for k in _keys(s3_bucket, "run/.ckpt-data/")}
+    assert data == committed
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+def test_missing_bucket_and_object(s3_bucket):
+    v = ckpt.Variable([1.0], name="v")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="s3://no-such-bucket-ckpt/m.msgpack: .*bucket does not exist"):
+        ckpt.Saver([v]).save("s3://no-such-bucket-ckpt/m.msgpack")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="s3://no-such-bucket-ckpt/m.msgpack"):
+        ckpt.load_checkpoint("s3://no-such-bucket-ckpt/m.msgpack")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=f"{s3_bucket}/nothing.msgpack: no such checkpoint"):
+        ckpt.load_checkpoint(f"{s3_bucket}/nothing.msgpack")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=f"{s3_bucket}/run: no checkpoint in this directory"):
+        ckpt.Saver([v]).restore(f"{s3_bucket}/run")
+    assert _keys(s3_bucket) == []
+
+
+def test_unreachable_store_names_the_url_and_commits_nothing():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    v = ckpt.Variable([1.0], name="v")
+    with pytest.raises(ckpt.CheckpointWriteError, match="s3://bkt/run/m.msgpack: .*cannot be reached"):
+        ckpt.Saver([v], storage_options=options).save("s3://bkt/run/m.msgpack")
+    with pytest.raises(ckpt.StorageError, match="s3://bkt/run/m.msgpack: .*cannot be reached"):
+        ckpt.load_checkpoint("s3://bkt/run/m.msgpack", storage_options=options)
+    with pytest.raises(ckpt.StorageError, match="s3://bkt/run/checkpoint: .*cannot be reached"):
+        ckpt.latest_checkpoint("s3://bkt/run", storage_options=options)
+
+
+def test_a_damaged_commit_record_is_a_corrupt_checkpoint(s3_bucket):
+    import boto3
+
+    boto3.client("s3").put_object(Bucket=s3_bucket[5:], Key="m.msgpack",
+                                  Body=b'{"format": "ckpt-commit", "version": 1, "data": "../../etc", "size": 3}')
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{s3_bucket}/m.msgpack: malformed commit record"):
+        ckpt.load_checkpoint(f"{s3_bucket}/m.msgpack")
+
+
+def test_a_plain_uploaded_checkpoint_reads_too(s3_bucket, tmp_path):
+    import boto3
+
+    local = ckpt.Saver({"w": ckpt.Variable(np.arange(6.0).reshape(2, 3))}).save(str(tmp_path / "m.msgpack"))
+    boto3.client("s3").upload_file(local, s3_bucket[5:], "uploaded/m.msgpack")
+    assert ckpt.load_variable(f"{s3_bucket}/uploaded/m.msgpack", "w").tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+# -- reads fetch only what they need -----------------------------------------------------------
+
+def test_a_one_tensor_read_fetches_the_index_and_that_tensor(s3_bucket, s3_server):
+    tensors = {f"layer{i}/w": ckpt.Variable(np.full((256, 1024), i, np.float32)) for i in range(8)}  # 8 MiB
+    url = ckpt.Saver(tensors, format="msgpack").save(f"{s3_bucket}/run/big.msgpack")
+    s3_server.traffic.clear()
+    assert ckpt.load_variable(url, "layer5/w")[0, 0] == 5
+    gets = s3_server.traffic.gets()
+    assert all(rng.startswith("bytes=") for _, _, rng, _ in gets)  # ranged GETs only
+    commit = [g for g in gets if g[1].endswith("/big.msgpack")]
+    data = [g for g in gets if "/.ckpt-data/" in g[1]]
+    assert len(commit) == 1 and len(data) == 3 and len(gets) == 4  # commit; head + tail; the tensor
+    tensor_bytes = 256 * 1024 * 4
+    assert sum(g[3] for g in data) <= _remote.OPEN_HEAD + _remote.OPEN_TAIL + tensor_bytes
+    assert max(g[3] for g in data) == tensor_bytes
+    s3_server.traffic.clear()
+    ckpt.list_variables(url)  # the index only
+    assert sum(g[3] for g in s3_server.traffic.gets()) <= commit[0][3] + _remote.OPEN_HEAD + _remote.OPEN_TAIL
+
+
+# -- the command line --------------------------------------------------------------------------
+
+def test_cli_on_s3_urls(s3_bucket):
+    from ckpt.cli import main
+
+    v = ckpt.Variable(np.arange(3, dtype=np.int64), name="enc/w")
+    url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/model", global_step=1)
+    runner = CliRunner()
+    out = runner.invoke(main, ["inspect", f"{s3_bucket}/run", "--names-only"])
+    assert out.exit_code == 0 and out.output.split() == ["enc/w"]
+    out = runner.invoke(main, ["verify", url])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(main, ["diff", url, f"{s3_bucket}/run"])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(main, ["inspect", f"{s3_bucket}/run/missing.msgpack"])
+    assert out.exit_code == 1 and "missing.msgpack" in out.output and "Traceback" not in out.output

@@ -190,7 +190,7 @@ class ObjectStore:
         with translating(url, "uploading the checkpoint", writing=True):
             if self._s3:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite",
-                                 max_concurrency=CONCURRENCY)
+                                 max_concurrency=CONCURRENCY, chunksize=PIECE)  # parts of 8 MiB, 16 at once
             else:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite")
 

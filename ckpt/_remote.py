@@ -352,3 +352,30 @@ def resolve(url: str) -> str:
         return url  # a checkpoint object without a known extension
     raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
                                   "naming an existing checkpoint)")
+
+
+def listing(url: str) -> list[tuple[str, int | None, float | None, int | None, str]]:
+    """``(name, step, time, size, note)`` for each checkpoint of a directory URL: the state
+    file's entries (note "latest", "preserved", "missing" or ""), then committed checkpoints
+    the state file does not list. Sizes come from the commit records."""
+    from .formats.base import format_for_path
+
+    remote = directory(url)
+    state = remote.read_state()
+    found = latest(url)
+    rows: list[tuple[str, int | None, float | None, int | None, str]] = []
+    known = {STATE_FILE}
+    for entry in state.all_entries() if state is not None else []:
+        known.add(entry.path)
+        try:
+            size: int | None = remote.locate(entry.path)[1]
+        except CheckpointNotFoundError:
+            size = None
+        note = "latest" if remote.join(entry.path) == found else "missing" if size is None else \
+            "preserved" if state is not None and entry in state.preserved else ""
+        rows.append((entry.path, entry.step, entry.time, size, note))
+    for item in remote.store.list(url):
+        name = str(item["name"])
+        if name not in known and "/" not in name and format_for_path(name) is not None:
+            rows.append((name, None, None, remote.locate(name)[1], f"not in the '{STATE_FILE}' state file"))
+    return rows

@@ -30,8 +30,14 @@ from typing import Any, Callable, Literal, overload
 from . import _remote, _urls
 from .async_save import BackgroundSaves, SaveFuture
 from .atomic import clean_stale_temporaries, replace_atomically, require_directory
-from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError, StorageError,
-                     UninitializedVariableError)
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    ReplacedWriteError,
+    StorageError,
+    UninitializedVariableError,
+)
 from .gcpause import gc_paused
 from .module import Module
 from .restore import RestoreResult, restore_variables
@@ -332,7 +338,10 @@ class Saver:
                 kept, doomed = remote.update_state(lambda state: self._retain(
                     self._check_owner(state, parent, url) or CheckpointState(), name, step, remote.exists))
             except CheckpointError as exc:
-                remote.delete_checkpoints([name])
+                try:
+                    remote.delete_checkpoints([name])
+                except CheckpointError:
+                    pass  # the store is failing: the next save's cleanup takes the data object
                 raise CheckpointWriteError(f"{url}: the checkpoint was written but could not be recorded in "
                                            f"the state file ({exc}); it was removed, and the previous "
                                            "checkpoint is still the latest") from exc

@@ -152,7 +152,8 @@ def test_connection_refused_is_a_storage_error_naming_the_url():
     store = ObjectStore("s3://bkt", options)
     with pytest.raises(ckpt.StorageError, match="s3://bkt/m: reading .*cannot be reached"):
         store.read("s3://bkt/m", 0, 4)
-    with pytest.raises(ckpt.CheckpointWriteError, match="s3://bkt/m: writing: .*cannot be reached.*nothing was committed"):
+    with pytest.raises(ckpt.CheckpointWriteError,
+                       match="s3://bkt/m: writing: .*cannot be reached.*nothing was committed"):
         store.put("s3://bkt/m", b"x", create_only=True)
 
 

@@ -4,8 +4,6 @@ the CLI, and the requests and bytes of a one-tensor read."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import socket
 import subprocess
@@ -147,7 +145,8 @@ def test_sigkill_mid_save_leaves_the_latest_restorable_and_the_next_save_cleans(
 
 def test_missing_bucket_and_object(s3_bucket):
     v = ckpt.Variable([1.0], name="v")
-    with pytest.raises(ckpt.CheckpointNotFoundError, match="s3://no-such-bucket-ckpt/m.msgpack: .*bucket does not exist"):
+    with pytest.raises(ckpt.CheckpointNotFoundError,
+                       match="s3://no-such-bucket-ckpt/m.msgpack: .*bucket does not exist"):
         ckpt.Saver([v]).save("s3://no-such-bucket-ckpt/m.msgpack")
     with pytest.raises(ckpt.CheckpointNotFoundError, match="s3://no-such-bucket-ckpt/m.msgpack"):
         ckpt.load_checkpoint("s3://no-such-bucket-ckpt/m.msgpack")
@@ -224,5 +223,52 @@ def test_cli_on_s3_urls(s3_bucket):
     assert out.exit_code == 0, out.output
     out = runner.invoke(main, ["diff", url, f"{s3_bucket}/run"])
     assert out.exit_code == 0, out.output
+    out = runner.invoke(main, ["ls", f"{s3_bucket}/run"])
+    assert out.exit_code == 0 and "model-1.msgpack" in out.output and "latest" in out.output, out.output
     out = runner.invoke(main, ["inspect", f"{s3_bucket}/run/missing.msgpack"])
     assert out.exit_code == 1 and "missing.msgpack" in out.output and "Traceback" not in out.output
+
+
+def test_async_save_to_s3_commits_the_snapshot(s3_bucket):
+    v = ckpt.Variable(np.arange(1000, dtype=np.float32), name="v")
+    saver = ckpt.Saver([v], format="msgpack")
+    future = saver.save(f"{s3_bucket}/run/model", global_step=1, blocking=False)
+    v.assign(np.zeros(1000, np.float32))  # training goes on; the checkpoint keeps the snapshot
+    assert future.result() == f"{s3_bucket}/run/model-1.msgpack"
+    assert ckpt.load_variable(f"{s3_bucket}/run", "v").tolist() == list(range(1000))
+    saver.save(f"{s3_bucket}/run/model", global_step=1, blocking=False)  # a duplicate: refused
+    with pytest.raises(ckpt.CheckpointWriteError, match="model-1.msgpack: .*create-only"):
+        saver.wait()
+
+
+def test_init_from_checkpoint_on_s3(s3_bucket):
+    with ckpt.name_scope("old"):
+        w = ckpt.Variable([1.0, 2.0], name="w")
+    ckpt.Saver([w], format="msgpack").save(f"{s3_bucket}/pre/model.msgpack")
+    with ckpt.name_scope("new"):
+        w2 = ckpt.Variable([0.0, 0.0], name="w")
+    ckpt.init_from_checkpoint(f"{s3_bucket}/pre", {"old/": "new/"})
+    assert w2.numpy().tolist() == [1.0, 2.0]
+
+
+def test_wrong_credentials_and_denied_access_name_the_url(s3_bucket, monkeypatch):
+    import boto3
+    import moto.settings
+
+    iam = boto3.client("iam")
+    user = f"nobody-{s3_bucket[-12:]}"
+    iam.create_user(UserName=user)
+    key = iam.create_access_key(UserName=user)["AccessKey"]  # valid keys, no policy: no rights
+    v = ckpt.Variable([1.0], name="v")
+    url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/m.msgpack")
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks from now on
+    wrong = {"key": "AKIAWRONGWRONGWRONG1", "secret": "nope"}
+    with pytest.raises(ckpt.StorageError, match=f"{url}: .*access denied"):
+        ckpt.load_checkpoint(url, storage_options=wrong)
+    denied = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    with pytest.raises(ckpt.StorageError, match=f"{url}: .*access denied"):
+        ckpt.load_checkpoint(url, storage_options=denied)
+    with pytest.raises(ckpt.CheckpointWriteError, match=f"{s3_bucket}/run/m2.msgpack: .*access denied"):
+        ckpt.Saver([v], storage_options=denied).save(f"{s3_bucket}/run/m2.msgpack")
+    monkeypatch.undo()
+    assert [k for k in _keys(s3_bucket) if "m2" in k] == []  # nothing committed

@@ -39,7 +39,9 @@ from ._objstore import ObjectStore
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
 from .state import STATE_FILE, CheckpointState, dump_state, parse_state
 
-__all__ = ["RemoteDirectory", "commit_record", "is_commit_record", "DATA_DIR", "ORPHAN_GRACE_S",
+split_url = _urls.split
+
+__all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", "DATA_DIR", "ORPHAN_GRACE_S",
            "HEAD_BYTES"]
 
 DATA_DIR = ".ckpt-data"

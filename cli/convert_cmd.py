@@ -221,7 +221,11 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
     ckpt convert run/model-100.msgpack whole.h5     (a sharded checkpoint to one file)
     """
     fmt = _writable_format(dst)
-    if os.path.lexists(dst) and not force:
+    remote = "://" in dst and not dst.startswith("file://")  # an object store: committed create-only
+    if remote and (force or shards is not None):
+        raise click.BadParameter("an object-store DST is written once (create-only): no --force or --shards",
+                                 param_hint="DST")
+    if not remote and os.path.lexists(dst) and not force:
         raise click.BadParameter(f"{dst} exists; pass --force to replace it", param_hint="DST")
     if pattern is not None:
         check_regex(pattern, "--keys")
@@ -252,13 +256,22 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
             click.echo(f"{dst} ({fmt.name}, {shards} shards): {count(len(plan), 'tensor')} from {reader.path} "
                        f"({reader.format}); read back and checked")
             return
+        def write(tmp: str) -> None:
+            with byte_bar(total, "writing") as progress:
+                fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan],
+                          metadata)
+            with byte_bar(total, "checking", io_factor=2) as progress:  # reads DST and SRC
+                _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
+
         try:
-            with replace_atomically(dst) as tmp:  # its errors name DST, never the temporary file
-                with byte_bar(total, "writing") as progress:
-                    fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan],
-                              metadata)
-                with byte_bar(total, "checking", io_factor=2) as progress:  # reads DST and SRC
-                    _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
+            if remote:  # checked locally, then uploaded and committed (docs/formats.md, object stores)
+                from ckpt._remote import directory, split_url
+
+                parent, name = split_url(dst)
+                directory(parent).write_checkpoint(name, write)
+            else:
+                with replace_atomically(dst) as tmp:  # its errors name DST, never the temporary file
+                    write(tmp)
         except (ValueError, TypeError) as exc:  # a writer refusing a dtype or value it cannot store
             if isinstance(exc, ckpt.CheckpointError):
                 raise

@@ -9,11 +9,11 @@ from typing import Any
 from collections.abc import Iterator
 
 import click
-from ckpt.formats import base
 
 import ckpt
 from ckpt.atomic import is_temporary
 from ckpt.errors import CheckpointNotFoundError
+from ckpt.formats import base
 from ckpt.state import STATE_FILE, read_state
 
 from .errors import reports_errors
@@ -101,19 +101,15 @@ def ls(directory: str, as_json: bool) -> None:
     \b
     ckpt ls run/
     """
-    if "://" in directory and not directory.startswith("file://"):  # an object store: the same table,
+    if "://" in directory and not directory.startswith("file://"):  # an object store: the same rows,
         from ckpt._remote import listing  # from the state file and the commit records
 
-        rows = [(name, "-" if step is None else str(step), _when(when), "-" if size is None else human_size(size), note)
-                for name, step, when, size, note in listing(directory)]
-        return _print(directory, rows)
-    if not os.path.isdir(directory):
+        rows = [dict(zip(("path", "step", "time", "size", "note"), row)) for row in listing(directory)]
+    elif not os.path.isdir(directory):
         what = "not a directory" if os.path.exists(directory) else "no such directory"
         raise CheckpointNotFoundError(f"{directory}: {what}")
-    _print(directory, list(_rows(directory)))
-
-
-def _print(directory: str, rows: list[tuple[str, str, str, str, str]]) -> None:
+    else:
+        rows = list(_rows(directory))
     if not rows:
         raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
                                       "checkpoint files)")

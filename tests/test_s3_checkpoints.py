@@ -225,6 +225,11 @@ def test_cli_on_s3_urls(s3_bucket):
     assert out.exit_code == 0, out.output
     out = runner.invoke(main, ["ls", f"{s3_bucket}/run"])
     assert out.exit_code == 0 and "model-1.msgpack" in out.output and "latest" in out.output, out.output
+    out = runner.invoke(main, ["convert", url, f"{s3_bucket}/copy/model.h5"])
+    assert out.exit_code == 0, out.output
+    assert ckpt.load_variable(f"{s3_bucket}/copy/model.h5", "enc/w").tolist() == [0, 1, 2]
+    out = runner.invoke(main, ["convert", url, f"{s3_bucket}/copy/model.h5"])
+    assert out.exit_code == 1 and "create-only" in out.output
     out = runner.invoke(main, ["inspect", f"{s3_bucket}/run/missing.msgpack"])
     assert out.exit_code == 1 and "missing.msgpack" in out.output and "Traceback" not in out.output
 

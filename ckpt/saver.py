@@ -228,6 +228,9 @@ class Saver:
         if self._comm is not None:
             from .distributed.save import save_sharded
 
+            if _urls.is_url(path):
+                raise ValueError(f"cannot save {path}: sharded checkpoints (comm=) are written to a file system "
+                                 "only, not yet to object stores")
             if not blocking:
                 return self._save_sharded_async(path, fmt, step, metadata)
 

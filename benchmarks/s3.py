@@ -24,7 +24,7 @@ import numpy as np
 import ckpt
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from s3server import S3Server  # noqa: E402  (the tests' server helper: one definition of the set-up)
+from s3server import S3Server
 
 MiB = 1 << 20
 

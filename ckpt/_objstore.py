@@ -32,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from contextlib import nullcontext
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from . import _urls
 from ._storefaults import translating
@@ -81,7 +82,7 @@ class ObjectStore:
         path = self._path(url)
         with translating(url, f"reading {name(jobs[0][0])}"):
             if getattr(self.fs, "async_impl", False):
-                from fsspec.asyn import sync
+                from fsspec.asyn import sync  # type: ignore[import-untyped]
 
                 sync(self.fs.loop, self._fetch_async, path, url, jobs, name)
             else:

@@ -32,7 +32,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator, Sequence
 
 from . import _urls
 from ._objstore import ObjectStore

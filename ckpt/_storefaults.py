@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, StorageError
 

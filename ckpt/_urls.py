@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import CheckpointError
 
@@ -87,7 +88,7 @@ def filesystem(url: str, storage_options: StorageOptions | None = None) -> Any:
     options = dict(storage_options or {})
     hint = _EXTRAS.get(proto, "fsspec and the package for this protocol")
     try:
-        import fsspec
+        import fsspec  # type: ignore[import-untyped]
     except ImportError:
         raise CheckpointError(f"{url}: checkpoints in object stores need fsspec: pip install "
                               f"'{hint}'") from None

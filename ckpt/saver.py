@@ -25,7 +25,8 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack, nullcontext
-from typing import Any, Callable, Literal, overload
+from typing import Any, Literal, overload
+from collections.abc import Callable
 
 from . import _remote, _urls
 from .async_save import BackgroundSaves, SaveFuture

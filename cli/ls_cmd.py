@@ -101,10 +101,12 @@ def ls(directory: str, as_json: bool) -> None:
     \b
     ckpt ls run/
     """
+    rows: list[dict[str, Any]]
     if "://" in directory and not directory.startswith("file://"):  # an object store: the same rows,
         from ckpt._remote import listing  # from the state file and the commit records
 
-        rows = [dict(zip(("path", "step", "time", "size", "note"), row)) for row in listing(directory)]
+        rows = [{"path": name, "step": step, "time": when, "size": size, "note": note}
+                for name, step, when, size, note in listing(directory)]
     elif not os.path.isdir(directory):
         what = "not a directory" if os.path.exists(directory) else "no such directory"
         raise CheckpointNotFoundError(f"{directory}: {what}")

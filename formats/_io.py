@@ -130,8 +130,10 @@ def byte_view(arr: np.ndarray) -> memoryview:
 
 def pread_into(fd: int, view: memoryview, offset: int, path: str, what: str) -> None:
     """Fill ``view`` from ``fd`` at ``offset``; a short file is a CorruptCheckpointError."""
-    if not isinstance(fd, int):  # an object-store checkpoint (ckpt._remote.RemoteFile): ranged GETs
-        return fd.pread_into(view, offset, what)  # type: ignore[no-any-return]
+    remote: Any = fd
+    if not isinstance(remote, int):  # an object-store checkpoint (ckpt._remote.RemoteFile): ranged GETs
+        remote.pread_into(view, offset, what)
+        return
     done, total = 0, len(view)
     while done < total:
         try:
@@ -187,8 +189,10 @@ def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
     scratch buffer); big spans are read by the worker threads, several at once. ``name(i)``
     labels span i in errors.
     """
-    if not isinstance(fd, int):  # an object-store checkpoint: concurrent ranged GETs
-        return fd.read_spans(spans, name)  # type: ignore[no-any-return]
+    remote: Any = fd
+    if not isinstance(remote, int):  # an object-store checkpoint: concurrent ranged GETs
+        crcs: list[int] = remote.read_spans(spans, name)
+        return crcs
     crcs = [0] * len(spans)
     order: Sequence[int] = range(len(spans))
     if any(spans[i][0] > spans[i + 1][0] for i in range(len(spans) - 1)):
@@ -305,7 +309,8 @@ def pwritev_all(fd: int, pieces: Sequence[Any], offset: int) -> None:
 
 
 def file_size(fd: int) -> int:
-    return fd.size if not isinstance(fd, int) else os.fstat(fd).st_size  # type: ignore[attr-defined]
+    remote: Any = fd  # an object-store checkpoint (ckpt._remote.RemoteFile) knows its size
+    return os.fstat(fd).st_size if isinstance(remote, int) else int(remote.size)
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

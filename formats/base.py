@@ -190,6 +190,8 @@ class FileReader(BaseReader):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._file: Any
+        self._fd: int  # a descriptor, or for a URL a ckpt._remote.RemoteFile that formats/_io dispatches on
         if is_url(path):  # an object store: ranged GETs instead of preads
             from ckpt._remote import open_file
 

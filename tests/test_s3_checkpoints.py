@@ -101,10 +101,9 @@ def test_the_commit_refuses_a_second_writer(s3_bucket):
 
 _CHILD = """
 import sys, numpy as np, ckpt
-url = sys.argv[1]
+url, step = sys.argv[1], int(sys.argv[2])  # each child its own steps: names are written once
 variables = {f"t{i}": ckpt.Variable(np.zeros(50_000, np.float32)) for i in range(4)}
 saver = ckpt.Saver(variables, max_to_keep=2, format="msgpack")
-step = 0
 while True:
     for var in variables.values():
         var.assign(np.full(50_000, step, np.float32))
@@ -118,19 +117,23 @@ def test_sigkill_mid_save_leaves_the_latest_restorable_and_the_next_save_cleans(
     run = f"{s3_bucket}/run"
     rng = random.Random(0)
     last = -1
-    for _ in range(3):
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, run], stdout=subprocess.PIPE, text=True)
-        assert child.stdout is not None
-        child.stdout.readline()  # one save done: the next ones are under way
-        time.sleep(rng.uniform(0.0, 0.3))
-        child.kill()
-        child.wait()
+    for kill in range(3):
+        with subprocess.Popen([sys.executable, "-c", _CHILD, run, str(1000 * kill)], stdout=subprocess.PIPE,
+                              text=True) as child:
+            assert child.stdout is not None
+            assert child.stdout.readline()  # one save done: the next ones are under way
+            time.sleep(rng.uniform(0.0, 0.3))
+            child.kill()
+            assert child.wait() == -9  # killed, not failed on its own
         latest = ckpt.latest_checkpoint(run)
         assert latest is not None
         with ckpt.load_checkpoint(latest) as reader:
             assert reader.verify() == []
             steps = {float(reader.get_tensor(f"t{i}")[0]) for i in range(4)}
-        assert len(steps) == 1 and steps.pop() >= last  # whole, and never older than before
+        assert len(steps) == 1  # whole: every tensor from one save
+        step = steps.pop()
+        assert step >= last  # never older than before
+        last = step
     # uncommitted data objects (if the kills left any) go with the next save past the grace time
     monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", 0.0)
     ckpt.Saver({"x": ckpt.Variable(1.0)}, max_to_keep=None).save(f"{run}/other.msgpack")

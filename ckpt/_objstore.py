@@ -3,7 +3,8 @@ objects, create-only writes, compare-and-swap writes, uploads, listings, deletes
 
 Every operation names the URL in its errors (``_storefaults``). Reads of large ranges are
 split into pieces fetched concurrently and copied straight into the caller's buffer as each
-arrives, so memory stays bounded by ``CONCURRENCY * PIECE`` whatever the checkpoint's size.
+arrives, so memory stays bounded by ``CONCURRENCY * MAX_PIECE`` whatever the checkpoint's size;
+neighbouring spans are fetched by one request.
 
 Atomicity comes from the store's conditional writes:
 
@@ -30,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from contextlib import nullcontext
 from typing import Any
@@ -45,6 +47,50 @@ __all__ = ["ObjectStore", "PIECE", "CONCURRENCY"]
 PIECE = 8 << 20
 #: Requests in flight at once for one read or upload.
 CONCURRENCY = 16
+#: Ranged GETs and upload parts are at most this big (bounds the memory of a read in flight).
+MAX_PIECE = 32 << 20
+#: Spans at most this far apart are fetched by one ranged GET (the bytes between are dropped).
+GAP = 64 << 10
+
+
+def piece_size(total: int) -> int:
+    """Bytes per request when moving ``total`` bytes: CONCURRENCY requests where that gives
+    pieces of PIECE to MAX_PIECE bytes (fewer, larger requests cost less per byte)."""
+    return min(MAX_PIECE, max(PIECE, -(-total // CONCURRENCY)))
+
+
+def _pieces(spans: Sequence[tuple[int, memoryview]]) -> list[tuple[int, int, list[int]]]:
+    """The ranged GETs ``(start, end, [span indices])`` that cover every non-empty span."""
+    order = sorted((i for i, (_, view) in enumerate(spans) if len(view)), key=lambda i: spans[i][0])
+    runs: list[list[Any]] = []  # [start, end, members]
+    for i in order:
+        offset, view = spans[i]
+        if runs and offset <= runs[-1][1] + GAP:
+            runs[-1][1] = max(runs[-1][1], offset + len(view))
+            runs[-1][2].append(i)
+        else:
+            runs.append([offset, offset + len(view), [i]])
+    size = piece_size(sum(end - start for start, end, _ in runs))
+    pieces = []
+    for start, end, members in runs:
+        for a in range(start, end, size):
+            b = min(end, a + size)
+            pieces.append((a, b, [i for i in members if spans[i][0] < b and spans[i][0] + len(spans[i][1]) > a]))
+    return pieces
+
+
+def _scatter(data: bytes, start: int, end: int, spans: Sequence[tuple[int, memoryview]], members: list[int],
+             url: str, name: Callable[[int], str]) -> None:
+    """Copy a fetched range ``[start, end)`` into the parts of the spans it covers."""
+    if len(data) != end - start:
+        raise CorruptCheckpointError(f"{url}: the object ends in the middle of {name(members[0])} (offset "
+                                     f"{start + len(data)}): it is truncated")
+    for i in members:
+        offset, view = spans[i]
+        lo, hi = max(start, offset), min(end, offset + len(view))
+        view[lo - offset:hi - offset] = data[lo - start:hi - start]
+
+
 _memory_lock = threading.RLock()  # memory:// has no conditional writes of its own
 
 
@@ -71,46 +117,39 @@ class ObjectStore:
                   name: Callable[[int], str] = lambda i: "data") -> None:
         """Fill each ``(offset, view)`` with the object's bytes there, many ranged GETs at once.
 
-        A range the object does not fully hold is a CorruptCheckpointError naming ``name(i)``.
+        Spans within GAP bytes of each other are fetched together, and what is fetched is cut
+        into up to CONCURRENCY ranges of PIECE to MAX_PIECE bytes, all in flight at once: many
+        small tensors cost one request, a big one many side by side. A range the object does not
+        fully hold is a CorruptCheckpointError naming ``name(i)``.
         """
-        jobs = []
-        for i, (offset, view) in enumerate(spans):
-            for start in range(0, len(view), PIECE):
-                jobs.append((i, offset + start, view[start:start + PIECE]))
-        if not jobs:
+        pieces = _pieces(spans)
+        if not pieces:
             return
         path = self._path(url)
-        with translating(url, f"reading {name(jobs[0][0])}"):
+        with translating(url, f"reading {name(pieces[0][2][0])}"):
             if getattr(self.fs, "async_impl", False):
                 from fsspec.asyn import sync  # type: ignore[import-untyped]
 
-                sync(self.fs.loop, self._fetch_async, path, url, jobs, name)
+                sync(self.fs.loop, self._fetch_async, path, url, spans, pieces, name)
             else:
-                for i, offset, view in jobs:
-                    self._fill(view, self.fs.cat_file(path, start=offset, end=offset + len(view)), url,
-                               name(i), offset)
+                for start, end, members in pieces:
+                    data = self.fs.cat_file(path, start=start, end=end)
+                    _scatter(data, start, end, spans, members, url, name)
 
-    async def _fetch_async(self, path: str, url: str, jobs: list[tuple[int, int, memoryview]],
-                           name: Callable[[int], str]) -> None:
+    async def _fetch_async(self, path: str, url: str, spans: Sequence[tuple[int, memoryview]],
+                           pieces: list[tuple[int, int, list[int]]], name: Callable[[int], str]) -> None:
         gate = asyncio.Semaphore(CONCURRENCY)
 
-        async def fetch(i: int, offset: int, view: memoryview) -> None:
+        async def fetch(start: int, end: int, members: list[int]) -> None:
             async with gate:
-                data = await self.fs._cat_file(path, start=offset, end=offset + len(view))
-            self._fill(view, data, url, name(i), offset)
+                data = await self.fs._cat_file(path, start=start, end=end)
+            _scatter(data, start, end, spans, members, url, name)
 
-        results = await asyncio.gather(*(fetch(*job) for job in jobs), return_exceptions=True)
+        results = await asyncio.gather(*(fetch(*piece) for piece in pieces), return_exceptions=True)
         # every request has finished (none writes into a buffer after we return): report the first fault
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-
-    @staticmethod
-    def _fill(view: memoryview, data: bytes, url: str, what: str, offset: int) -> None:
-        if len(data) != len(view):
-            raise CorruptCheckpointError(f"{url}: the object ends in the middle of {what} (offset "
-                                         f"{offset + len(data)}): it is truncated")
-        view[:] = data
 
     def read(self, url: str, offset: int, size: int, what: str = "data") -> bytes:
         """``size`` bytes at ``offset`` (a CorruptCheckpointError if the object is shorter)."""
@@ -191,7 +230,7 @@ class ObjectStore:
         with translating(url, "uploading the checkpoint", writing=True):
             if self._s3:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite",
-                                 max_concurrency=CONCURRENCY, chunksize=PIECE)  # parts of 8 MiB, 16 at once
+                                 max_concurrency=CONCURRENCY, chunksize=piece_size(os.path.getsize(local)))
             else:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite")
 

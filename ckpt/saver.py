@@ -28,7 +28,7 @@ from contextlib import ExitStack, nullcontext
 from typing import Any, Literal, overload
 
 from .async_save import BackgroundSaves, SaveFuture
-from .atomic import clean_stale_temporaries, replace_atomically, require_directory
+from .atomic import replace_atomically, require_directory
 from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError, UninitializedVariableError
 from .gcpause import gc_paused
 from .module import Module
@@ -243,7 +243,6 @@ class Saver:
                                            f"{exc.strerror or exc}; nothing was written") from exc
             listed_before = state is not None and any(
                 e.path == os.path.basename(path) for e in state.all_entries())
-            clean_stale_temporaries(directory)
         if not blocking:
             require_directory(path)  # found now, not later in the background
             return self._background.submit(

@@ -158,7 +158,8 @@ def write_state(directory: str, state: CheckpointState) -> None:
            "checkpoints": [e.to_json() for e in state.checkpoints],
            "preserved": [e.to_json() for e in state.preserved],
            "last_preserved_time": state.last_preserved_time, "deleting": state.deleting}
-    with replace_atomically(os.path.join(directory, STATE_FILE)) as tmp:
+    # the checkpoint's own write just cleaned the directory: no second listing under the lock
+    with replace_atomically(os.path.join(directory, STATE_FILE), clean=False) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")

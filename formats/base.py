@@ -34,7 +34,7 @@ from ckpt.gcpause import gc_paused
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
            "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
-           "key_problem", "normalize_metadata", "materialize", "SNIFF_BYTES"]
+           "key_problem", "normalize_metadata", "materialize", "check_tensors", "SNIFF_BYTES"]
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -142,7 +142,11 @@ class BaseReader:
 
     def read(self, key: str) -> np.ndarray:
         info = self.info(key)
-        out = np.empty(info.shape, dtype=info.dtype)
+        try:
+            out = np.empty(info.shape, dtype=info.dtype)
+        except ValueError as exc:  # numpy's "array is too big": check_tensors should have refused it
+            raise CorruptCheckpointError(f"{self.path}: tensor {key!r} declares {info.dtype} "
+                                         f"{list(info.shape)}, which no array can hold") from exc
         self._read_many([(info, out)])
         return out
 
@@ -193,6 +197,7 @@ class FileReader(BaseReader):
             self._fd = self._file.fileno()
             with gc_paused():  # an index of many entries creates many small, acyclic objects
                 self._open()
+            check_tensors(self._tensors, path)
         except BaseException:
             self._file.close()
             raise
@@ -447,8 +452,10 @@ MAX_ELEMENTS = 2 ** 48
 
 
 def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
-    """Validate a shape read from a file: a list of non-negative ints of sane rank and size."""
-    if type(shape) is not list or len(shape) > 64:
+    """Validate a shape read from a file: a list (or tuple) of non-negative ints of sane rank and
+    size; the product of its non-zero dimensions is bounded too, since numpy cannot make even an
+    empty array of shape [0, 2**62]."""
+    if type(shape) not in (list, tuple) or len(shape) > 64:
         raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
     count = 1
     for d in shape:
@@ -459,6 +466,16 @@ def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
             raise CorruptCheckpointError(f"{path}: tensor {key!r} declares shape {shape!r}, more elements "
                                          f"than any checkpoint holds (at most {MAX_ELEMENTS})")
     return tuple(shape)
+
+
+def check_tensors(tensors: Mapping[str, TensorInfo], path: str) -> None:
+    """Every tensor a reader lists must have a shape numpy can hold (``check_shape``).
+
+    Called for every reader once its index is read (FileReader does it itself), so a format's
+    own parsing may miss a bound without a raw numpy error reaching the user later.
+    """
+    for key, info in tensors.items():
+        check_shape(info.shape, path, key)
 
 
 def check_metadata(metadata: Any, path: str) -> dict[str, Any]:

@@ -20,10 +20,13 @@ import struct
 
 import crc32c
 import h5py
+import msgpack
 import numpy as np
 import pytest
 from reliability_support import time_limit
-from test_foreign_tensorflow import block, bundle, entry, header, mask, numeric, varint
+from test_foreign_safetensors import build as safetensors_file
+from test_foreign_tensorflow import block, bundle, entry, header, mask, varint
+from test_foreign_torch import MARK, glob, num, ordered_dict, state_dict, text, torch_zip
 
 import ckpt
 from ckpt.formats import base
@@ -122,3 +125,166 @@ def test_many_index_entries_pointing_at_one_amplified_block_are_refused_fast(tmp
     assert outcome(prefix, seconds=20) == "error at open"
     with pytest.raises(ckpt.CorruptCheckpointError, match="one after another"):
         ckpt.load_checkpoint(prefix)
+
+
+# --- huge but empty shapes, and integers no format needs ----------------------------------------------
+HUGE = 2 ** 62
+
+
+def long1(i: int) -> bytes:
+    """Pickle's LONG1 (LONG4 above 255 bytes): any int, little-endian two's complement."""
+    raw = i.to_bytes((i.bit_length() + 8) // 8, "little", signed=True)
+    if len(raw) > 255:  # LONG4
+        return b"\x8b" + struct.pack("<I", len(raw)) + raw
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def torch_tensor(key: str, numel: int, offset: int, shape: tuple, stride: tuple) -> bytes:
+    """What torch.save pickles for a float32 tensor (ints of any width)."""
+    def ints(values: tuple) -> bytes:
+        return MARK + b"".join(long1(v) for v in values) + b"t"
+
+    storage = MARK + text("storage") + glob("torch", "FloatStorage") + text(key) + text("cpu") + num(numel) + b"tQ"
+    return (glob("torch._utils", "_rebuild_tensor_v2") + MARK + storage + long1(offset) + ints(shape) + ints(stride)
+            + b"\x89" + ordered_dict() + b"tR")
+
+
+def torch_file(directory, name: str, items: list[tuple[str, bytes]], storages: dict[str, bytes]) -> str:
+    return torch_zip(directory / name, state_dict(items), storages)
+
+
+def huge_empty_cases(tmp_path) -> dict[str, str]:
+    """One file per foreign format holding a float32 tensor of shape [0, 2**62] (no bytes)."""
+    paths = {}
+    paths["safetensors"] = safetensors_file(tmp_path / "huge.safetensors", [("w", "F32", [0, HUGE], b"")])
+    paths["tensorflow"] = bundle(tmp_path, [("w", 1, (0, HUGE), b"", crc32c.crc32c(b""))])
+    flax = msgpack.ExtType(1, msgpack.packb(([0, HUGE], "float32", b""), use_bin_type=True))
+    (tmp_path / "huge.msgpack").write_bytes(msgpack.packb({"params": {"w": flax}}, use_bin_type=True))
+    paths["flax"] = str(tmp_path / "huge.msgpack")
+    paths["torch"] = torch_file(tmp_path, "huge.pt", [("w", torch_tensor("0", 0, 0, (0, HUGE), (HUGE, 1)))],
+                                {"0": b""})
+    with h5py.File(tmp_path / "huge.h5", "w") as f:
+        f.create_dataset("w", shape=(0, HUGE), maxshape=(None, None), chunks=(1, 1), dtype="<f4")
+    paths["foreign hdf5"] = str(tmp_path / "huge.h5")
+    return paths
+
+
+def test_huge_but_empty_shapes_are_refused_by_every_foreign_reader(tmp_path):
+    cases = huge_empty_cases(tmp_path)
+    for fmt, path in cases.items():
+        assert outcome(path) == "error at open", fmt
+        with pytest.raises(ckpt.CorruptCheckpointError, match="elements"):
+            base.open_reader(path)
+    assert len(cases) == 5
+
+
+TORCH_INTS = {  # label: (numel, offset, shape, stride) of a float32 view of a 4-element storage
+    "stride 2**70 on a dimension of 1": (4, 0, (1, 4), (2 ** 70, 1)),
+    "stride 2**62 on a dimension of 1": (4, 0, (1, 4), (HUGE, 1)),
+    "offset 2**70 of an empty view": (4, 2 ** 70, (0,), (1,)),
+    "stride 2**64 of an empty view": (4, 0, (0, 3), (2 ** 64, 1)),
+    "shape [2**40, 2**40]": (4, 0, (2 ** 40, 2 ** 40), (0, 0)),
+    "offset 2**63 - 1": (4, 2 ** 63 - 1, (1,), (1,)),
+}
+
+
+@pytest.mark.parametrize("label", TORCH_INTS)
+def test_torch_views_with_overflowing_offsets_strides_or_shapes_are_refused(tmp_path, label):
+    numel, offset, shape, stride = TORCH_INTS[label]
+    path = torch_file(tmp_path, "v.pt", [("w", torch_tensor("0", numel, offset, shape, stride))],
+                      {"0": np.arange(4, dtype=np.float32).tobytes()})
+    assert outcome(path) == "error at open"
+
+
+def test_a_5000_digit_integer_in_a_torch_state_dict(tmp_path):
+    """Kept as metadata (described, since no JSON number holds it), the tensors read fine."""
+    huge = 7 ** 6000  # 5,071 digits: str() refuses it
+    items = [("w", torch_tensor("0", 2, 0, (2,), (1,))), ("step", long1(huge)), ("neg", long1(-huge))]
+    path = torch_file(tmp_path, "i.pt", items, {"0": np.arange(2, dtype=np.float32).tobytes()})
+    assert outcome(path) == "ok"
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.metadata["step"].startswith("<int of ") and reader.get_tensor("w").tolist() == [0.0, 1.0]
+
+
+# --- HDF5 type confusion (files ckpt did not write, read through h5py) ----------------------------------
+def confusing_values() -> dict[str, object]:
+    """Values of HDF5 types where ckpt or Keras expect something else (None: an HDF5 time type)."""
+    return {"time": None, "int": np.int64(7), "int array": np.array([1, 2]), "float": 1.5,
+            "string array": np.array([b"a", b"b"]), "opaque": np.void(b"\x00\x01"), "non-UTF-8": b"\xff\xfe",
+            "empty array": np.zeros(0), "bool": True}
+
+
+def put_attr(obj, name: str, value: object) -> None:
+    if value is None:
+        from h5py import h5a, h5s, h5t
+
+        if name in obj.attrs:
+            del obj.attrs[name]
+        h5a.create(obj.id, name.encode(), h5t.UNIX_D64LE, h5s.create(h5s.SCALAR))
+    else:
+        obj.attrs[name] = value
+
+
+def keras_legacy(f) -> None:
+    f.attrs["layer_names"] = np.array([b"dense"])
+    f.attrs["keras_version"], f.attrs["backend"] = b"2.1.6", b"tensorflow"
+    g = f.create_group("dense")
+    g.attrs["weight_names"] = np.array([b"dense/kernel:0"])
+    g.create_dataset("dense/kernel:0", data=np.ones((2, 2), np.float32))
+
+
+PLACES = {  # where the confusing value goes: (build the ordinary file, the object holding the attribute)
+    "root ckpt_version": (lambda f: f.create_dataset("w", data=np.arange(3.0)), "/", "ckpt_version"),
+    "root ckpt_metadata": (lambda f: f.create_dataset("w", data=np.arange(3.0)), "/", "ckpt_metadata"),
+    "dataset ckpt_dtype": (lambda f: f.create_dataset("w", data=np.arange(3.0)), "w", "ckpt_dtype"),
+    "dataset dtype (Keras 3's tag)": (lambda f: f.create_dataset("w", data=np.arange(3.0)), "w", "dtype"),
+    "string dataset ckpt_lengths": (lambda f: f.create_dataset("s", data=np.array([b"ab", b"c"])), "s",
+                                    "ckpt_lengths"),
+    "Keras layer_names": (keras_legacy, "/", "layer_names"),
+    "Keras weight_names": (keras_legacy, "dense", "weight_names"),
+    "Keras 3 vars name": (lambda f: f.create_group("layers/dense/vars").create_dataset("0", data=np.ones(2)),
+                          "layers/dense/vars", "name"),
+}
+
+
+def test_foreign_hdf5_type_confusion_never_escapes_as_a_raw_error(tmp_path):
+    counts: collections.Counter = collections.Counter()
+    for place, (build, owner, name) in PLACES.items():
+        for kind, value in confusing_values().items():
+            path = str(tmp_path / f"{len(counts)}.h5")
+            with h5py.File(path, "w") as f:
+                build(f)
+                put_attr(f[owner], name, value)
+            try:
+                got = outcome(path)
+            except Exception as exc:  # the property: never anything but a CheckpointError
+                raise AssertionError(f"{place} = {kind}: {type(exc).__name__}: {exc}") from exc
+            counts[place, got] += 1
+    print(f"\nforeign HDF5 type confusion: {sum(counts.values())} files")
+    for (place, got), n in sorted(counts.items()):
+        print(f"  {place:32} {got:16} {n}")
+    assert sum(counts.values()) == len(PLACES) * len(confusing_values())
+
+
+def test_foreign_hdf5_datasets_of_types_numpy_lacks_are_refused(tmp_path):
+    from h5py import h5d, h5s, h5t
+
+    path = str(tmp_path / "time.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("w", data=np.arange(3.0))
+        h5d.create(f.id, b"t", h5t.UNIX_D64LE, h5s.create_simple((2,)))
+    assert outcome(path) == "error at open"
+
+
+@pytest.mark.parametrize("data", ["hello", b"bytes", ["a", "bc"], [b"x", b""]])
+def test_ordinary_variable_length_string_datasets_read_exactly(tmp_path, data):
+    path = str(tmp_path / "s.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("s", data=data, dtype=h5py.string_dtype("utf-8" if isinstance(data, str) or
+                                                                 isinstance(data[0], str) else "ascii"))
+    expected = [x.encode() if isinstance(x, str) else x for x in (data if isinstance(data, list) else [data])]
+    assert outcome(path) == "ok"
+    with ckpt.load_checkpoint(path) as reader:
+        value = reader.get_tensor("s")
+        assert value.reshape(-1).tolist() == expected and all(type(x) is bytes for x in value.reshape(-1))
+        assert value.shape == (() if not isinstance(data, list) else (len(data),))

@@ -111,7 +111,8 @@ def test_zeroed_blocks_in_other_frameworks_files(tmp_path, name, reliability_sca
     copy = tmp_path / "copy"
     shutil.copytree(FOREIGN, copy)
     target, path = str(copy / damaged), str(copy / opened)
-    raw = open(target, "rb").read()
+    with open(target, "rb") as f:
+        raw = f.read()
     kind, pristine, checksummed = read_all(path)
     assert kind == "read" and pristine
     counts: collections.Counter = collections.Counter()

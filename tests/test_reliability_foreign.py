@@ -293,3 +293,43 @@ def test_ordinary_variable_length_string_datasets_read_exactly(tmp_path, data):
         value = reader.get_tensor("s")
         assert value.reshape(-1).tolist() == expected and all(type(x) is bytes for x in value.reshape(-1))
         assert value.shape == (() if not isinstance(data, list) else (len(data),))
+
+
+def huge_integer_cases(directory) -> dict[str, str]:
+    """Integers past anything a file needs, where each foreign format keeps its sizes and offsets."""
+    paths = {}
+
+    def st(name: str, header: str) -> None:
+        path = directory / f"{name}.safetensors"
+        raw = header.encode()
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(8))
+        paths[f"safetensors {name}"] = str(path)
+
+    st("dimension 2**64", '{"w": {"dtype": "F32", "shape": [18446744073709551616], "data_offsets": [0, 8]}}')
+    st("dimension of 5000 digits", '{"w": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 8]}}')
+    st("offsets 2**64", '{"w": {"dtype": "F32", "shape": [2], "data_offsets": [18446744073709551616, '
+       '18446744073709551624]}}')
+    st("negative offset", '{"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}}')
+    for name, shape in (("dimension 2**64 - 1", [2 ** 64 - 1]), ("dimensions 2**63 x 2", [2 ** 63, 2]),
+                        ("dimension -1", [-1])):
+        flax = msgpack.ExtType(1, msgpack.packb((shape, "float32", bytes(8)), use_bin_type=True))
+        path = directory / f"flax {name}.msgpack"
+        path.write_bytes(msgpack.packb({"params": {"w": flax}}, use_bin_type=True))
+        paths[f"flax {name}"] = str(path)
+    for name, (shape, offset, size) in {"dimension 2**63": ((2 ** 63,), 0, 8),
+                                        "offset 2**64 - 1": ((2,), 2 ** 64 - 1, 8),
+                                        "size 2**63": ((2,), 0, 2 ** 63)}.items():
+        sub = directory / f"tf {name}"
+        sub.mkdir()
+        index = [(b"w", entry(1, shape, offset, size, crc32c.crc32c(bytes(8))))]
+        paths[f"tensorflow {name}"] = bundle(sub, [], extra_entries=index)
+        with open(paths[f"tensorflow {name}"] + ".data-00000-of-00001", "wb") as f:
+            f.write(bytes(8))
+    return paths
+
+
+def test_huge_integers_in_every_foreign_format_are_refused(tmp_path):
+    cases = huge_integer_cases(tmp_path)
+    for name, path in cases.items():
+        assert outcome(path) == "error at open", name
+    assert len(cases) == 10

@@ -174,7 +174,7 @@ def huge_empty_cases(directory, shape: tuple) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=lambda s: "x".join(map(str, s[-3:])))
-def test_huge_but_empty_shapes_are_refused_by_every_foreign_reader(tmp_path, shape):
+def test_huge_but_empty_shapes_are_refused_by_every_foreign_reader(tmp_path, shape, h5_in_process):
     cases = huge_empty_cases(tmp_path, shape)
     for fmt, path in cases.items():
         assert outcome(path) == "error at open", fmt
@@ -252,7 +252,15 @@ PLACES = {  # where the confusing value goes: (build the ordinary file, the obje
 }
 
 
-def test_foreign_hdf5_type_confusion_never_escapes_as_a_raw_error(tmp_path):
+@pytest.fixture
+def h5_in_process(monkeypatch):
+    """These HDF5 files are well-formed (h5py wrote them): no need for the crash-guard child."""
+    from ckpt.formats import _h5child
+
+    monkeypatch.setattr(_h5child, "ENABLED", False)
+
+
+def test_foreign_hdf5_type_confusion_never_escapes_as_a_raw_error(tmp_path, h5_in_process):
     counts: collections.Counter = collections.Counter()
     for place, (build, owner, name) in PLACES.items():
         for kind, value in confusing_values().items():
@@ -271,7 +279,7 @@ def test_foreign_hdf5_type_confusion_never_escapes_as_a_raw_error(tmp_path):
     assert sum(counts.values()) == len(PLACES) * len(confusing_values())
 
 
-def test_foreign_hdf5_datasets_of_types_numpy_lacks_are_refused(tmp_path):
+def test_foreign_hdf5_datasets_of_types_numpy_lacks_are_refused(tmp_path, h5_in_process):
     from h5py import h5d, h5s, h5t
 
     path = str(tmp_path / "time.h5")
@@ -282,7 +290,7 @@ def test_foreign_hdf5_datasets_of_types_numpy_lacks_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("data", ["hello", b"bytes", ["a", "bc"], [b"x", b""]])
-def test_ordinary_variable_length_string_datasets_read_exactly(tmp_path, data):
+def test_ordinary_variable_length_string_datasets_read_exactly(tmp_path, data, h5_in_process):
     path = str(tmp_path / "s.h5")
     with h5py.File(path, "w") as f:
         f.create_dataset("s", data=data, dtype=h5py.string_dtype("utf-8" if isinstance(data, str) or

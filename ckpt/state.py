@@ -215,7 +215,7 @@ def _is_checkpoint_dir(path: str) -> bool:
     """True when a format reads the directory itself as one checkpoint (no state file needed)."""
     from .formats.base import formats
 
-    return any(getattr(f, "claims", None) is not None and f.claims(path) for f in formats())
+    return any(f.claims(path) for f in formats())
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> str:

@@ -221,8 +221,17 @@ class FileReader(BaseReader):
         self._file.close()
 
 
+@runtime_checkable
 class Format(Protocol):
-    """A checkpoint format: a name, file extensions, content sniffing, a reader, maybe a writer."""
+    """The read side of a checkpoint format: a name, extensions, recognition, a reader.
+
+    A format recognises its checkpoints in two ways, both declared here: ``claims(path)``,
+    asked of every format for every path before any file is opened (for checkpoints that are
+    not one file: TensorFlow's "model.ckpt-7" prefix, a directory of shards), then
+    ``sniff(head)`` on the first bytes of the file. Formats that also write implement
+    :class:`WritableFormat`. Built-in formats subclass these Protocols (inheriting
+    ``claims`` that returns False); a plugin may too, or just provide the members.
+    """
 
     @property
     def name(self) -> str:
@@ -236,13 +245,15 @@ class Format(Protocol):
     def can_write(self) -> bool:
         """Whether this is a WritableFormat (foreign formats may be read-only)."""
 
-    def sniff(self, head: bytes) -> bool:
-        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format.
+    def claims(self, path: str) -> bool:
+        """True if ``path`` names a checkpoint of this format that sniffing cannot see.
 
-        A format whose checkpoints are not single files (TensorFlow's "model.ckpt-7" prefix
-        with .index and .data files) may also define ``claims(path: str) -> bool``; it is
-        asked first, for every path, before any file is opened.
+        Asked first, for every path, before any file is opened; most formats return False.
         """
+        return False
+
+    def sniff(self, head: bytes) -> bool:
+        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format."""
 
     def open(self, path: str) -> Reader:
         """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
@@ -274,7 +285,7 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
 
     Example:
         >>> from ckpt.formats import base
-        >>> class Nothing:
+        >>> class Nothing(base.Format):
         ...     name, extensions, can_write = "nothing", (".nothing",), False
         ...     def sniff(self, head): return head.startswith(b"NOTHING")
         ...     def open(self, path): raise NotImplementedError
@@ -283,9 +294,12 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
         'nothing'
         >>> base.unregister_format("nothing")
     """
-    for attr in ("name", "extensions", "can_write", "sniff", "open"):
-        if not hasattr(fmt, attr):
-            raise TypeError(f"{fmt!r} is not a Format: it has no {attr!r}")
+    missing = [m for m in ("name", "extensions", "can_write", "claims", "sniff", "open") if not hasattr(fmt, m)]
+    if missing:  # a plugin written against the Protocol without subclassing it
+        raise TypeError(f"{fmt!r} is not a Format: it has no {', '.join(map(repr, missing))}")
+    if fmt.can_write != isinstance(fmt, WritableFormat):
+        raise TypeError(f"{fmt!r}: can_write is {fmt.can_write} but it {'has no' if fmt.can_write else 'has a'} "
+                        "write method")
     with _lock:
         if fmt.name in _registry and not replace:
             raise ValueError(f"a format named {fmt.name!r} is already registered")
@@ -333,8 +347,7 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
     """
     path = os.fspath(path)
     for fmt in formats():
-        claims = getattr(fmt, "claims", None)
-        if claims is not None and claims(path):
+        if fmt.claims(path):
             return fmt.open(path)
     try:
         with open(path, "rb") as f:
@@ -362,7 +375,7 @@ def materialize(source: Any) -> np.ndarray:
 
 def checkpoint_exists(path: str) -> bool:
     """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix)."""
-    return os.path.isfile(path) or any(getattr(f, "claims", None) is not None and f.claims(path)  # type: ignore[attr-defined]
+    return os.path.isfile(path) or any(f.claims(path)
                                        for f in formats())
 
 

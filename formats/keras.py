@@ -39,6 +39,7 @@ from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _zip
+from .base import Format
 from .base import BaseReader, TensorInfo
 from .h5plain import H5pyReader, refuse_opaque
 
@@ -48,7 +49,7 @@ _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
 _MAX_JSON = 16 << 20
 
 
-class KerasFormat:
+class KerasFormat(Format):
     """The .keras zip (Keras 3). Keras HDF5 files are recognised by the hdf5 format, which
     hands them to :func:`adopt` (see ``formats.h5plain.LAYOUTS``)."""
 

@@ -78,7 +78,7 @@ def prefix_of(path: str) -> str | None:
     return None
 
 
-class TensorFlowFormat:
+class TensorFlowFormat(Format):
     """TensorFlow's tensor bundles, as written by tf.train.Saver and tf.train.Checkpoint."""
 
     name = "tensorflow"

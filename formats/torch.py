@@ -43,7 +43,7 @@ _LEGACY_NUMBER = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 
 
-class TorchFormat:
+class TorchFormat(Format):
     """torch.save's zip format (read-only)."""
 
     name = "pytorch"

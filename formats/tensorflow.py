@@ -39,7 +39,7 @@ from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
 from ._slicing import box, check_box
-from .base import BaseReader, TensorInfo, check_tensors
+from .base import BaseReader, Format, TensorInfo, check_tensors
 
 #: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
 _DTYPES: dict[int, np.dtype] = {

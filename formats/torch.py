@@ -32,7 +32,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from . import _io, _zip
 from ._foreign import check_key
 from ._unpickler import StorageRef, TensorRef, load
-from .base import MAX_ELEMENTS, FileReader, TensorInfo, check_shape
+from .base import MAX_ELEMENTS, FileReader, Format, TensorInfo, check_shape
 
 #: How torch.save files written before PyTorch 1.6 (not zips) begin: pickle protocol 2, then
 #: torch's magic number as a LONG1.

@@ -34,6 +34,10 @@ _LAZY = {
     "initializers": ".initializers",
     "random": ".random",
     "SaveFuture": ".async_save",
+    "Format": ".formats.base",
+    "WritableFormat": ".formats.base",
+    "register_format": ".formats.base",
+    "unregister_format": ".formats.base",
     "load_file": ".files",
     "save_file": ".files",
     "print_tensors_in_checkpoint_file": ".inspect",
@@ -80,6 +84,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from . import random as random
     from .async_save import SaveFuture as SaveFuture
     from .files import load_file as load_file
+    from .formats.base import Format as Format
+    from .formats.base import WritableFormat as WritableFormat
+    from .formats.base import register_format as register_format
+    from .formats.base import unregister_format as unregister_format
     from .files import save_file as save_file
     from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
     from .module import Module as Module

@@ -100,8 +100,13 @@ def require_directory(path: str) -> None:
 
 
 @contextmanager
-def replace_atomically(path: str, before_rename: Callable[[], object] | None = None) -> Iterator[str]:
+def replace_atomically(path: str, before_rename: Callable[[], object] | None = None, *,
+                       clean: bool = True) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it atomically becomes ``path``.
+
+    With ``clean`` (the default), temporary files that killed writers left in the directory
+    are deleted first (``clean_stale_temporaries``), so every save or convert into a directory
+    removes what an interrupted one left there.
 
     On any error before the rename the temporary file is removed, ``path`` is untouched and
     the error is re-raised (OS errors as CheckpointWriteError naming the file).
@@ -118,6 +123,8 @@ def replace_atomically(path: str, before_rename: Callable[[], object] | None = N
     path = os.path.abspath(path)
     directory, base = os.path.split(path)
     require_directory(path)
+    if clean:
+        clean_stale_temporaries(directory)
     try:
         fd, tmp = _create_locked(directory, base)
     except OSError as exc:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from . import _remote, _urls
 from .async_save import BackgroundSaves, SaveFuture
-from .atomic import clean_stale_temporaries, replace_atomically, require_directory
+from .atomic import replace_atomically, require_directory
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -265,7 +265,6 @@ class Saver:
                                            f"{exc.strerror or exc}; nothing was written") from exc
             listed_before = state is not None and any(
                 e.path == os.path.basename(path) for e in state.all_entries())
-            clean_stale_temporaries(directory)
         if not blocking:
             require_directory(path)  # found now, not later in the background
             return self._background.submit(
@@ -317,7 +316,7 @@ class Saver:
                     fmt.write(tmp, tensors, metadata)
             except ReplacedWriteError as exc:
                 flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
-            self._record(path, step, listed_before)
+            self._record(path, step, listed_before, locked=True)
         if flush_error is not None:
             raise flush_error
         return path
@@ -385,40 +384,44 @@ class Saver:
                 "checkpoints into another directory (ckpt will not rewrite it)")
         return state
 
-    def _record(self, path: str, step: int | None, listed_before: bool) -> None:
+    def _record(self, path: str, step: int | None, listed_before: bool, locked: bool = False) -> None:
         """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours.
 
-        The caller holds the directory's state lock (taken before the rename).
+        Both happen under the directory's state lock: ``locked`` when the caller already holds it
+        (a save takes it before its rename), else it is taken here.
 
         If the state file cannot be updated, a new checkpoint file is removed again (no orphan
         the size of a model stays on a full disk); one that replaced a listed file is kept.
         """
         directory = os.path.dirname(os.path.abspath(path))
-        try:
-            kept, doomed = self._update_state(directory, path, step)
-        except ReplacedWriteError:
-            raise  # the state file names the new checkpoint; only its durability is in doubt
-        except OSError as exc:  # CheckpointWriteError included
-            cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
-            if not listed_before:
-                try:
-                    remove_checkpoint(path)
-                except OSError:
-                    pass
-            raise CheckpointWriteError(
-                f"{path}: the checkpoint was written but could not be recorded in the state file "
-                f"{os.path.join(directory, STATE_FILE)} ({cause}); "
-                f"{'it was removed, and ' if not listed_before else ''}the previous checkpoint is "
-                "still the latest") from exc
-        for old in doomed:
+        with ExitStack() as held:
             try:
-                remove_checkpoint(os.path.join(directory, old))
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                warnings.warn(f"could not delete old checkpoint {old}: {exc}", stacklevel=3)
-        self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
-        self._saved = True
+                if not locked:
+                    held.enter_context(state_lock(directory))
+                kept, doomed = self._update_state(directory, path, step)
+            except ReplacedWriteError:
+                raise  # the state file names the new checkpoint; only its durability is in doubt
+            except OSError as exc:  # CheckpointWriteError included
+                cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
+                if not listed_before:
+                    try:
+                        remove_checkpoint(path)
+                    except OSError:
+                        pass
+                raise CheckpointWriteError(
+                    f"{path}: the checkpoint was written but could not be recorded in the state file "
+                    f"{os.path.join(directory, STATE_FILE)} ({cause}); "
+                    f"{'it was removed, and ' if not listed_before else ''}the previous checkpoint is "
+                    "still the latest") from exc
+            for old in doomed:
+                try:
+                    remove_checkpoint(os.path.join(directory, old))
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    warnings.warn(f"could not delete old checkpoint {old}: {exc}", stacklevel=3)
+            self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
+            self._saved = True
 
     def _update_state(self, directory: str, path: str, step: int | None) -> tuple[list[str], list[str]]:
         """Write the new state (the caller holds the lock); return (kept names, names to delete)."""

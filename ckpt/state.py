@@ -160,7 +160,8 @@ def _read_tensorflow_state(raw: bytes, path: str) -> CheckpointState:
 
 def write_state(directory: str, state: CheckpointState) -> None:
     """Write the state file atomically."""
-    with replace_atomically(os.path.join(directory, STATE_FILE)) as tmp:
+    # the checkpoint's own write just cleaned the directory: no second listing under the lock
+    with replace_atomically(os.path.join(directory, STATE_FILE), clean=False) as tmp:
         with open(tmp, "wb") as f:
             f.write(dump_state(state))
 
@@ -234,7 +235,7 @@ def _is_checkpoint_dir(path: str) -> bool:
     """True when a format reads the directory itself as one checkpoint (no state file needed)."""
     from .formats.base import formats
 
-    return any(getattr(f, "claims", None) is not None and f.claims(path) for f in formats())
+    return any(f.claims(path) for f in formats())
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> str:

@@ -98,7 +98,7 @@ def main(directory: str) -> None:
         print(f"   {reader.format} file, metadata {reader.metadata}")
         for key, shape in sorted(reader.get_variable_to_shape_map().items())[:4]:
             print(f"   tensor: {key} ({reader.get_variable_to_dtype_map()[key]}) {shape}")
-        print(f"   ... {len(reader.tensors)} tensors in all (from a terminal: ckpt inspect {directory})")
+        print(f"   ... {len(reader.tensors)} tensors in all (from a terminal: {_ckpt_command()} inspect {directory})")
 
     print("== 4. grow the model to 6 layers and restore the pretrained five")
     with ckpt.deferred_init():

@@ -280,14 +280,6 @@ def checksum_range(fd: int, offset: int, size: int, path: str, what: str, value:
     return value
 
 
-def write_all(fd: int, data: Any) -> None:
-    """Write every byte of ``data`` at the file's current position."""
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
     """Write every byte of ``data`` at ``offset``."""
     view = memoryview(data).cast("B")

@@ -123,8 +123,10 @@ def snappy_decompress(data: bytes) -> bytes:
         if len(out) + n > length:
             break
         start = len(out) - offset
-        for i in range(n):  # copies may overlap their own output
-            out.append(out[start + i])
+        if offset >= n:
+            out += out[start:start + n]
+        else:  # a copy overlapping its own output repeats the last ``offset`` bytes
+            out += (out[start:] * (n // offset + 1))[:n]
     if len(out) != length:
         raise SSTableError(f"a snappy block decompresses to {len(out)} bytes, not the {length} it declares")
     return bytes(out)
@@ -183,6 +185,13 @@ def table_entries(fd: int, path: str) -> Iterator[tuple[bytes, bytes]]:
         raise SSTableError("the footer has no table magic number: not a TensorFlow index, or truncated")
     _, _, pos = _block_handle(footer, 0)  # the metaindex block holds nothing TensorFlow uses
     index_offset, index_size, _ = _block_handle(footer, pos)
+    end = 0
     for _, handle in block_entries(read_block(fd, path, size, index_offset, index_size)):
         offset, block_size, _ = _block_handle(handle, 0)
+        # a table's data blocks follow each other: each is read (and decompressed) once, so the
+        # work is bounded by the file's size, however many entries point at one block
+        if offset < end:
+            raise SSTableError(f"the index points at a block at offset {offset}, inside or before the "
+                               f"block that ends at {end}: data blocks are stored one after another")
+        end = offset + block_size + _BLOCK_TRAILER
         yield from block_entries(read_block(fd, path, size, offset, block_size))

@@ -36,7 +36,7 @@ from ckpt.gcpause import gc_paused
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
            "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
-           "key_problem", "normalize_metadata", "materialize", "SNIFF_BYTES"]
+           "key_problem", "normalize_metadata", "materialize", "check_tensors", "SNIFF_BYTES"]
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -144,7 +144,11 @@ class BaseReader:
 
     def read(self, key: str) -> np.ndarray:
         info = self.info(key)
-        out = np.empty(info.shape, dtype=info.dtype)
+        try:
+            out = np.empty(info.shape, dtype=info.dtype)
+        except ValueError as exc:  # numpy's "array is too big": check_tensors should have refused it
+            raise CorruptCheckpointError(f"{self.path}: tensor {key!r} declares {info.dtype} "
+                                         f"{list(info.shape)}, which no array can hold") from exc
         self._read_many([(info, out)])
         return out
 
@@ -202,6 +206,7 @@ class FileReader(BaseReader):
             self._fd = self._file if is_url(path) else self._file.fileno()
             with gc_paused():  # an index of many entries creates many small, acyclic objects
                 self._open()
+            check_tensors(self._tensors, path)
         except BaseException:
             self._file.close()
             raise
@@ -225,8 +230,17 @@ class FileReader(BaseReader):
         self._file.close()
 
 
+@runtime_checkable
 class Format(Protocol):
-    """A checkpoint format: a name, file extensions, content sniffing, a reader, maybe a writer."""
+    """The read side of a checkpoint format: a name, extensions, recognition, a reader.
+
+    A format recognises its checkpoints in two ways, both declared here: ``claims(path)``,
+    asked of every format for every path before any file is opened (for checkpoints that are
+    not one file: TensorFlow's "model.ckpt-7" prefix, a directory of shards), then
+    ``sniff(head)`` on the first bytes of the file. Formats that also write implement
+    :class:`WritableFormat`. Built-in formats subclass these Protocols (inheriting
+    ``claims`` that returns False); a plugin may too, or just provide the members.
+    """
 
     @property
     def name(self) -> str:
@@ -240,13 +254,15 @@ class Format(Protocol):
     def can_write(self) -> bool:
         """Whether this is a WritableFormat (foreign formats may be read-only)."""
 
-    def sniff(self, head: bytes) -> bool:
-        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format.
+    def claims(self, path: str) -> bool:
+        """True if ``path`` names a checkpoint of this format that sniffing cannot see.
 
-        A format whose checkpoints are not single files (TensorFlow's "model.ckpt-7" prefix
-        with .index and .data files) may also define ``claims(path: str) -> bool``; it is
-        asked first, for every path, before any file is opened.
+        Asked first, for every path, before any file is opened; most formats return False.
         """
+        return False
+
+    def sniff(self, head: bytes) -> bool:
+        """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format."""
 
     def open(self, path: str) -> Reader:
         """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
@@ -278,7 +294,7 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
 
     Example:
         >>> from ckpt.formats import base
-        >>> class Nothing:
+        >>> class Nothing(base.Format):
         ...     name, extensions, can_write = "nothing", (".nothing",), False
         ...     def sniff(self, head): return head.startswith(b"NOTHING")
         ...     def open(self, path): raise NotImplementedError
@@ -287,9 +303,12 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
         'nothing'
         >>> base.unregister_format("nothing")
     """
-    for attr in ("name", "extensions", "can_write", "sniff", "open"):
-        if not hasattr(fmt, attr):
-            raise TypeError(f"{fmt!r} is not a Format: it has no {attr!r}")
+    missing = [m for m in ("name", "extensions", "can_write", "claims", "sniff", "open") if not hasattr(fmt, m)]
+    if missing:  # a plugin written against the Protocol without subclassing it
+        raise TypeError(f"{fmt!r} is not a Format: it has no {', '.join(map(repr, missing))}")
+    if fmt.can_write != isinstance(fmt, WritableFormat):
+        raise TypeError(f"{fmt!r}: can_write is {fmt.can_write} but it {'has no' if fmt.can_write else 'has a'} "
+                        "write method")
     with _lock:
         if fmt.name in _registry and not replace:
             raise ValueError(f"a format named {fmt.name!r} is already registered")
@@ -339,8 +358,7 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
     if is_url(path):
         return _open_url(path)
     for fmt in formats():
-        claims = getattr(fmt, "claims", None)
-        if claims is not None and claims(path):
+        if fmt.claims(path):
             return fmt.open(path)
     try:
         with open(path, "rb") as f:
@@ -368,13 +386,13 @@ def _open_url(url: str) -> Reader:
     source = open_file(url)
     try:
         for fmt in formats():
-            if getattr(fmt, "claims", None) is None and fmt.sniff(source.head):
+            if fmt.sniff(source.head):
                 with handing(source):
                     return fmt.open(url)
     except BaseException:
         source.close()
         raise
-    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats() if getattr(f, "claims", None) is None)
+    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty object" if not source.head else "not a checkpoint in a format ckpt reads from object stores"
     raise UnsupportedCheckpointError(f"{url}: {what}; supported formats: {known}")
 
@@ -391,7 +409,7 @@ def checkpoint_exists(path: str) -> bool:
 
         parent, name = split_url(path)
         return directory(parent).exists(name)
-    return os.path.isfile(path) or any(getattr(f, "claims", None) is not None and f.claims(path)  # type: ignore[attr-defined]
+    return os.path.isfile(path) or any(f.claims(path)
                                        for f in formats())
 
 
@@ -481,8 +499,10 @@ MAX_ELEMENTS = 2 ** 48
 
 
 def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
-    """Validate a shape read from a file: a list of non-negative ints of sane rank and size."""
-    if type(shape) is not list or len(shape) > 64:
+    """Validate a shape read from a file: a list (or tuple) of non-negative ints of sane rank and
+    size; the product of its non-zero dimensions is bounded too, since numpy cannot make even an
+    empty array of shape [0, 2**62]."""
+    if type(shape) not in (list, tuple) or len(shape) > 64:
         raise CorruptCheckpointError(f"{path}: tensor {key!r} has an invalid shape {shape!r}")
     count = 1
     for d in shape:
@@ -493,6 +513,16 @@ def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
             raise CorruptCheckpointError(f"{path}: tensor {key!r} declares shape {shape!r}, more elements "
                                          f"than any checkpoint holds (at most {MAX_ELEMENTS})")
     return tuple(shape)
+
+
+def check_tensors(tensors: Mapping[str, TensorInfo], path: str) -> None:
+    """Every tensor a reader lists must have a shape numpy can hold (``check_shape``).
+
+    Called for every reader once its index is read (FileReader does it itself), so a format's
+    own parsing may miss a bound without a raw numpy error reaching the user later.
+    """
+    for key, info in tensors.items():
+        check_shape(info.shape, path, key)
 
 
 def check_metadata(metadata: Any, path: str) -> dict[str, Any]:

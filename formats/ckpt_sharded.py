@@ -40,6 +40,7 @@ from ckpt.atomic import replace_atomically
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
+from .base import Format
 from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
                    format_for_path, key_problem, normalize_metadata, validate_keys)
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name, _packb, _unpack
@@ -463,7 +464,7 @@ def _read_logical(reader: Any, extents: list[tuple[int, int]], start: int, out: 
         pos += n
 
 
-class CkptShardedFormat:
+class CkptShardedFormat(Format):
     """Registers ckpt's sharded checkpoints (directories with a commit record) with the registry.
 
     It has no extension of its own (the shard files' extension names the checkpoint) and is

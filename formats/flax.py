@@ -36,6 +36,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
+from .base import Format
 from .base import FileReader, TensorInfo
 from .msgpack import is_ckpt_msgpack
 
@@ -46,7 +47,7 @@ _MAX_DEPTH = 100
 _BUFFER = 1 << 16
 
 
-class FlaxFormat:
+class FlaxFormat(Format):
     """Flax's msgpack serialization (read-only)."""
 
     name = "flax"

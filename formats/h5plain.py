@@ -29,7 +29,7 @@ from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _h5child
-from .base import BaseReader, TensorInfo, check_metadata, check_version, key_problem
+from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, key_problem
 from .hdf5 import VERSION, _decode_strings
 
 #: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
@@ -75,7 +75,7 @@ class H5pyReader(BaseReader):
                     f"{path}: ckpt wrote this HDF5 file (attribute {marks[0]!r}) but its user block holds "
                     "no valid ckpt header: the index is damaged, so no value can be checked")
             version = f.attrs.get("ckpt_version")
-            metadata = f.attrs.get("ckpt_metadata", "{}")
+            metadata = text_attr(f.attrs, "ckpt_metadata", path) or "{}"
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             if isinstance(exc, CheckpointError):
                 raise
@@ -112,8 +112,12 @@ class H5pyReader(BaseReader):
 
         try:
             visit(f, "")
-        except (OSError, RuntimeError, KeyError, UnicodeDecodeError) as exc:  # names that are not UTF-8 too
-            raise CorruptCheckpointError(f"{path}: HDF5 cannot read the file's structure: {exc}") from exc
+        except CheckpointError:
+            raise
+        except Exception as exc:  # h5py's errors: OSError, KeyError, TypeError for HDF5 types numpy lacks, ...
+            raise CorruptCheckpointError(f"{path}: HDF5 cannot read the file's structure: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+        check_tensors(self._tensors, path)
 
     def _add(self, key: str, ds: Any) -> None:
         problem = key_problem(key)
@@ -154,8 +158,9 @@ class H5pyReader(BaseReader):
         """The tensor dtype of a dataset; HDF5 types no Variable can hold are refused."""
         import h5py
 
-        tag = ds.attrs.get("ckpt_dtype", ds.attrs.get("dtype"))  # ckpt's tag, or Keras 3's for bfloat16
-        tag = tag.decode() if isinstance(tag, bytes) else tag
+        tag = text_attr(ds.attrs, "ckpt_dtype", self.path, key)
+        if tag is None:
+            tag = text_attr(ds.attrs, "dtype", self.path, key)  # Keras 3's tag for bfloat16
         if tag == "bfloat16" and ds.id.get_type().get_size() == 2:  # h5py shows ckpt's as float32
             return dtypes.bfloat16
         if ds.dtype.kind == "S" or h5py.check_string_dtype(ds.dtype) is not None:
@@ -172,20 +177,36 @@ class H5pyReader(BaseReader):
             if info.dtype == dtypes.bfloat16:
                 ds.id.read(_all(), _all(), out.view(np.uint16), mtype=ds.id.get_type())
             elif dtypes.is_string(info.dtype):
-                lengths = ds.attrs.get("ckpt_lengths")
                 raw = ds[()]
-                if raw.dtype.kind == "O":  # variable-length strings
-                    items = [x if isinstance(x, bytes) else x.encode() for x in np.asarray(raw).reshape(-1)]
+                if ds.dtype.kind == "O":  # variable-length strings (a scalar one reads as bytes or str)
+                    flat = [raw] if isinstance(raw, (bytes, str)) else np.asarray(raw).reshape(-1)
+                    items = [bytes(x) if isinstance(x, bytes) else x.encode() for x in flat]
                 else:
-                    items = _decode_strings(np.asarray(raw), None if lengths is None else
-                                            [int(n) for n in lengths])
+                    raw = np.asarray(raw)
+                    items = _decode_strings(raw, self._lengths(info, ds, raw.dtype.itemsize))
                 flat = out.reshape(-1)
                 for i, item in enumerate(items):
                     flat[i] = item
             elif out.size:
                 ds.read_direct(out)
-        except (OSError, RuntimeError, ValueError, TypeError) as exc:
-            raise CorruptCheckpointError(f"{self.path}: HDF5 cannot read tensor {info.key!r}: {exc}") from exc
+        except CheckpointError:
+            raise
+        except Exception as exc:  # h5py's errors: OSError, TypeError for HDF5 types numpy lacks, ...
+            raise CorruptCheckpointError(f"{self.path}: HDF5 cannot read tensor {info.key!r}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+
+    def _lengths(self, info: TensorInfo, ds: Any, width: int) -> list[int] | None:
+        """ckpt's exact string lengths (``ckpt_lengths``): one int in [0, width] per element, or None."""
+        lengths = ds.attrs.get("ckpt_lengths")
+        if lengths is None:
+            return None
+        flat = np.asarray(lengths).reshape(-1)
+        if flat.dtype.kind not in "iu" or len(flat) != info.size or (len(flat) and (
+                int(flat.min()) < 0 or int(flat.max()) > width)):
+            raise CorruptCheckpointError(
+                f"{self.path}: tensor {info.key!r}: the ckpt_lengths attribute should hold {info.size} integers "
+                f"in [0, {width}], it holds {flat.dtype} {list(flat.shape)}")
+        return [int(n) for n in flat]
 
     def close(self) -> None:
         self._h5.close()
@@ -194,6 +215,40 @@ class H5pyReader(BaseReader):
     def file(self) -> Any:
         """The open h5py.File (for layouts such as Keras's that read its attributes)."""
         return self._h5
+
+
+def text_attr(attrs: Any, name: str, path: str, where: str = "") -> str | None:
+    """An attribute that should hold one string (bytes or str), as str; None when absent.
+
+    Anything else (a number, an array, an HDF5 type numpy lacks) is a CorruptCheckpointError
+    naming the attribute, what it should be and what it is.
+    """
+    owner = f"dataset {where!r}:" if where else "the root group's"
+    try:
+        if name not in attrs:
+            return None
+        value = attrs[name]
+    except Exception as exc:  # e.g. TypeError: an HDF5 time type has no numpy equivalent
+        raise CorruptCheckpointError(f"{path}: {owner} attribute {name!r} cannot be read as a string: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "OSU":
+        value = value[()]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    elif isinstance(value, str):
+        return value
+    raise CorruptCheckpointError(f"{path}: {owner} attribute {name!r} should be a string, it is "
+                                 f"{describe(value)}")
+
+
+def describe(value: Any) -> str:
+    """A short description of an attribute's value for error messages."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.dtype} {list(value.shape)}"
+    return f"{type(value).__name__} {str(value)[:40]!r}"
 
 
 #: Other programs' HDF5 layouts (Keras registers one): each is called with the H5pyReader of

@@ -43,6 +43,7 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _h5struct, _io
+from .base import WritableFormat
 from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
                    dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
 
@@ -98,7 +99,7 @@ def _h5_type(dtype: np.dtype) -> Any:
     return h5t.py_create(dtype.newbyteorder("<") if dtype.kind not in "bS" else dtype, logical=True)
 
 
-class Hdf5Format:
+class Hdf5Format(WritableFormat):
     """The ckpt HDF5 format; also reads HDF5 files other tools wrote."""
 
     name = "hdf5"

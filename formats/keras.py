@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _zip
+from .base import Format
 from .base import BaseReader, TensorInfo
 from .h5plain import H5pyReader, refuse_opaque
 
@@ -48,7 +49,7 @@ _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
 _MAX_JSON = 16 << 20
 
 
-class KerasFormat:
+class KerasFormat(Format):
     """The .keras zip (Keras 3). Keras HDF5 files are recognised by the hdf5 format, which
     hands them to :func:`adopt` (see ``formats.h5plain.LAYOUTS``)."""
 
@@ -105,6 +106,17 @@ def adopt(inner: H5pyReader) -> KerasReader | None:
 def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
                   member: tuple[int, int, int] | None, required: bool) -> KerasReader | None:
     """Recognise the layout and list the weights; ``required``: the file must be Keras's."""
+    try:
+        return _recognise(inner, metadata, archive, member, required)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # h5py's errors reading attributes: TypeError for HDF5 types numpy lacks, ...
+        raise CorruptCheckpointError(f"{inner.path}: cannot read the Keras layout's attributes: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+
+
+def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
+               member: tuple[int, int, int] | None, required: bool) -> KerasReader | None:
     import h5py
 
     h5 = inner.file
@@ -175,6 +187,17 @@ def _attr(value: Any) -> Any:
     return value
 
 
+def _names(value: Any, path: str, what: str) -> list[str]:
+    """Keras's list of names (layer_names, weight_names): strings, or the file is damaged."""
+    names = _attr(value)
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CorruptCheckpointError(f"{path}: Keras's {what} should be a list of strings, it is "
+                                     f"{str(names)[:60]}")
+    return names
+
+
 def _natural(key: str) -> list[tuple[int, int, str]]:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("/")]
 
@@ -183,13 +206,14 @@ def _legacy_order(inner: H5pyReader, h5: Any, group: Any) -> tuple[list[str], di
     """Keys in model order from layer_names / weight_names, then any other datasets."""
     prefix = group.name.strip("/")
     prefix = prefix + "/" if prefix else ""
-    layers = _attr(group.attrs["layer_names"])
+    layers = _names(group.attrs["layer_names"], inner.path, "layer_names")
     order: list[str] = []
-    for layer in layers if isinstance(layers, list) else []:
-        weights = _attr(group[layer].attrs.get("weight_names", [])) if layer in group else None
-        if not isinstance(weights, list):
+    for layer in layers:
+        weights = group[layer].attrs.get("weight_names", []) if layer in group else None
+        if weights is None:
             raise CorruptCheckpointError(f"{inner.path}: Keras layer {layer!r} is listed in layer_names but "
                                          "has no group with weight_names")
+        weights = _names(weights, inner.path, f"weight_names of layer {layer!r}")
         for weight in weights:
             key = f"{prefix}{layer}/{weight}"
             if key not in inner.tensors:

@@ -39,6 +39,7 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CorruptCheckpointError
 
 from . import _io
+from .base import WritableFormat
 from .base import (
     FileReader,
     TensorInfo,
@@ -107,7 +108,7 @@ def _packb(obj: Any) -> bytes:
     return packed
 
 
-class MsgpackFormat:
+class MsgpackFormat(WritableFormat):
     """The ckpt msgpack format; see the module docstring for the layout."""
 
     name = "msgpack"

@@ -35,6 +35,7 @@ from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Unsuppo
 
 from ._foreign import MAX_JSON, NUMPY_DTYPES, parse_json, read_json
 from ._slicing import box, check_box
+from .base import Format
 from .base import BaseReader, TensorInfo, check_shape, key_problem
 
 METADATA = "_METADATA"
@@ -53,7 +54,7 @@ for _name, _dtype in NUMPY_DTYPES.items():
         _ZARR_DTYPES[_name] = _dtype
 
 
-class OrbaxFormat:
+class OrbaxFormat(Format):
     """orbax-checkpoint directories saved without OCDBT, and CheckpointManager roots (read-only)."""
 
     name = "orbax"

@@ -40,6 +40,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
+from .base import WritableFormat
 from .base import FileReader, TensorInfo, materialize, normalize_metadata, unique_pairs, validate_keys
 
 #: The reference implementation's limit on the header length.
@@ -66,7 +67,7 @@ _CODE_OF = {dt: code for code, dt in _CODES.items()}
 _SUB_BYTE = ("F4", "F6_E2M3", "F6_E3M2")
 
 
-class SafetensorsFormat:
+class SafetensorsFormat(WritableFormat):
     """safetensors: reads any .safetensors file, writes them with per-tensor checksums."""
 
     name = "safetensors"

@@ -33,6 +33,7 @@ from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Unsuppo
 
 from ._foreign import read_json
 from .keras import _natural
+from .base import Format
 from .base import BaseReader, TensorInfo, normalize_metadata, open_reader
 
 #: Index files larger than this are refused (the largest real ones are a few MB).
@@ -44,7 +45,7 @@ _HF_SHARD_FORMATS = ("safetensors", "pytorch")
 _KERAS_SUFFIX = ".weights.json"
 
 
-class ShardedFormat:
+class ShardedFormat(Format):
     """Hugging Face index files and model directories, Keras 3 ``.weights.json`` (read-only)."""
 
     name = "sharded"

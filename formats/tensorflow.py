@@ -39,7 +39,7 @@ from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
 from ._slicing import box, check_box
-from .base import BaseReader, TensorInfo
+from .base import BaseReader, Format, TensorInfo, check_tensors
 
 #: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
 _DTYPES: dict[int, np.dtype] = {
@@ -78,7 +78,7 @@ def prefix_of(path: str) -> str | None:
     return None
 
 
-class TensorFlowFormat:
+class TensorFlowFormat(Format):
     """TensorFlow's tensor bundles, as written by tf.train.Saver and tf.train.Checkpoint."""
 
     name = "tensorflow"
@@ -144,6 +144,7 @@ class TensorFlowReader(BaseReader):
             raise CorruptCheckpointError(f"{self._index}: slices of {sorted(orphans)[0]!r}, a variable the "
                                          "index does not list")
         self._num_shards = header
+        check_tensors(self._tensors, self._index)
         self._check_extents()
         self._metadata = {"non_tensors": dict(self._notes)} if self._notes else {}
 

@@ -32,7 +32,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from . import _io, _zip
 from ._foreign import check_key
 from ._unpickler import StorageRef, TensorRef, load
-from .base import FileReader, TensorInfo
+from .base import MAX_ELEMENTS, FileReader, Format, TensorInfo, check_shape
 
 #: How torch.save files written before PyTorch 1.6 (not zips) begin: pickle protocol 2, then
 #: torch's magic number as a LONG1.
@@ -43,7 +43,7 @@ _LEGACY_NUMBER = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 
 
-class TorchFormat:
+class TorchFormat(Format):
     """torch.save's zip format (read-only)."""
 
     name = "pytorch"
@@ -196,6 +196,10 @@ class TorchReader(FileReader):
     def _add_tensor(self, key: str, ref: TensorRef) -> None:
         if key in self._tensors:
             raise UnsupportedCheckpointError(f"{self.path}: two entries flatten to the key {key!r}")
+        check_shape(ref.shape, self.path, key)
+        if ref.offset > MAX_ELEMENTS or any(s > MAX_ELEMENTS for s in ref.stride):  # numpy's strides are int64
+            raise CorruptCheckpointError(f"{self.path}: tensor {key!r} has offset {ref.offset} and strides "
+                                         f"{list(ref.stride)}; no storage has more than {MAX_ELEMENTS} elements")
         count = 1
         for d in ref.shape:
             count *= d
@@ -242,10 +246,15 @@ class TorchReader(FileReader):
                                          f"({got:#010x}, expected {expected:#010x}): the file is damaged")
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
-        if not self.checksummed:  # the legacy format: every tensor still reads (structure checked)
-            return super().verify(progress)
-        problems = []
+        """Every tensor read as a restore reads it (its storage checked against the zip's CRC-32),
+        then any storage no tensor uses checked the same way."""
+        problems = super().verify(progress)
+        if not self.checksummed:  # the legacy format: every tensor read is all there is to check
+            return problems
+        used = {info.extra.storage.key for info in self._tensors.values()}
         for key, (_, offset, size, crc) in self._storages.items():
+            if key in used:
+                continue
             try:
                 got = _zip.crc32_range(self._fd, offset, size, self.path, f"storage {key!r}")
             except CorruptCheckpointError as exc:
@@ -298,8 +307,8 @@ def _plain(value: Any) -> Any:
     """A non-tensor value as JSON-like metadata (bytes, sets and storages are described)."""
     if isinstance(value, (bool, float, str)) or (type(value) is int and -2 ** 63 <= value < 2 ** 64):
         return value
-    if type(value) is int:
-        return str(value)
+    if type(value) is int:  # too wide for JSON's numbers; str() refuses above 4,300 digits
+        return str(value) if value.bit_length() < 4096 else f"<int of {value.bit_length()} bits>"
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     return f"<{type(value).__name__}>"

@@ -495,7 +495,7 @@ def test_convert_usage_errors(tmp_path, monkeypatch, args, message):
 
 
 def test_convert_into_a_read_only_format_is_a_usage_error(tmp_path):
-    class ReadOnly:
+    class ReadOnly(base.Format):
         name, extensions, can_write = "readonly", (".ro",), False
 
         def sniff(self, head):

@@ -373,3 +373,47 @@ def test_unreadable_files_are_not_reported_as_missing(tmp_path, monkeypatch):
     with pytest.raises(ckpt.CorruptCheckpointError, match="Input/output error") as info:
         base.open_reader(path)
     assert not isinstance(info.value, FileNotFoundError)
+
+
+def test_register_format_is_one_public_contract(tmp_path):
+    """Plugins register through ckpt.register_format, as the built-ins do; the Protocol is checked."""
+    assert all(isinstance(f, ckpt.Format) for f in base.formats())
+    assert {f.name for f in base.formats() if isinstance(f, ckpt.WritableFormat)} >= {"hdf5", "msgpack"}
+
+    class Marked(ckpt.Format):
+        name, extensions, can_write = "marked", (".marked",), False
+
+        def sniff(self, head: bytes) -> bool:
+            return head.startswith(b"MARKED")
+
+        def open(self, path: str) -> base.Reader:
+            raise ckpt.UnsupportedCheckpointError(f"{path}: marked files hold no tensors")
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"MARKED")
+    ckpt.register_format(Marked())
+    try:
+        assert not Marked().claims(str(path))  # inherited from the Protocol
+        with pytest.raises(ckpt.UnsupportedCheckpointError, match="marked files hold no tensors"):
+            ckpt.load_checkpoint(str(path))
+    finally:
+        ckpt.unregister_format("marked")
+
+    class NoClaims:
+        name, extensions, can_write = "noclaims", (".nc",), False
+
+        def sniff(self, head: bytes) -> bool:
+            return False
+
+        def open(self, path: str) -> base.Reader:
+            raise NotImplementedError
+
+    with pytest.raises(TypeError, match="it has no 'claims'"):
+        ckpt.register_format(NoClaims())  # type: ignore[arg-type]
+
+    class Liar(Marked):
+        name, can_write = "liar", True
+
+    with pytest.raises(TypeError, match="can_write is True but it has no write method"):
+        ckpt.register_format(Liar())
+    assert "noclaims" not in {f.name for f in base.formats()} and "liar" not in {f.name for f in base.formats()}

@@ -182,3 +182,43 @@ def test_sigkill_during_save_loop(tmp_path, ext, blocking, reliability_scale):
     print(f"\n{ext} {'blocking' if blocking else 'async'}: {kills} kills, {saves_by_children} checkpoints completed by killed children; "
           f"states found after a kill: {dict(stats)}")
     assert saves_by_children > 0  # the delays are long enough for children to complete saves
+
+
+KILLED_CONVERT = """
+import os, signal, sys
+from ckpt.formats import base
+from ckpt.cli import main
+fmt = base.get_format("hdf5")
+write = fmt.write
+def killed(tmp, tensors, metadata):  # the whole file written, then SIGKILL before the rename
+    write(tmp, tensors, metadata)
+    os.kill(os.getpid(), signal.SIGKILL)
+fmt.write = killed
+main(["convert", sys.argv[1], sys.argv[2]])
+"""
+
+
+def test_a_killed_convert_leaves_nothing_once_the_next_convert_ran(tmp_path):
+    """Killed converts leave their temporary files; the next convert into that directory
+    removes every one whose writer is dead, and none a live writer still holds."""
+    from ckpt.atomic import replace_atomically
+
+    src = str(tmp_path / "src.msgpack")
+    values = {"w": np.arange(1000.0), "b": np.ones(3, np.float32)}
+    ckpt.Saver({k: ckpt.Variable(v) for k, v in values.items()}).save(src)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("dst.h5", "dst.h5", "other.h5"):
+        proc = subprocess.run([sys.executable, "-c", KILLED_CONVERT, src, str(out / name)], capture_output=True)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+        left = [n for n in os.listdir(out) if is_temporary(n)]  # each convert removed what the last left
+        assert len(left) == 1 and left[0].startswith(f".{name}."), left
+    with replace_atomically(str(out / "live.h5")) as live:  # a writer still at work
+        proc = subprocess.run([sys.executable, "-c", "import sys; from ckpt.cli import main; main(sys.argv[1:])",
+                               "convert", src, str(out / "dst.h5")], capture_output=True)
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        assert sorted(os.listdir(out)) == sorted(["dst.h5", os.path.basename(live)])
+        open(live, "wb").close()
+    with ckpt.load_checkpoint(str(out / "dst.h5")) as reader:
+        for key, value in values.items():
+            assert reader.get_tensor(key).tolist() == value.tolist()

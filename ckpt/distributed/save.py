@@ -27,7 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping
 
@@ -38,6 +38,7 @@ from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, rep
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
 from ..gcpause import gc_paused
+from ..state import state_lock
 from . import plan as planning
 from .comm import CollectiveTimeoutError, Communicator, decode, encode
 
@@ -321,15 +322,17 @@ def _commit(saver: Saver, path: str, save_id: str, lay: planning.Layout, reports
         _discard(path, reports)
         return {"kind": "write", "error": f"{path}: the sharded save failed; nothing was committed and the "
                                           "previous checkpoint is still the latest:\n  " + "\n  ".join(failed)}
-    try:
-        sharded.write_commit(path, build_record(lay, reports, step, metadata))
-    except CheckpointError as exc:
-        _discard(path, reports)
-        return {"kind": "write", "error": str(exc)}
-    try:
-        saver._record(path, step, listed_before)
-    except CheckpointError as exc:
-        return {"kind": "write", "error": str(exc)}
+    with ExitStack() as held:  # commit, record and retention under the state lock, as a Saver's rename
+        try:
+            held.enter_context(state_lock(os.path.dirname(os.path.abspath(path))))
+            sharded.write_commit(path, build_record(lay, reports, step, metadata))
+        except CheckpointError as exc:
+            _discard(path, reports)
+            return {"kind": "write", "error": str(exc)}
+        try:
+            saver._record(path, step, listed_before, locked=True)
+        except CheckpointError as exc:
+            return {"kind": "write", "error": str(exc)}
     try:
         _clean_inside(path, keep=save_id)  # a checkpoint saved again under this name: the old files
     except OSError:

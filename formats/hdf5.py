@@ -148,8 +148,8 @@ class Hdf5Format(WritableFormat):
                 plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
             else:
                 plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
-        placeholder = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]
-        bound = _HEADER.size + len(_index_bytes(placeholder, metadata, _MAX_U64, _MAX_U32))
+        entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first:
+        bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32))  # a size bound
         userblock = max(512, 1 << (bound - 1).bit_length())
         if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
             userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
@@ -164,10 +164,10 @@ class Hdf5Format(WritableFormat):
             if structure is not None:
                 _io.pwrite_all(fd, structure.head, userblock)
                 _io.pwritev_all(fd, structure.metadata, structure.metadata_offset)
-            entries, extents = [], []
+            extents = []
             run: list[Any] = []  # small tensors back to back in the file: written by one pwritev
             run_start = run_end = 0
-            for plan, offset in zip(plans, offsets):
+            for plan, offset, entry in zip(plans, offsets, entries):
                 if run and not isinstance(plan.source, np.ndarray):
                     _io.pwritev_all(fd, run, run_start)  # a lazy source's predecessors are written
                     run = []  # before it is read (the Format contract: one source at a time)
@@ -192,7 +192,7 @@ class Hdf5Format(WritableFormat):
                         run.append(view)  # keeps its array alive until the run is written
                         run_end = offset + n
                     extents.append((offset, n))
-                entries.append(_entry(plan, offset or 0, checksum()))
+                entry[3], entry[5] = offset or 0, checksum()  # the real offset and checksum
             if run:
                 _io.pwritev_all(fd, run, run_start)
             size = _io.file_size(fd)

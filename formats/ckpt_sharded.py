@@ -43,7 +43,8 @@ from . import _io
 from .base import Format
 from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
                    format_for_path, key_problem, normalize_metadata, validate_keys)
-from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name, _packb, _unpack
+from ._codec import packb, unpack
+from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
            "block_crcs", "LazyBlock", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
@@ -84,7 +85,7 @@ def block_crcs(arr: np.ndarray, block_bytes: int = BLOCK_BYTES) -> list[int] | N
 
 def write_commit(directory: str, record: Mapping[str, Any]) -> None:
     """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory)."""
-    body = _packb({"format": FORMAT_NAME, "version": VERSION, **record})
+    body = packb({"format": FORMAT_NAME, "version": VERSION, **record})
     footer = _FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, len(HEADER), 0xCF, len(body), 0xCE,
                           _io.crc32c(body))
     with replace_atomically(os.path.join(directory, COMMIT)) as tmp, open(tmp, "wb") as f:
@@ -188,7 +189,7 @@ def _read_record(directory: str) -> dict[str, Any]:
     body = raw[len(HEADER):len(raw) - FOOTER_SIZE]
     if _io.crc32c(body) != fields[8]:
         raise CorruptCheckpointError(f"{path}: the commit record fails its checksum: the file is damaged")
-    record = _unpack(body, path, "the commit record")
+    record = unpack(body, path, "the commit record")
     if not isinstance(record, dict) or record.get("format") != FORMAT_NAME:
         raise CorruptCheckpointError(f"{path}: not a ckpt commit record")
     check_version(record.get("version"), VERSION, "commit record", path)

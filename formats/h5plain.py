@@ -30,7 +30,8 @@ from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedChec
 
 from . import _h5child
 from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, key_problem
-from .hdf5 import VERSION, _decode_strings
+from ._codec import HDF5_VERSION as VERSION
+from ._codec import decode_strings
 
 #: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
 _DEFLATE_RATIO = 1032
@@ -183,7 +184,7 @@ class H5pyReader(BaseReader):
                     items = [bytes(x) if isinstance(x, bytes) else x.encode() for x in flat]
                 else:
                     raw = np.asarray(raw)
-                    items = _decode_strings(raw, self._lengths(info, ds, raw.dtype.itemsize))
+                    items = decode_strings(raw, self._lengths(info, ds, raw.dtype.itemsize))
                 flat = out.reshape(-1)
                 for i, item in enumerate(items):
                     flat[i] = item

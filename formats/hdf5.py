@@ -42,13 +42,14 @@ from ckpt._urls import is_url
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
-from . import _h5struct, _io
+from . import _h5struct, _io, h5plain
+from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from .base import WritableFormat
 from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
                    dtype_or_raise, key_problem, materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
-VERSION = 1
+VERSION = HDF5_VERSION
 MAGIC = b"\x89CKPTH5\n"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # magic, layout version, user block size, index length, index crc32c, crc32c of the preceding 28 bytes
@@ -57,32 +58,6 @@ _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
 _RUN_PIECES, _RUN_BYTES = 512, 8 << 20  # bounds on small tensors written by one pwritev
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
 LIBVER = ("v110", "v110")
-
-
-def _packb(obj: Any) -> bytes:
-    import msgpack
-
-    packed: bytes = msgpack.packb(obj, use_bin_type=True)
-    return packed
-
-
-def _encode_strings(arr: np.ndarray) -> tuple[np.ndarray, list[int] | None]:
-    """Fixed-width bytes for a string tensor, plus exact lengths when padding would hide NULs."""
-    items = [bytes(x) for x in arr.reshape(-1)]
-    width = max((len(x) for x in items), default=1) or 1
-    fixed = np.array(items, dtype=f"S{width}").reshape(arr.shape) if items else np.empty(arr.shape, f"S{width}")
-    lengths = [len(x) for x in items] if any(x.endswith(b"\x00") for x in items) else None
-    return _io.c_contiguous(fixed), lengths
-
-
-def _decode_strings(raw: np.ndarray, lengths: list[int] | None) -> list[bytes]:
-    """Inverse of _encode_strings; ``raw`` is the fixed-width array."""
-    width = raw.dtype.itemsize
-    flat = raw.reshape(-1)
-    if lengths is None:
-        return [bytes(x) for x in flat]  # numpy strips the NUL padding
-    data = flat.view(np.uint8).reshape(len(flat), width) if len(flat) else np.empty((0, width), np.uint8)
-    return [data[i, :n].tobytes() for i, n in enumerate(lengths)]
 
 
 def _h5_type(dtype: np.dtype) -> Any:
@@ -132,8 +107,6 @@ class Hdf5Format(WritableFormat):
             raise CorruptCheckpointError(
                 f"{path}: ckpt wrote this HDF5 file ({mark}) but its user block holds no valid ckpt "
                 "header: the index is damaged, so no value can be checked")
-        from . import h5plain  # an HDF5 file from elsewhere: read through h5py
-
         return h5plain.adopt_layout(h5plain.H5pyReader(path))
 
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
@@ -148,12 +121,12 @@ class Hdf5Format(WritableFormat):
         for key, source in tensors:
             dtype, shape = np.dtype(source.dtype), tuple(source.shape)
             if dtypes.is_string(dtype):
-                fixed, lengths = _encode_strings(materialize(source))  # small: encoded up front
+                fixed, lengths = encode_strings(materialize(source))  # small: encoded up front
                 plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
             else:
                 plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
-        placeholder = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]
-        bound = _HEADER.size + len(_index_bytes(placeholder, metadata, _MAX_U64, _MAX_U32))
+        entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first:
+        bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32))  # a size bound
         userblock = max(512, 1 << (bound - 1).bit_length())
         if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
             userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
@@ -168,10 +141,10 @@ class Hdf5Format(WritableFormat):
             if structure is not None:
                 _io.pwrite_all(fd, structure.head, userblock)
                 _io.pwritev_all(fd, structure.metadata, structure.metadata_offset)
-            entries, extents = [], []
+            extents = []
             run: list[Any] = []  # small tensors back to back in the file: written by one pwritev
             run_start = run_end = 0
-            for plan, offset in zip(plans, offsets):
+            for plan, offset, entry in zip(plans, offsets, entries):
                 if run and not isinstance(plan.source, np.ndarray):
                     _io.pwritev_all(fd, run, run_start)  # a lazy source's predecessors are written
                     run = []  # before it is read (the Format contract: one source at a time)
@@ -196,7 +169,7 @@ class Hdf5Format(WritableFormat):
                         run.append(view)  # keeps its array alive until the run is written
                         run_end = offset + n
                     extents.append((offset, n))
-                entries.append(_entry(plan, offset or 0, checksum()))
+                entry[3], entry[5] = offset or 0, checksum()  # the real offset and checksum
             if run:
                 _io.pwritev_all(fd, run, run_start)
             size = _io.file_size(fd)
@@ -329,7 +302,7 @@ def _entry(plan: _Plan, offset: int, crc: int) -> list[Any]:
 
 
 def _index_bytes(entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int) -> bytes:
-    return _packb({"format": FORMAT_NAME, "version": VERSION, "file_size": size,
+    return packb({"format": FORMAT_NAME, "version": VERSION, "file_size": size,
                    "metadata_crc32c": meta_crc, "metadata": metadata, "tensors": entries})
 
 
@@ -418,7 +391,7 @@ class Hdf5Reader(FileReader):
         for i, raw in strings.items():
             info, out = pairs[i]
             flat = out.reshape(-1)
-            for j, item in enumerate(_decode_strings(raw, info.extra[3])):
+            for j, item in enumerate(decode_strings(raw, info.extra[3])):
                 flat[j] = item
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
@@ -440,9 +413,7 @@ class Hdf5Reader(FileReader):
 
 
 def _unpack_index(raw: bytes, path: str) -> dict[str, Any]:
-    from .msgpack import _unpack
-
-    index = _unpack(raw, path, "the index")
+    index = unpack(raw, path, "the index")
     if not isinstance(index, dict):
         raise CorruptCheckpointError(f"{path}: the index is not a map")
     return index

@@ -39,6 +39,7 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CorruptCheckpointError
 
 from . import _io
+from ._codec import packb, unpack
 from .base import WritableFormat
 from .base import (
     FileReader,
@@ -50,7 +51,6 @@ from .base import (
     key_problem,
     materialize,
     normalize_metadata,
-    unique_pairs,
     validate_keys,
 )
 
@@ -101,13 +101,6 @@ def is_ckpt_msgpack(head: bytes) -> bool:
                                               head[5:5 + len(HEADER_PREFIX)] == HEADER_PREFIX)
 
 
-def _packb(obj: Any) -> bytes:
-    import msgpack
-
-    packed: bytes = msgpack.packb(obj, use_bin_type=True)
-    return packed
-
-
 class MsgpackFormat(WritableFormat):
     """The ckpt msgpack format; see the module docstring for the layout."""
 
@@ -134,7 +127,7 @@ class MsgpackFormat(WritableFormat):
             for key, source in tensors:
                 arr = _io.c_contiguous(materialize(source))  # a lazy source is read only now
                 if dtypes.is_string(arr.dtype):
-                    view = memoryview(_packb([bytes(x) for x in arr.reshape(-1)]))
+                    view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
                     extents = [[pos, len(view)]]
                     objects += 1
                     f.write(view)
@@ -160,7 +153,7 @@ class MsgpackFormat(WritableFormat):
                         f.write(piece)
                     checksum = crc()
                 entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
-            index = _packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
+            index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
                             "tensors": entries})
             f.write(index)
             f.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
@@ -197,7 +190,7 @@ class MsgpackReader(FileReader):
         raw = _io.pread(fd, index_offset, index_len, path, "the index")
         if _io.crc32c(raw) != index_crc:
             raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
-        index = _unpack(raw, path, "the index")
+        index = unpack(raw, path, "the index")
         if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the index is not a ckpt msgpack index")
         check_version(index.get("version"), VERSION, "msgpack", path)
@@ -241,7 +234,7 @@ class MsgpackReader(FileReader):
             (offset, n), = extents
             raw = _io.pread(self._fd, offset, n, self.path, what)
             self._check_crc(info, _io.crc32c(raw), expected)
-            items = _unpack(raw, self.path, what, max_items=info.size)
+            items = unpack(raw, self.path, what, max_items=info.size)
             if not isinstance(items, list) or len(items) != info.size or \
                     not all(isinstance(x, bytes) for x in items):
                 raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r} should hold {info.size} "
@@ -314,25 +307,6 @@ def _parse_head(head: bytes, path: str) -> tuple[int, int, int | None]:
                                      f"{'has' if count is not None else 'lacks'} the array header of "
                                      "version 2")
     return version, start, count
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack extension type {code} is not part of the ckpt format")
-
-
-def _unpack(raw: bytes, path: str, what: str, max_items: int | None = None) -> Any:
-    """Decode one msgpack object with every size limit set from what the file can hold."""
-    import msgpack
-
-    n = len(raw)
-    try:
-        return msgpack.unpackb(
-            raw, raw=False, use_list=True, strict_map_key=True, object_pairs_hook=unique_pairs,
-            ext_hook=_no_ext, max_str_len=n, max_bin_len=n,
-            max_array_len=n if max_items is None else min(n, max_items), max_map_len=n, max_ext_len=n)
-    except (ValueError, msgpack.UnpackException) as exc:  # FormatError, StackError, ExtraData, UTF-8...
-        raise CorruptCheckpointError(f"{path}: {what} is not valid msgpack ({type(exc).__name__}: "
-                                     f"{exc})") from exc
 
 
 _DTYPE_NAMES: dict[np.dtype, str] = {}

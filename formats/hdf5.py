@@ -153,8 +153,9 @@ class Hdf5Format(WritableFormat):
                     raise ValueError(f"{path}: tensor {plan.key!r} gave {data.dtype} {data.shape}, it "
                                      f"declared {plan.file_dtype} {plan.shape}")
                 view = _io.byte_view(data)
-                checksum = _io.checksum_async(view)  # overlaps with the write below
                 n = len(view)
+                pending = _io.checksum_async(view) if n >= _io.BIG else None  # overlaps with the write
+                crc = _io.crc32c(view) if pending is None else 0
                 if n:
                     assert offset is not None  # every tensor with data has a place
                     if run and (offset != run_end or len(run) >= _RUN_PIECES or
@@ -169,7 +170,7 @@ class Hdf5Format(WritableFormat):
                         run.append(view)  # keeps its array alive until the run is written
                         run_end = offset + n
                     extents.append((offset, n))
-                entry[3], entry[5] = offset or 0, checksum()  # the real offset and checksum
+                entry[3], entry[5] = offset or 0, crc if pending is None else pending()  # the real ones
             if run:
                 _io.pwritev_all(fd, run, run_start)
             size = _io.file_size(fd)
@@ -264,7 +265,7 @@ def _structure(plans: list[_Plan], metadata: dict[str, Any], userblock: int) -> 
         if message is None:
             message = _TYPE_MESSAGES[plan.file_dtype] = _h5struct.dtype_message(_h5_type(plan.file_dtype))
         attrs: list[tuple[str, Any]] = []
-        if dtypes.is_string(plan.dtype) or plan.dtype == dtypes.bfloat16:
+        if plan.file_dtype.kind in "SV":  # fixed-width bytes of a string tensor, or bfloat16
             attrs.append(("ckpt_dtype", dtypes.dtype_name(plan.dtype)))
             if plan.lengths is not None:
                 attrs.append(("ckpt_lengths", np.asarray(plan.lengths, dtype=np.uint64)))

@@ -324,6 +324,17 @@ class _NotCkptFile(CorruptCheckpointError):
         self.head = head
 
 
+class Hdf5Location(NamedTuple):
+    """Where a tensor's bytes are in a ckpt HDF5 file (TensorInfo.extra of Hdf5Reader)."""
+
+    offset: int
+    crc32c: int
+    #: Width of a string tensor's fixed-width items (None for numbers).
+    itemsize: int | None
+    #: Exact lengths of string items when NUL padding would hide trailing NULs.
+    lengths: list[int] | None
+
+
 class Hdf5Reader(FileReader):
     """Reads a ckpt HDF5 file through its user-block index, without libhdf5."""
 
@@ -370,14 +381,14 @@ class Hdf5Reader(FileReader):
 
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
-        return None if dtypes.is_string(info.dtype) else [(info.extra[0], info.nbytes)]
+        return None if dtypes.is_string(info.dtype) else [(info.extra.offset, info.nbytes)]
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans: list[tuple[int, memoryview]] = []
         strings: dict[int, np.ndarray] = {}  # span index -> the fixed-width bytes read for it
         byte_view = _io.byte_view
         for info, out in pairs:
-            offset, _, itemsize, _ = info.extra
+            offset, itemsize = info.extra.offset, info.extra.itemsize
             if itemsize is None:  # numeric: straight into the caller's buffer
                 spans.append((offset, byte_view(out)))
             else:
@@ -385,20 +396,20 @@ class Hdf5Reader(FileReader):
                 spans.append((offset, byte_view(raw)))
         crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {pairs[i][0].key!r}")
         for (info, _), crc in zip(pairs, crcs):
-            if crc != info.extra[1]:
+            if crc != info.extra.crc32c:
                 raise CorruptCheckpointError(
                     f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {crc:#010x}, expected "
-                    f"{info.extra[1]:#010x}): the file is damaged")
+                    f"{info.extra.crc32c:#010x}): the file is damaged")
         for i, raw in strings.items():
             info, out = pairs[i]
             flat = out.reshape(-1)
-            for j, item in enumerate(decode_strings(raw, info.extra[3])):
+            for j, item in enumerate(decode_strings(raw, info.extra.lengths)):
                 flat[j] = item
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
         for key, info in self._tensors.items():
-            offset, expected = info.extra[0], info.extra[1]
+            offset, expected = info.extra.offset, info.extra.crc32c
             got = _io.checksum_range(self._fd, offset, info.nbytes, self.path, f"tensor {key!r}")
             if got != expected:
                 problems.append(f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, "
@@ -445,7 +456,7 @@ def _parse_entries(entries: list[Any], path: str, data_start: int,
                         break
                     n *= d
                 if n == nbytes and data_start <= offset and offset + nbytes <= size:
-                    info = TensorInfo(key, dtype, tuple(shape), nbytes, (offset, crc, None, None))
+                    info = TensorInfo(key, dtype, tuple(shape), nbytes, Hdf5Location(offset, crc, None, None))
         if info is None:
             info = _parse_entry(entry, path, data_start, size)
         key = info.key
@@ -453,7 +464,7 @@ def _parse_entries(entries: list[Any], path: str, data_start: int,
             raise CorruptCheckpointError(f"{path}: tensor {key!r} appears twice in the index")
         tensors[key] = info
         if info.nbytes:
-            offset = info.extra[0]
+            offset = info.extra.offset
             ordered = ordered and offset >= last_end
             last_end = offset + info.nbytes
             extents.append((offset, info.nbytes, key))
@@ -494,4 +505,4 @@ def _parse_entry(entry: Any, path: str, data_start: int, size: int) -> TensorInf
     if nbytes and (offset < data_start or offset + nbytes > size):
         raise CorruptCheckpointError(f"{path}: tensor {key!r}: data at {offset} (+{nbytes} bytes) lies "
                                      f"outside the file's data area [{data_start}, {size})")
-    return TensorInfo(key, dtype, shape, nbytes, (offset, crc, itemsize, lengths))
+    return TensorInfo(key, dtype, shape, nbytes, Hdf5Location(offset, crc, itemsize, lengths))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -162,6 +162,14 @@ class MsgpackFormat(WritableFormat):
             f.write(objects.to_bytes(4, "big"))
 
 
+class MsgpackLocation(NamedTuple):
+    """Where a tensor's bytes are in a ckpt msgpack file (TensorInfo.extra of MsgpackReader)."""
+
+    #: [offset, nbytes] of each bin object holding the tensor (several above 4 GiB).
+    extents: list[list[int]]
+    crc32c: int
+
+
 class MsgpackReader(FileReader):
     """Reads the footer and index on open; tensors on request, straight into caller buffers."""
 
@@ -211,12 +219,12 @@ class MsgpackReader(FileReader):
 
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
-        return None if dtypes.is_string(info.dtype) else [(o, n) for o, n in info.extra[0]]
+        return None if dtypes.is_string(info.dtype) else [(o, n) for o, n in info.extra.extents]
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans, simple = [], []
         for info, out in pairs:
-            extents = info.extra[0]
+            extents = info.extra.extents
             if dtypes.is_string(info.dtype) or len(extents) > 1:
                 self._read_into(info, out)
             else:
@@ -224,8 +232,8 @@ class MsgpackReader(FileReader):
                 simple.append(info)
         crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {simple[i].key!r}")
         for info, crc in zip(simple, crcs):
-            if crc != info.extra[1]:
-                self._check_crc(info, crc, info.extra[1])
+            if crc != info.extra.crc32c:
+                self._check_crc(info, crc, info.extra.crc32c)
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         extents, expected = info.extra
@@ -277,7 +285,7 @@ class MsgpackReader(FileReader):
         behind the bin header (and alignment padding) ckpt writes for it, so plain msgpack
         decodes the stream too."""
         spans = sorted((offset, n, key, dtypes.is_string(info.dtype))
-                       for key, info in self._tensors.items() for offset, n in info.extra[0])
+                       for key, info in self._tensors.items() for offset, n in info.extra.extents)
         pos = self._start
         for offset, n, key, is_string in spans:
             prefix = b"" if is_string else _bin_header(n)  # a string extent is its whole array object
@@ -363,10 +371,10 @@ def _parse_entries(tensors: dict[Any, Any], path: str, start: int,
             raise CorruptCheckpointError(
                 f"{path}: tensor {key!r}: {_dtype_name(dtype)} {list(shape)} needs "
                 f"{_io.expected_nbytes(dtype, shape)} bytes, the index gives {nbytes}")
-        out[key] = TensorInfo(key, dtype, shape, nbytes, (extents, crc))
+        out[key] = TensorInfo(key, dtype, shape, nbytes, MsgpackLocation(extents, crc))
     if not ordered:  # ckpt writes tensors in index order; anything else must not overlap
         objects = _check_disjoint([(o, n, k, 0 if info.dtype.kind == "O" else _header_len(n))
-                                   for k, info in out.items() for o, n in info.extra[0]], path, start)
+                                   for k, info in out.items() for o, n in info.extra.extents], path, start)
     return out, objects
 
 

@@ -128,7 +128,7 @@ class ObjectStore:
         path = self._path(url)
         with translating(url, f"reading {name(pieces[0][2][0])}"):
             if getattr(self.fs, "async_impl", False):
-                from fsspec.asyn import sync  # type: ignore[import-untyped]
+                from fsspec.asyn import sync
 
                 sync(self.fs.loop, self._fetch_async, path, url, spans, pieces, name)
             else:

@@ -88,7 +88,7 @@ def filesystem(url: str, storage_options: StorageOptions | None = None) -> Any:
     options = dict(storage_options or {})
     hint = _EXTRAS.get(proto, "fsspec and the package for this protocol")
     try:
-        import fsspec  # type: ignore[import-untyped]
+        import fsspec
     except ImportError:
         raise CheckpointError(f"{url}: checkpoints in object stores need fsspec: pip install "
                               f"'{hint}'") from None

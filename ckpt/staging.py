@@ -33,6 +33,23 @@ __all__ = ["StagingArena", "Gate", "slot_bytes"]
 
 #: Small tensors are packed at cache-line offsets (enough alignment for every dtype).
 _SMALL_ALIGN = 64
+#: Snapshots at least this large are copied by the I/O worker threads in pieces of _PIECE bytes
+#: (np.copyto releases the GIL: several cores copy side by side, and save blocks less).
+_PARALLEL_MIN = 16 << 20
+_PIECE = 8 << 20
+
+
+def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy each (destination, source) byte array; large totals in parallel pieces."""
+    if sum(len(src) for _, src in pairs) < _PARALLEL_MIN:
+        for dst, src in pairs:
+            np.copyto(dst, src)
+        return
+    from .formats import _io  # the worker threads restores already use
+
+    pieces = [(dst[i:i + _PIECE], src[i:i + _PIECE]) for dst, src in pairs for i in range(0, len(src), _PIECE)]
+    for future in [_io._workers().submit(np.copyto, dst, src) for dst, src in pieces]:
+        future.result()
 
 
 def slot_bytes(nbytes: int) -> int:
@@ -151,16 +168,17 @@ class StagingArena:
         arena_bytes = sum(slot_bytes(a.nbytes) for _, a in tensors[first:] if a.dtype.kind != "O")
         block = self._reserve(arena_bytes) if arena_bytes else None
         staged: list[tuple[str, np.ndarray]] = []
+        copies: list[tuple[np.ndarray, np.ndarray]] = []  # (arena bytes, variable bytes)
         offset = 0
         for key, arr in tensors[first:]:
             if arr.dtype.kind == "O":
                 staged.append((key, arr.copy()))
                 continue
-            assert block is not None
-            copy = block[offset:offset + arr.nbytes].view(arr.dtype).reshape(arr.shape)
-            np.copyto(copy, arr, casting="no")
-            staged.append((key, copy))
+            assert block is not None and arr.flags.c_contiguous
+            copies.append((block[offset:offset + arr.nbytes], arr.reshape(-1).view(np.uint8)))
+            staged.append((key, block[offset:offset + arr.nbytes].view(arr.dtype).reshape(arr.shape)))
             offset += slot_bytes(arr.nbytes)
+        _copy_all(copies)
         if first == 0:
             return list(staged), Gate(0)  # all staged: plain arrays, nothing to wait for
         gate = Gate(first)

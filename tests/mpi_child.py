@@ -4,7 +4,8 @@
 
 Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on those files.
 Modes: save DIR KIND STEP EXT | restore KIND DIR... | kill DIR PHASE | async DIR | disagree DIR |
-timeout DIR.
+timeout DIR | async-world DIR (save(blocking=False), then change every variable and run MPI
+collectives on COMM_WORLD while the save's own collectives run in the background).
 """
 
 from __future__ import annotations
@@ -149,6 +150,17 @@ def main() -> None:
                 var.assign(np.zeros(var.shape, var.dtype))
         comm.barrier(30)  # the training communicator keeps working beside the save's own duplicate
         report(comm, {"path": future.result(timeout=60)})
+    elif MODE == "async-world":
+        from mpi4py import MPI
+
+        directory, = ARGS
+        variables = make_variables(tensors(), "rows", comm.rank, comm.size)
+        saver = ckpt.Saver(variables, comm=comm, timeout=30)
+        future = saver.save(os.path.join(directory, "model.h5"), global_step=3, blocking=False)
+        for var in variables.values():
+            var.assign(np.full(var.shape, b"x", dtype=object) if var.dtype.kind == "O" else np.ones(var.shape, var.dtype))
+        sums = [MPI.COMM_WORLD.allreduce(i + comm.rank) for i in range(50)]  # training's own collectives
+        report(comm, {"path": future.result(), "sums_ok": sums[-1] == 49 * comm.size + sum(range(comm.size))})
     elif MODE == "disagree":
         directory, = ARGS
         v = ckpt.Variable(np.zeros(2, np.float64 if comm.rank == 2 else np.float32), name="w",

@@ -456,3 +456,44 @@ def test_an_interrupt_while_save_waits_is_raised_after_the_writer_is_done():
     with pytest.raises(KeyboardInterrupt):
         _wait_uninterrupted(Gate())
     assert Gate.calls == 2  # it kept waiting before re-raising
+
+
+# --- sharded saves (comm=) -----------------------------------------------------------------------
+def sharded_async_save(comm, directory, staging=None, unset_rank=None):
+    """One rank: save asynchronously, then change every variable and run training's own collectives
+    on ``comm`` while the save's collectives run on its duplicate."""
+    from distributed_support import global_tensors, make_variables
+
+    variables = make_variables(global_tensors(), "rows", comm.rank, comm.size)
+    if comm.rank == unset_rank:
+        variables["step"]._mark_uninitialized()
+    saver = ckpt.Saver(variables, comm=comm, timeout=30, staging_bytes=staging)
+    future = saver.save(os.path.join(directory, "model.msgpack"), global_step=5, blocking=False)
+    for var in variables.values():
+        if var.is_initialized():
+            var.assign(sentinel_like(np.asarray(var.numpy())))
+    gathered = [comm.allgather(b"training %d" % i, 30) for i in range(3)]  # training's own collectives
+    assert gathered[2] == [b"training 2"] * comm.size
+    return future.result()
+
+
+@pytest.mark.parametrize("staging", [None, 0], ids=["staged", "unstaged"])
+def test_sharded_async_save_snapshot_on_a_duplicated_communicator(tmp_path, staging):
+    from distributed_support import global_tensors, run_ranks
+
+    results = run_ranks(3, lambda comm: sharded_async_save(comm, str(tmp_path), staging))
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert set(results) == {str(tmp_path / "model-5.msgpack")}
+    assert ckpt.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model-5.msgpack")
+    with ckpt.load_checkpoint(str(tmp_path / "model-5.msgpack")) as reader:
+        for key, value in global_tensors().items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert int(reader.get_tensor("step")) == 42
+
+
+def test_sharded_async_save_with_an_uninitialized_variable_fails_on_every_rank(tmp_path):
+    from distributed_support import run_ranks
+
+    results = run_ranks(3, lambda comm: sharded_async_save(comm, str(tmp_path), unset_rank=1))
+    assert all(isinstance(r, ckpt.CheckpointError) and "uninitialized" in str(r) for r in results), results
+    assert ckpt.latest_checkpoint(str(tmp_path)) is None

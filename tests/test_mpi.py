@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import ckpt
@@ -145,3 +146,19 @@ def test_a_missing_rank_times_out(tmp_path):
     assert results[2] == {"absent": True}
     assert ckpt.latest_checkpoint(str(tmp_path)) is None
 
+
+
+def test_async_save_runs_its_collectives_beside_the_training_loops(tmp_path):
+    """save(blocking=False) with comm=: every rank changes its variables and runs MPI collectives on
+    COMM_WORLD while the save's collectives run in a thread on a duplicated communicator."""
+    directory = tmp_path / "run"
+    directory.mkdir()
+    results = mpirun(3, "async-world", str(tmp_path / "out"), str(directory))
+    assert {r["path"] for r in results} == {str(directory / "model-3.h5")}
+    assert all(r["sums_ok"] for r in results)
+    expected = global_tensors()
+    expected["big"] = np.arange(2000 * 300, dtype=np.float32).reshape(2000, 300)
+    with ckpt.load_checkpoint(str(directory / "model-3.h5")) as reader:
+        for key, value in expected.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert int(reader.get_tensor("step")) == 42

@@ -31,6 +31,7 @@ import numpy as np
 
 import ckpt
 
+from .memory import _reset_peak, _status
 from .run import fmt_row, make_model, timed
 
 MiB = 1 << 20
@@ -116,14 +117,6 @@ def training_loop(variables: dict[str, ckpt.Variable], directory: str, save_seco
             **{mode: statistics.mean(r) for mode, r in rates.items()}}
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def peak(directory: str, count: int, nbytes: int, staging: int | None) -> dict[str, int]:
     """In this (fresh) process: peak RSS beyond the model during a first and a second async save."""
     _, variables = make_model(count, nbytes)
@@ -131,8 +124,7 @@ def peak(directory: str, count: int, nbytes: int, staging: int | None) -> dict[s
     out = {}
     for what in ("first", "steady"):
         base = _status("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
+        _reset_peak()
         saver.save(os.path.join(directory, f"peak-{what}.msgpack"), blocking=False).result()
         out[what] = _status("VmHWM") - base
         out[f"{what} arena"] = saver._background.arena.nbytes

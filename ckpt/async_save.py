@@ -122,12 +122,6 @@ class BackgroundSaves:
         self._thread: threading.Thread | None = None
         self._future: SaveFuture | None = None
 
-    @property
-    def in_flight(self) -> SaveFuture | None:
-        """The future of the save being written, or None."""
-        future = self._future
-        return future if future is not None and not future.done() else None
-
     def wait(self) -> None:
         """Wait for the save in flight; raise its error if nobody has seen it yet."""
         with self._lock:

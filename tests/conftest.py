@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import pathlib
+import tempfile
 
 import numpy as np
 import pytest
 
 import ckpt
+
+# Child Pythons run from here: started in the checkout, "python -c" would import its source ckpt/
+# (which lacks ckpt.formats: that directory is formats/) instead of the installed package.
+OUTSIDE_CHECKOUT = tempfile.gettempdir()
 
 
 def every_dtype_tensors() -> list[tuple[str, np.ndarray]]:

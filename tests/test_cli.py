@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import assert_bit_exact, every_dtype_tensors
+from conftest import assert_bit_exact, every_dtype_tensors, OUTSIDE_CHECKOUT
 
 import ckpt
 from ckpt.atomic import replace_atomically
@@ -94,7 +94,8 @@ def test_version_and_help_start_without_numpy_h5py_or_formats(args):
     code = (f"import sys\nfrom ckpt.cli import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
             "heavy = ('numpy', 'h5py', 'msgpack', 'ml_dtypes', 'crc32c', 'ckpt.formats')\n"
             "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=OUTSIDE_CHECKOUT)
     loaded = out.stdout.strip().splitlines()[-1]
     if args[0] == "inspect":  # a command's help needs its module (numpy), never the formats or h5py
         assert "h5py" not in loaded and "ckpt.formats" not in loaded, loaded

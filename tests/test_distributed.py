@@ -11,7 +11,7 @@ import pytest
 import ckpt
 from ckpt import boxes, distributed
 from ckpt.formats import ckpt_sharded as sharded
-from conftest import assert_bit_exact
+from conftest import assert_bit_exact, OUTSIDE_CHECKOUT
 from distributed_support import global_tensors, layout, make_variables, run_ranks
 
 
@@ -386,7 +386,8 @@ def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
             f"p = ckpt.Saver([v], comm=distributed.local()).save({str(tmp_path / 'm.h5')!r})\n"
             "ckpt.Saver([v], comm=distributed.local()).restore(p)\n"
             "print('mpi4py' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=OUTSIDE_CHECKOUT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # sharded checkpoints without MPI import no MPI
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if the mpi extra were not installed

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import assert_bit_exact
+from conftest import assert_bit_exact, OUTSIDE_CHECKOUT
 
 import ckpt
 from ckpt.cli.main import main
@@ -55,7 +55,8 @@ def test_unknown_files_list_what_is_supported(tmp_path):
 def test_importing_ckpt_formats_imports_no_codec_or_archive_modules():
     code = ("import sys, ckpt, ckpt.formats; "
             "print(sorted(m for m in ('h5py', 'msgpack', 'zipfile', 'pickletools') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=OUTSIDE_CHECKOUT).stdout
     assert out.strip() == "[]"
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import ckpt
 from ckpt.formats import _h5child
+from conftest import OUTSIDE_CHECKOUT
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "foreign")
 
@@ -91,7 +92,8 @@ def test_a_file_that_crashes_libhdf5_is_refused_in_the_users_process():
             "    print(exc)\n"
             "    sys.exit(3)\n")
     env = {k: v for k, v in os.environ.items() if k != "CKPT_HDF5_CHILD"}
-    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env,
+                          cwd=OUTSIDE_CHECKOUT)
     assert done.returncode == 3, (done.returncode, done.stderr[-2000:])
     assert "libhdf5 crashed (SIGSEGV)" in done.stdout
 

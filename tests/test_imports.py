@@ -7,12 +7,14 @@ import subprocess
 import sys
 
 import ckpt
+from conftest import OUTSIDE_CHECKOUT
 
 
 def test_import_ckpt_loads_no_numpy_and_no_format():
     code = ("import sys, ckpt\nheavy = ('numpy', 'h5py', 'msgpack', 'ml_dtypes', 'crc32c', 'ckpt.formats')\n"
             "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=OUTSIDE_CHECKOUT)
     assert out.stdout.strip() == "[]"
 
 

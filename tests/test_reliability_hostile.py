@@ -36,6 +36,7 @@ from reliability_support import (
 
 import ckpt
 from ckpt.formats.base import open_reader
+from conftest import OUTSIDE_CHECKOUT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLACE = "PLACEHOLDER-VALUE"
@@ -334,7 +335,7 @@ def run_limited(code: str, limit: int = 3 << 30) -> dict:
                 return type(exc).__name__
     """)
     proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+                          timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"), cwd=OUTSIDE_CHECKOUT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

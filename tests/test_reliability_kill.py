@@ -24,6 +24,7 @@ from reliability_support import step_of, step_tensors
 import ckpt
 from ckpt.atomic import is_temporary
 from ckpt.state import LOCK_FILE, STATE_FILE, read_state
+from conftest import OUTSIDE_CHECKOUT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KILLS_PER_FORMAT = 100  # x --reliability-scale; 200 kills of blocking saves in all by default
@@ -209,13 +210,14 @@ def test_a_killed_convert_leaves_nothing_once_the_next_convert_ran(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     for name in ("dst.h5", "dst.h5", "other.h5"):
-        proc = subprocess.run([sys.executable, "-c", KILLED_CONVERT, src, str(out / name)], capture_output=True)
+        proc = subprocess.run([sys.executable, "-c", KILLED_CONVERT, src, str(out / name)], capture_output=True,
+                              cwd=OUTSIDE_CHECKOUT)
         assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
         left = [n for n in os.listdir(out) if is_temporary(n)]  # each convert removed what the last left
         assert len(left) == 1 and left[0].startswith(f".{name}."), left
     with replace_atomically(str(out / "live.h5")) as live:  # a writer still at work
         proc = subprocess.run([sys.executable, "-c", "import sys; from ckpt.cli import main; main(sys.argv[1:])",
-                               "convert", src, str(out / "dst.h5")], capture_output=True)
+                               "convert", src, str(out / "dst.h5")], capture_output=True, cwd=OUTSIDE_CHECKOUT)
         assert proc.returncode == 0, proc.stderr.decode()[-2000:]
         assert sorted(os.listdir(out)) == sorted(["dst.h5", os.path.basename(live)])
         open(live, "wb").close()

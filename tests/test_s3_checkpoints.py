@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import assert_bit_exact, every_dtype_tensors
+from conftest import assert_bit_exact, every_dtype_tensors, OUTSIDE_CHECKOUT
 
 import ckpt
 from ckpt import _remote
@@ -119,7 +119,7 @@ def test_sigkill_mid_save_leaves_the_latest_restorable_and_the_next_save_cleans(
     last = -1
     for kill in range(3):
         with subprocess.Popen([sys.executable, "-c", _CHILD, run, str(1000 * kill)], stdout=subprocess.PIPE,
-                              text=True) as child:
+                              text=True, cwd=OUTSIDE_CHECKOUT) as child:
             assert child.stdout is not None
             assert child.stdout.readline()  # one save done: the next ones are under way
             time.sleep(rng.uniform(0.0, 0.3))

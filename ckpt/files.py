@@ -53,7 +53,7 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
 
     path = os.fspath(path)
     fmt = base.format_for_path(path)
-    if fmt is None or not fmt.can_write:
+    if not isinstance(fmt, base.WritableFormat) or not fmt.can_write:
         writable = ", ".join(e for f in base.formats() if f.can_write for e in f.extensions)
         raise ValueError(f"{path}: no format writes this extension; use one of {writable}")
     if not isinstance(tensors, Mapping):

@@ -23,11 +23,10 @@ import numpy as np
 
 from .atomic import replace_atomically
 from .casting import infer_array
-from .reader import open_checkpoint
+from .reader import open_checkpoint, read_in_batches
 
 __all__ = ["save_file", "load_file"]
 
-_BATCH_BYTES = 64 << 20  # tensors are read in batches of about this size (one pass, few syscalls)
 
 
 def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
@@ -85,14 +84,5 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """
     with open_checkpoint(path) as reader:
         out = {key: np.empty(info.shape, dtype=info.dtype) for key, info in reader.tensors.items()}
-        batch: list[tuple[str, np.ndarray]] = []
-        size = 0
-        for key, array in out.items():
-            batch.append((key, array))
-            size += array.nbytes
-            if size >= _BATCH_BYTES:
-                reader.read_into_many(batch)
-                batch, size = [], 0
-        if batch:
-            reader.read_into_many(batch)
+        read_in_batches(reader, out.items())
         return out

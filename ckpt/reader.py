@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -193,6 +193,23 @@ class CheckpointReader(Mapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         return f"<ckpt.CheckpointReader {self.path!r} format={self.format} tensors={len(self.tensors)}>"
+
+
+_BATCH_BYTES = 64 << 20  # small tensors are read in batches of about this size (few syscalls, bounded lists)
+
+
+def read_in_batches(reader: Any, pairs: Iterable[tuple[str, np.ndarray]]) -> None:
+    """Read each ``(key, buffer)`` pair into its buffer, many small tensors per ``read_into_many`` call."""
+    batch: list[tuple[str, np.ndarray]] = []
+    size = 0
+    for key, buffer in pairs:
+        batch.append((key, buffer))
+        size += buffer.nbytes
+        if size >= _BATCH_BYTES:
+            reader.read_into_many(batch)
+            batch, size = [], 0
+    if batch:
+        reader.read_into_many(batch)
 
 
 def read_box_into(reader: Any, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:

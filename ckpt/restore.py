@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from . import casting, dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
 from .gcpause import gc_paused
 from .module import Module
-from .reader import open_checkpoint, read_box_into
+from .reader import open_checkpoint, read_box_into, read_in_batches
 from .variables import Variable, global_variables
 
 __all__ = ["RestoreResult", "restore_variables", "init_from_checkpoint"]
@@ -144,7 +144,6 @@ def _read_cast(reader: Any, pairs: Sequence[tuple[str, Variable]], cast: Collect
     return staged
 
 
-_BATCH_BYTES = 64 << 20  # small tensors are read in batches (one syscall for many)
 
 
 def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
@@ -156,9 +155,9 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
     """
     staged = staged or {}
     touched: list[Variable] = []
-    try:
-        batch: list[tuple[str, Any]] = []
-        size = 0
+
+    def plain_reads() -> Iterator[tuple[str, np.ndarray]]:
+        """Handle the special cases in place; yield the tensors read straight into their buffers."""
         for key, var in pairs:
             buffer = var._writable_buffer()
             touched.append(var)  # before the read: a failed read may have written part of it
@@ -171,13 +170,10 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
             if var.shard is not None and var.shard.global_shape != var.shape:
                 read_box_into(reader, key, var.shard.offset, buffer)
                 continue
-            batch.append((key, buffer))
-            size += buffer.nbytes
-            if size >= _BATCH_BYTES:
-                reader.read_into_many(batch)
-                batch, size = [], 0
-        if batch:
-            reader.read_into_many(batch)
+            yield key, buffer
+
+    try:
+        read_in_batches(reader, plain_reads())
     except BaseException as exc:
         for var in touched:
             var._mark_uninitialized()

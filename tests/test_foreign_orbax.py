@@ -160,23 +160,29 @@ def test_ocdbt_files_truncated_and_flipped(tmp_path):
     rng = np.random.default_rng(16)
     count = 0
     for victim in files:
-        raw = victim.read_bytes()
-        variants = [raw[:n] for n in range(0, len(raw), 3)]
-        for _ in range(40):
-            flipped = bytearray(raw)
-            flipped[int(rng.integers(len(raw)))] ^= 1 << int(rng.integers(8))
-            variants.append(bytes(flipped))
-        for variant in variants:
-            victim.write_bytes(variant)
-            count += 1
-            try:
-                with ckpt.load_checkpoint(str(target)) as reader:
-                    for key in reader.get_variable_to_shape_map():
-                        reader.get_tensor(key)
-            except ckpt.CheckpointError:
-                pass
-        victim.write_bytes(raw)
+        count += damage_and_read(victim, target, rng, step=3, flips=40)
     assert count > 700
+
+
+def damage_and_read(victim, target, rng, step, flips):
+    """Truncate ``victim`` every ``step`` bytes and flip ``flips`` seeded bits, reading ``target`` each time:
+    values or a CheckpointError, nothing else. Returns the number of variants tried."""
+    raw = victim.read_bytes()
+    variants = [raw[:n] for n in range(0, len(raw), step)]
+    for _ in range(flips):
+        flipped = bytearray(raw)
+        flipped[int(rng.integers(len(raw)))] ^= 1 << int(rng.integers(8))
+        variants.append(bytes(flipped))
+    for variant in variants:
+        victim.write_bytes(variant)
+        try:
+            with ckpt.load_checkpoint(str(target)) as reader:
+                for key in reader.get_variable_to_shape_map():
+                    reader.get_tensor(key)
+        except ckpt.CheckpointError:
+            pass
+    victim.write_bytes(raw)
+    return len(variants)
 
 
 def copy(tmp_path):
@@ -260,23 +266,7 @@ def test_chunk_files_truncated_and_flipped(tmp_path):
         for name in sorted(os.listdir(target / array)):
             if name.startswith("."):
                 continue
-            chunk = target / array / name
-            raw = chunk.read_bytes()
-            variants = [raw[:n] for n in range(len(raw))]
-            for _ in range(20):
-                flipped = bytearray(raw)
-                flipped[int(rng.integers(len(raw)))] ^= 1 << int(rng.integers(8))
-                variants.append(bytes(flipped))
-            for variant in variants:
-                chunk.write_bytes(variant)
-                count += 1
-                try:
-                    with ckpt.load_checkpoint(str(target)) as reader:
-                        for key in reader.get_variable_to_shape_map():
-                            reader.get_tensor(key)
-                except ckpt.CheckpointError:
-                    pass
-            chunk.write_bytes(raw)
+            count += damage_and_read(target / array / name, target, rng, step=1, flips=20)
     assert count > 400
 
 

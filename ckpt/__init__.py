@@ -41,6 +41,7 @@ _LAZY = {
     "load_file": ".files",
     "save_file": ".files",
     "print_tensors_in_checkpoint_file": ".inspect",
+    "ReadableBlob": ".storage",
     "Module": ".module",
     "CheckpointReader": ".reader",
     "list_variables": ".reader",
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .formats.base import unregister_format as unregister_format
     from .files import save_file as save_file
     from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
+    from .storage import ReadableBlob as ReadableBlob
     from .module import Module as Module
     from .reader import CheckpointReader as CheckpointReader
     from .reader import list_variables as list_variables

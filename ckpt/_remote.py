@@ -244,9 +244,10 @@ def directory(url: str) -> RemoteDirectory:
 
 
 class RemoteFile:
-    """A committed checkpoint's data object opened for ranged reads: what a format reader's
-    file descriptor is for a local file. The first and last bytes are fetched on open, so
-    sniffing, headers, footers and small indexes cost no further request."""
+    """A committed checkpoint's data object opened for ranged reads: the
+    :class:`ckpt.storage.ReadableBlob` formats read an object-store checkpoint through. The
+    first and last bytes are fetched on open, so sniffing, headers, footers and small indexes
+    cost no further request."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -276,7 +277,11 @@ class RemoteFile:
                 return data[offset - start:offset - start + n]
         return None
 
-    def pread_into(self, view: memoryview, offset: int, what: str) -> None:
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
         if offset + len(view) > self.size:
             raise CorruptCheckpointError(f"{self.url}: the object ends in the middle of {what} (offset "
                                          f"{self.size}): it is truncated")

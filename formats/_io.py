@@ -10,6 +10,7 @@ with one ``preadv`` call.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ckpt.errors import CorruptCheckpointError
+from ckpt.storage import ReadableBlob
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("ckpt's file formats are implemented for little-endian hosts only")
@@ -128,31 +130,140 @@ def byte_view(arr: np.ndarray) -> memoryview:
     return arr.reshape(-1).view(np.uint8).data
 
 
-def pread_into(fd: int, view: memoryview, offset: int, path: str, what: str) -> None:
-    """Fill ``view`` from ``fd`` at ``offset``; a short file is a CorruptCheckpointError."""
-    remote: Any = fd
-    if not isinstance(remote, int):  # an object-store checkpoint (ckpt._remote.RemoteFile): ranged GETs
-        remote.pread_into(view, offset, what)
-        return
-    done, total = 0, len(view)
-    while done < total:
+class LocalFile:
+    """A local file opened for positioned reads: the :class:`ckpt.storage.ReadableBlob` of
+    every format reading a file on disk.
+
+    ``name`` (default: ``path``) is what error messages call the file.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "f")
+        >>> with open(path, "wb") as f:
+        ...     _ = f.write(bytes(range(10)))
+        >>> with LocalFile(path) as blob:
+        ...     pread(blob, 2, 3, "three bytes")
+        b'\\x02\\x03\\x04'
+    """
+
+    def __init__(self, path: str, name: str | None = None) -> None:
+        self._file = open(path, "rb", buffering=0)  # a FileIO: closed (and warned about) like any file
+        self.fd = self._file.fileno()
+        self._name = path if name is None else name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
+        """Fill ``view`` at ``offset``; a short file or EIO is a CorruptCheckpointError."""
+        done, total, fd = 0, len(view), self.fd
+        while done < total:
+            try:
+                n = os.preadv(fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise CorruptCheckpointError(f"{self._name}: cannot read {what}: {exc.strerror or exc}") from exc
+            if n == 0:
+                raise CorruptCheckpointError(
+                    f"{self._name}: file ends in the middle of {what} (offset {offset + done}): it is truncated")
+            done += n
+
+    def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
+        """Fill each ``(offset, view)`` from the file and return the views' crc32c values.
+
+        Spans within GAP bytes of each other are read by one ``preadv`` (the gaps land in a
+        scratch buffer); big spans are read by the worker threads, several at once. ``name(i)``
+        labels span i in errors.
+        """
+        fd, path = self.fd, self._name
+        crcs = [0] * len(spans)
+        order: Sequence[int] = range(len(spans))
+        if any(spans[i][0] > spans[i + 1][0] for i in range(len(spans) - 1)):
+            order = sorted(order, key=lambda i: spans[i][0])
+        group: list[int] = []
+        iov: list[memoryview] = []
+        scratch = memoryview(bytearray(GAP))
+        start = end = 0
+
+        def flush() -> None:
+            if not group:
+                return
+            try:
+                n = os.preadv(fd, iov, start) if end > start else 0
+            except OSError as exc:
+                raise CorruptCheckpointError(f"{path}: cannot read {name(group[0])}: {exc.strerror or exc}") from exc
+            if n != end - start:  # a short read: redo span by span, which names what is missing
+                for i in group:
+                    self.read_into(spans[i][1], spans[i][0], name(i))
+            check = _crc32c or crc32c
+            for i in group:
+                crcs[i] = check(spans[i][1])
+            group.clear()
+            iov.clear()
+
+        jobs = []
+        for i in order:
+            offset, view = spans[i]
+            n = len(view)
+            if n >= BIG:  # pieces of PIECE bytes (the odd remainder first), read side by side
+                first = n % PIECE or PIECE
+                jobs.append((i, [_submit(read_checked, self, view[start:end], offset + start, name(i))
+                                 for start, end in zip([0, *range(first, n, PIECE)], range(first, n + 1, PIECE))]))
+                continue
+            if group:
+                if offset < end or offset - end > GAP or len(iov) >= _MAX_IOV - 1 or end - start > _MAX_BATCH:
+                    flush()
+                    start = offset
+                elif offset > end:
+                    iov.append(scratch[:offset - end])
+            else:
+                start = offset
+            if n:
+                iov.append(view)
+            group.append(i)
+            end = offset + n
         try:
-            n = os.preadv(fd, [view[done:]], offset + done)
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
-        if n == 0:
-            raise CorruptCheckpointError(
-                f"{path}: file ends in the middle of {what} (offset {offset + done}): it is truncated")
-        done += n
+            flush()
+            for _, pieces in reversed(jobs):  # pieces no worker has started yet, this thread reads itself
+                for piece in reversed(pieces):
+                    _steal(piece)
+        finally:
+            errors = []
+            for i, pieces in jobs:  # wait for every piece: none may write into a buffer after we return
+                try:
+                    crc = pieces[0].job.result()
+                    for piece in pieces[1:]:
+                        crc = crc32c_combine_piece(crc, piece.job.result())
+                    crcs[i] = crc
+                except CorruptCheckpointError as exc:
+                    errors.append(exc)
+                    for piece in pieces:
+                        piece.job.exception()  # wait for the rest of this tensor's pieces too
+        if errors:
+            raise errors[0]
+        return crcs
 
 
-def read_checked(fd: int, view: memoryview, offset: int, path: str, what: str) -> int:
+def read_checked(source: ReadableBlob, view: memoryview, offset: int, what: str) -> int:
     """Fill ``view`` from ``offset`` and return its crc32c, each chunk checksummed while it is
     still in this core's cache."""
     crc = 0
     for start in range(0, len(view), CHUNK):
         chunk = view[start:start + CHUNK]
-        pread_into(fd, chunk, offset + start, path, what)
+        source.read_into(chunk, offset + start, what)
         crc = crc32c(chunk, crc)
     return crc
 
@@ -181,103 +292,60 @@ def _steal(piece: _Piece) -> None:
             piece.job.set_exception(exc)
 
 
-def read_spans(fd: int, spans: Sequence[tuple[int, memoryview]], path: str,
-               name: Callable[[int], str]) -> list[int]:
-    """Fill each ``(offset, view)`` from the file and return the views' crc32c values.
-
-    Spans within GAP bytes of each other are read by one ``preadv`` (the gaps land in a
-    scratch buffer); big spans are read by the worker threads, several at once. ``name(i)``
-    labels span i in errors.
-    """
-    remote: Any = fd
-    if not isinstance(remote, int):  # an object-store checkpoint: concurrent ranged GETs
-        crcs: list[int] = remote.read_spans(spans, name)
-        return crcs
-    crcs = [0] * len(spans)
-    order: Sequence[int] = range(len(spans))
-    if any(spans[i][0] > spans[i + 1][0] for i in range(len(spans) - 1)):
-        order = sorted(order, key=lambda i: spans[i][0])
-    group: list[int] = []
-    iov: list[memoryview] = []
-    scratch = memoryview(bytearray(GAP))
-    start = end = 0
-
-    def flush() -> None:
-        if not group:
-            return
-        try:
-            n = os.preadv(fd, iov, start) if end > start else 0
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{path}: cannot read {name(group[0])}: {exc.strerror or exc}") from exc
-        if n != end - start:  # a short read: redo span by span, which names what is missing
-            for i in group:
-                pread_into(fd, spans[i][1], spans[i][0], path, name(i))
-        check = _crc32c or crc32c
-        for i in group:
-            crcs[i] = check(spans[i][1])
-        group.clear()
-        iov.clear()
-
-    jobs = []
-    for i in order:
-        offset, view = spans[i]
-        n = len(view)
-        if n >= BIG:  # pieces of PIECE bytes (the odd remainder first), read side by side
-            first = n % PIECE or PIECE
-            jobs.append((i, [_submit(read_checked, fd, view[start:end], offset + start, path, name(i))
-                             for start, end in zip([0, *range(first, n, PIECE)], range(first, n + 1, PIECE))]))
-            continue
-        if group:
-            if offset < end or offset - end > GAP or len(iov) >= _MAX_IOV - 1 or end - start > _MAX_BATCH:
-                flush()
-                start = offset
-            elif offset > end:
-                iov.append(scratch[:offset - end])
-        else:
-            start = offset
-        if n:
-            iov.append(view)
-        group.append(i)
-        end = offset + n
-    try:
-        flush()
-        for _, pieces in reversed(jobs):  # pieces no worker has started yet, this thread reads itself
-            for piece in reversed(pieces):
-                _steal(piece)
-    finally:
-        errors = []
-        for i, pieces in jobs:  # wait for every piece: none may write into a buffer after we return
-            try:
-                crc = pieces[0].job.result()
-                for piece in pieces[1:]:
-                    crc = crc32c_combine_piece(crc, piece.job.result())
-                crcs[i] = crc
-            except CorruptCheckpointError as exc:
-                errors.append(exc)
-                for piece in pieces:
-                    piece.job.exception()  # wait for the rest of this tensor's pieces too
-    if errors:
-        raise errors[0]
-    return crcs
-
-
-def pread(fd: int, offset: int, size: int, path: str, what: str) -> bytes:
-    """Read exactly ``size`` bytes at ``offset`` (callers bound ``size`` by the file size)."""
+def pread(source: ReadableBlob, offset: int, size: int, what: str) -> bytes:
+    """Read exactly ``size`` bytes at ``offset`` (callers bound ``size`` by the blob's size)."""
     buf = bytearray(size)
-    pread_into(fd, memoryview(buf), offset, path, what)
+    source.read_into(memoryview(buf), offset, what)
     return bytes(buf)
 
 
-def checksum_range(fd: int, offset: int, size: int, path: str, what: str, value: int = 0) -> int:
-    """crc32c of ``size`` bytes of the file at ``offset``, read in bounded chunks."""
+def checksum_range(source: ReadableBlob, offset: int, size: int, what: str, value: int = 0,
+                   checksum: Callable[[Any, int], int] = crc32c) -> int:
+    """The checksum (crc32c unless told) of ``size`` bytes of ``source`` at ``offset``, read in
+    bounded chunks."""
     buf = memoryview(bytearray(min(size, CHUNK)))
     done = 0
     while done < size:
         n = min(len(buf), size - done)
-        pread_into(fd, buf[:n], offset + done, path, what)
-        value = crc32c(buf[:n], value)
+        source.read_into(buf[:n], offset + done, what)
+        value = checksum(buf[:n], value)
         done += n
     return value
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable file over ``size`` bytes of ``source`` from ``start``: for parsers
+    that want a file object (zipfile, h5py, pickle streams). Closing it leaves ``source`` open."""
+
+    def __init__(self, source: ReadableBlob, start: int, size: int) -> None:
+        super().__init__()
+        self._source, self._start, self._size, self._pos = source, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._size - self._pos))
+        self._source.read_into(view[:n], self._start + self._pos, "the file")
+        self._pos += n
+        return n
+
+
+def stream(source: ReadableBlob) -> io.BufferedReader:
+    """A buffered file object over the whole of ``source`` (small sequential reads are cheap)."""
+    return io.BufferedReader(RangeFile(source, 0, source.size))
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
@@ -298,11 +366,6 @@ def pwritev_all(fd: int, pieces: Sequence[Any], offset: int) -> None:
         if done < total:  # a short write (a signal, a full quota): finish piece by piece
             pwrite_all(fd, b"".join(batch)[done:], offset + done)
         offset += total
-
-
-def file_size(fd: int) -> int:
-    remote: Any = fd  # an object-store checkpoint (ckpt._remote.RemoteFile) knows its size
-    return os.fstat(fd).st_size if isinstance(remote, int) else int(remote.size)
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

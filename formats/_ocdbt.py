@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _io
 
@@ -127,7 +128,7 @@ class Store:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self._files: dict[str, Any] = {}
+        self._files: dict[str, ReadableBlob] = {}
         #: key -> inline bytes, or (data file path, offset, length)
         self.values: dict[bytes, Any] = {}
         self._visits = 0
@@ -244,14 +245,14 @@ class Store:
         f = self._files.get(path)
         if f is None:
             try:
-                f = self._files[path] = open(os.path.join(self.root, path), "rb", buffering=0)
+                f = self._files[path] = _io.LocalFile(os.path.join(self.root, path), name=path)
             except OSError as exc:
                 raise CorruptCheckpointError(f"{where}: data file {path}: {exc.strerror or exc}") from exc
-        size = _io.file_size(f.fileno())
+        size = f.size
         if offset + length > size:
             raise CorruptCheckpointError(f"{where}: needs bytes {offset}..{offset + length} of the {size}-byte "
                                          f"data file {path}: it is truncated")
-        return _io.pread(f.fileno(), offset, length, path, where)
+        return _io.pread(f, offset, length, where)
 
     def close(self) -> None:
         for f in self._files.values():

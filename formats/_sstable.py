@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+from ckpt.storage import ReadableBlob
+
 from . import _io
 
 #: The last 8 bytes of every table (LevelDB's magic number, little-endian).
@@ -138,11 +140,11 @@ def _block_handle(buf: bytes, pos: int) -> tuple[int, int, int]:
     return offset, size, pos
 
 
-def read_block(fd: int, path: str, file_size: int, offset: int, size: int) -> bytes:
+def read_block(source: ReadableBlob, file_size: int, offset: int, size: int) -> bytes:
     """Read a block and its trailer, verify the trailer's checksum, decompress if needed."""
     if offset + size + _BLOCK_TRAILER > file_size:
         raise SSTableError(f"a block at offset {offset} (+{size} bytes) lies outside the {file_size}-byte file")
-    raw = _io.pread(fd, offset, size + _BLOCK_TRAILER, path, "an index block")
+    raw = _io.pread(source, offset, size + _BLOCK_TRAILER, "an index block")
     contents, kind = raw[:size], raw[size]
     (stored,) = struct.unpack_from("<I", raw, size + 1)
     if _io.crc32c(raw[:size + 1]) != unmask(stored):
@@ -175,18 +177,18 @@ def block_entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
         pos += n
 
 
-def table_entries(fd: int, path: str) -> Iterator[tuple[bytes, bytes]]:
+def table_entries(source: ReadableBlob) -> Iterator[tuple[bytes, bytes]]:
     """Yield every (key, value) of an SSTable file, in key order."""
-    size = _io.file_size(fd)
+    size = source.size
     if size < FOOTER_SIZE:
         raise SSTableError(f"{size} bytes is too short for a table (footer is {FOOTER_SIZE} bytes)")
-    footer = _io.pread(fd, size - FOOTER_SIZE, FOOTER_SIZE, path, "the footer")
+    footer = _io.pread(source, size - FOOTER_SIZE, FOOTER_SIZE, "the footer")
     if footer[-8:] != TABLE_MAGIC:
         raise SSTableError("the footer has no table magic number: not a TensorFlow index, or truncated")
     _, _, pos = _block_handle(footer, 0)  # the metaindex block holds nothing TensorFlow uses
     index_offset, index_size, _ = _block_handle(footer, pos)
     end = 0
-    for _, handle in block_entries(read_block(fd, path, size, index_offset, index_size)):
+    for _, handle in block_entries(read_block(source, size, index_offset, index_size)):
         offset, block_size, _ = _block_handle(handle, 0)
         # a table's data blocks follow each other: each is read (and decompressed) once, so the
         # work is bounded by the file's size, however many entries point at one block
@@ -194,4 +196,4 @@ def table_entries(fd: int, path: str) -> Iterator[tuple[bytes, bytes]]:
             raise SSTableError(f"the index points at a block at offset {offset}, inside or before the "
                                f"block that ends at {end}: data blocks are stored one after another")
         end = offset + block_size + _BLOCK_TRAILER
-        yield from block_entries(read_block(fd, path, size, offset, block_size))
+        yield from block_entries(read_block(source, size, offset, block_size))

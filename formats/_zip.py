@@ -2,18 +2,18 @@
 
 Members are read in place: a stored (uncompressed) member is a byte range of the archive,
 so tensors are read straight into the caller's buffer and checked against the member's
-CRC-32. Compressed members are refused; both frameworks store their data uncompressed.
+CRC-32 (a member h5py must open is handed over as an ``_io.RangeFile``). Compressed members
+are refused; both frameworks store their data uncompressed.
 """
 
 from __future__ import annotations
 
-import io
-import os
 import struct
 import zlib
 from typing import TYPE_CHECKING, Any
 
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _io
 
@@ -44,19 +44,20 @@ def first_member_name(head: bytes) -> str | None:
     return raw.decode("utf-8", "replace") if len(raw) == name_len else None
 
 
-def member_span(fd: int, info: zipfile.ZipInfo, path: str) -> tuple[int, int]:
+def member_span(source: ReadableBlob, info: zipfile.ZipInfo) -> tuple[int, int]:
     """(offset, size) of a stored member's bytes in the archive, checked against the file size."""
+    path = source.name
     if info.flag_bits & 1:
         raise UnsupportedCheckpointError(f"{path}: zip member {info.filename!r} is encrypted")
     if info.compress_type != 0:  # ZIP_STORED
         raise UnsupportedCheckpointError(
             f"{path}: zip member {info.filename!r} is compressed (method {info.compress_type}); "
             "ckpt reads members stored uncompressed, as the framework writes them")
-    size = _io.file_size(fd)
+    size = source.size
     if info.header_offset + _LOCAL_HEADER.size > size:
         raise CorruptCheckpointError(f"{path}: zip member {info.filename!r} starts beyond the end of "
                                      "the file: it is truncated")
-    fields = _LOCAL_HEADER.unpack(_io.pread(fd, info.header_offset, _LOCAL_HEADER.size, path,
+    fields = _LOCAL_HEADER.unpack(_io.pread(source, info.header_offset, _LOCAL_HEADER.size,
                                             f"the zip header of {info.filename!r}"))
     if fields[0] != ZIP_MAGIC:
         raise CorruptCheckpointError(f"{path}: zip member {info.filename!r} has no local header at "
@@ -74,47 +75,6 @@ def crc32(data: Any, value: int = 0) -> int:
     return zlib.crc32(data, value)
 
 
-def crc32_range(fd: int, offset: int, size: int, path: str, what: str) -> int:
-    """CRC-32 of a byte range of the file, read in bounded chunks."""
-    buf = memoryview(bytearray(min(size, _io.CHUNK)))
-    value = done = 0
-    while done < size:
-        n = min(len(buf), size - done)
-        _io.pread_into(fd, buf[:n], offset + done, path, what)
-        value = zlib.crc32(buf[:n], value)
-        done += n
-    return value
-
-
-class MemberFile(io.RawIOBase):
-    """A read-only, seekable file over one stored member (what h5py needs to open it in place)."""
-
-    def __init__(self, fd: int, start: int, size: int) -> None:
-        super().__init__()
-        self._fd, self._start, self._size, self._pos = fd, start, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self._size - self._pos))
-        done = 0
-        while done < n:
-            got = os.preadv(self._fd, [view[done:n]], self._start + self._pos + done)
-            if got == 0:
-                break
-            done += got
-        self._pos += done
-        return done
+def crc32_range(source: ReadableBlob, offset: int, size: int, what: str) -> int:
+    """CRC-32 of a byte range of the archive, read in bounded chunks."""
+    return _io.checksum_range(source, offset, size, what, checksum=zlib.crc32)

@@ -32,11 +32,14 @@ from ckpt.errors import (
     closest_hint,
 )
 from ckpt.gcpause import gc_paused
+from ckpt.storage import ReadableBlob
+
+from ._io import LocalFile
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
            "unregister_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
-           "key_problem", "normalize_metadata", "materialize", "check_tensors", "SNIFF_BYTES"]
+           "key_problem", "normalize_metadata", "materialize", "check_tensors", "open_blob", "SNIFF_BYTES"]
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -184,31 +187,22 @@ class BaseReader:
 
 
 class FileReader(BaseReader):
-    """A reader that keeps its file open and reads the index on construction.
+    """A reader that keeps its checkpoint open and reads the index on construction.
 
-    Subclasses implement ``_open()`` (``self.path``, ``self._file`` and ``self._fd`` are set);
-    a failure there closes the file again.
+    Subclasses implement ``_open()``, reading through ``self._source`` (a
+    :class:`ckpt.storage.ReadableBlob`: the local file, or for a URL the object in its
+    store); a failure there closes it again.
     """
-
-    _buffering = 0  # positioned reads need no buffer; a format parsing small records may want one
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._file: Any
-        self._fd: int  # a descriptor, or for a URL a ckpt._remote.RemoteFile that formats/_io dispatches on
-        if is_url(path):  # an object store: ranged GETs instead of preads
-            from ckpt._remote import open_file
-
-            self._file = open_file(path)
-        else:
-            self._file = open(path, "rb", buffering=self._buffering)
+        self._source: ReadableBlob = open_blob(path)
         try:
-            self._fd = self._file if is_url(path) else self._file.fileno()
             with gc_paused():  # an index of many entries creates many small, acyclic objects
                 self._open()
             check_tensors(self._tensors, path)
         except BaseException:
-            self._file.close()
+            self._source.close()
             raise
 
     def _open(self) -> None:
@@ -222,12 +216,19 @@ class FileReader(BaseReader):
     def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
         """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
         caller verifies)."""
-        from . import _io
-
-        _io.pread_into(self._fd, out, offset, self.path, what)
+        self._source.read_into(out, offset, what)
 
     def close(self) -> None:
-        self._file.close()
+        self._source.close()
+
+
+def open_blob(path: str) -> ReadableBlob:
+    """The readable blob behind a checkpoint path: a local file, or an object for a URL."""
+    if is_url(path):  # an object store: ranged GETs instead of preads
+        from ckpt._remote import open_file
+
+        return open_file(path)
+    return LocalFile(path)
 
 
 @runtime_checkable

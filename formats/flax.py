@@ -33,6 +33,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
@@ -84,8 +85,8 @@ class _Leaf:
 class _Cursor:
     """Sequential reads of msgpack headers through a small buffer; payloads are skipped."""
 
-    def __init__(self, fd: int, size: int, path: str) -> None:
-        self.fd, self.size, self.path = fd, size, path
+    def __init__(self, source: ReadableBlob, size: int, path: str) -> None:
+        self.source, self.size, self.path = source, size, path
         self.pos = 0
         self._buf, self._buf_at = b"", 0
 
@@ -96,7 +97,7 @@ class _Cursor:
         start = self.pos - self._buf_at
         if start < 0 or start + n > len(self._buf):
             want = max(n, min(_BUFFER, self.size - self.pos))
-            self._buf, self._buf_at, start = _io.pread(self.fd, self.pos, want, self.path, what), self.pos, 0
+            self._buf, self._buf_at, start = _io.pread(self.source, self.pos, want, what), self.pos, 0
         self.pos += n
         return self._buf[start:start + n]
 
@@ -299,7 +300,7 @@ class FlaxReader(FileReader):
     checksummed = False
 
     def _open(self) -> None:
-        cursor = _Cursor(self._fd, _io.file_size(self._fd), self.path)
+        cursor = _Cursor(self._source, self._source.size, self.path)
         root = _Parser(cursor).value([], 0)
         if cursor.pos != cursor.size:
             raise CorruptCheckpointError(f"{self.path}: {cursor.size - cursor.pos} bytes follow the msgpack "
@@ -331,10 +332,10 @@ class FlaxReader(FileReader):
             out[()] = leaf.value
         elif leaf.is_bytes:
             (offset, n), = leaf.extents
-            out[()] = _io.pread(self._fd, offset, n, self.path, f"tensor {info.key!r}")
+            out[()] = _io.pread(self._source, offset, n, f"tensor {info.key!r}")
         else:
             view, pos = _io.byte_view(out), 0
             for offset, n in leaf.extents:
-                _io.pread_into(self._fd, view[pos:pos + n], offset, self.path, f"tensor {info.key!r}")
+                self._source.read_into(view[pos:pos + n], offset, f"tensor {info.key!r}")
                 pos += n
 

@@ -41,6 +41,7 @@ from ckpt import dtypes
 from ckpt._urls import is_url
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _h5struct, _io, h5plain
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
@@ -173,9 +174,10 @@ class Hdf5Format(WritableFormat):
                 entry[3], entry[5] = offset or 0, crc if pending is None else pending()  # the real ones
             if run:
                 _io.pwritev_all(fd, run, run_start)
-            size = _io.file_size(fd)
+            size = os.fstat(fd).st_size
             try:
-                meta_crc = _metadata_crc(fd, userblock, size, extents, path)
+                with _io.LocalFile(path) as written:
+                    meta_crc = _metadata_crc(written, userblock, size, extents)
             except CorruptCheckpointError as exc:  # an I/O error reading back what was just written
                 raise CheckpointWriteError(f"{path}: writing failed: {exc}") from exc
             index = _index_bytes(entries, metadata, size, meta_crc)
@@ -239,15 +241,15 @@ def _ckpt_mark(path: str) -> str:
     is read through h5py; one whose user block is there but holds no ckpt header was damaged.
     Searched: the start of the user block and of the HDF5 structure after it.
     """
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    with _io.LocalFile(path) as f:
+        size = f.size
         offset = 512  # HDF5's signature sits at 0 or at a user block's end: 512, 1024, 2048, ...
-        while offset + 8 <= size and os.pread(f.fileno(), 8, offset) != HDF5_SIGNATURE:
+        while offset + 8 <= size and _io.pread(f, offset, 8, "the HDF5 signature") != HDF5_SIGNATURE:
             offset *= 2
-        if offset + 8 > size or os.pread(f.fileno(), 8, 0) == HDF5_SIGNATURE:
+        if offset + 8 > size or _io.pread(f, 0, 8, "the HDF5 signature") == HDF5_SIGNATURE:
             return ""
         for start in (0, offset):
-            window = os.pread(f.fileno(), MARK_WINDOW, start)
+            window = _io.pread(f, start, min(MARK_WINDOW, size - start), "the user block")
             for mark in MARKS:
                 if mark in window:
                     return f"{mark.decode()!r} at byte {start + window.index(mark)}"
@@ -307,13 +309,13 @@ def _index_bytes(entries: list[Any], metadata: dict[str, Any], size: int, meta_c
                    "metadata_crc32c": meta_crc, "metadata": metadata, "tensors": entries})
 
 
-def _metadata_crc(fd: int, start: int, size: int, extents: list[tuple[int, int]], path: str) -> int:
+def _metadata_crc(source: ReadableBlob, start: int, size: int, extents: list[tuple[int, int]]) -> int:
     """crc32c over every byte in [start, size) that is not tensor data, in file order."""
     crc, pos = 0, start
     for offset, n in sorted(extents):
-        crc = _io.checksum_range(fd, pos, offset - pos, path, "HDF5 metadata", crc)
+        crc = _io.checksum_range(source, pos, offset - pos, "HDF5 metadata", crc)
         pos = offset + n
-    return _io.checksum_range(fd, pos, size - pos, path, "HDF5 metadata", crc)
+    return _io.checksum_range(source, pos, size - pos, "HDF5 metadata", crc)
 
 
 class _NotCkptFile(CorruptCheckpointError):
@@ -341,9 +343,9 @@ class Hdf5Reader(FileReader):
     format_name = "hdf5"
 
     def _open(self) -> None:
-        path, fd = self.path, self._fd
-        size = _io.file_size(fd)
-        head = _io.pread(fd, 0, min(size, _HEADER.size), path, "the header")
+        path, source = self.path, self._source
+        size = source.size
+        head = _io.pread(source, 0, min(size, _HEADER.size), "the header")
         if not head.startswith(MAGIC):
             raise _NotCkptFile(path, head)
         if size < _HEADER.size:
@@ -358,7 +360,7 @@ class Hdf5Reader(FileReader):
             raise CorruptCheckpointError(f"{path}: the header describes a {userblock}-byte user block "
                                          f"with a {index_len}-byte index in a {size}-byte file: it is "
                                          "truncated or damaged")
-        raw = _io.pread(fd, _HEADER.size, index_len, path, "the index")
+        raw = _io.pread(source, _HEADER.size, index_len, "the index")
         if _io.crc32c(raw) != index_crc:
             raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
         index = _unpack_index(raw, path)
@@ -394,7 +396,7 @@ class Hdf5Reader(FileReader):
             else:
                 raw = strings[len(spans)] = np.empty(info.shape, dtype=f"S{itemsize}")
                 spans.append((offset, byte_view(raw)))
-        crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {pairs[i][0].key!r}")
+        crcs = self._source.read_spans(spans, lambda i: f"tensor {pairs[i][0].key!r}")
         for (info, _), crc in zip(pairs, crcs):
             if crc != info.extra.crc32c:
                 raise CorruptCheckpointError(
@@ -410,15 +412,14 @@ class Hdf5Reader(FileReader):
         problems = []
         for key, info in self._tensors.items():
             offset, expected = info.extra.offset, info.extra.crc32c
-            got = _io.checksum_range(self._fd, offset, info.nbytes, self.path, f"tensor {key!r}")
+            got = _io.checksum_range(self._source, offset, info.nbytes, f"tensor {key!r}")
             if got != expected:
                 problems.append(f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, "
                                 f"expected {expected:#010x}): the file is damaged")
             if progress is not None:
                 progress(info.nbytes)
-        size = _io.file_size(self._fd)
         extents = [(off, n) for off, n, _ in self._extents]
-        if _metadata_crc(self._fd, self._userblock, size, extents, self.path) != self._meta_crc:
+        if _metadata_crc(self._source, self._userblock, self._source.size, extents) != self._meta_crc:
             problems.append(f"{self.path}: the HDF5 structure (groups, dataset headers, attributes) "
                             "fails its checksum: the file is damaged")
         return problems

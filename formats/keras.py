@@ -37,8 +37,9 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
-from . import _zip
+from . import _io, _zip
 from .base import Format
 from .base import BaseReader, TensorInfo
 from .h5plain import H5pyReader, refuse_opaque
@@ -61,11 +62,11 @@ class KerasFormat(Format):
         return _zip.first_member_name(head) in _ZIP_MEMBERS
 
     def open(self, path: str) -> KerasReader:
-        file = open(path, "rb")
+        source = _io.LocalFile(path)
         try:
-            return _open_zip(path, file)
+            return _open_zip(path, source)
         except BaseException:
-            file.close()
+            source.close()
             raise
 
 
@@ -75,7 +76,7 @@ class KerasReader(BaseReader):
     format_name = "keras"
 
     def __init__(self, inner: H5pyReader, tensors: dict[str, TensorInfo], metadata: dict[str, Any],
-                 archive: Any = None, member: tuple[int, int, int] | None = None) -> None:
+                 archive: ReadableBlob | None = None, member: tuple[int, int, int] | None = None) -> None:
         self.path, self._inner = inner.path, inner
         self._tensors, self._metadata = tensors, metadata
         self._archive, self._member = archive, member  # the .keras file and (offset, size, crc32)
@@ -86,9 +87,9 @@ class KerasReader(BaseReader):
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []
-        if self._member is not None:
+        if self._archive is not None and self._member is not None:
             offset, size, crc = self._member
-            if _zip.crc32_range(self._archive.fileno(), offset, size, self.path, WEIGHTS_MEMBER) != crc:
+            if _zip.crc32_range(self._archive, offset, size, WEIGHTS_MEMBER) != crc:
                 problems.append(f"{self.path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
         return problems + super().verify(progress)
 
@@ -103,7 +104,7 @@ def adopt(inner: H5pyReader) -> KerasReader | None:
     return _keras_reader(inner, {}, None, None, required=False)
 
 
-def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
+def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlob | None,
                   member: tuple[int, int, int] | None, required: bool) -> KerasReader | None:
     """Recognise the layout and list the weights; ``required``: the file must be Keras's."""
     try:
@@ -115,7 +116,7 @@ def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
                                      f"{type(exc).__name__}: {exc}") from exc
 
 
-def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: Any,
+def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlob | None,
                member: tuple[int, int, int] | None, required: bool) -> KerasReader | None:
     import h5py
 
@@ -240,21 +241,20 @@ def _keras3_order(inner: H5pyReader, h5: Any) -> tuple[list[str], dict[str, Any]
     return sorted(inner.tensors, key=_natural), {"layer_names": names} if names else {}
 
 
-def _open_zip(path: str, file: Any) -> KerasReader:
-    archive = _zip.open_archive(file, path)
-    fd = file.fileno()
+def _open_zip(path: str, source: ReadableBlob) -> KerasReader:
+    archive = _zip.open_archive(_io.stream(source), path)
     try:
         info = archive.getinfo(WEIGHTS_MEMBER)
     except KeyError:
         raise UnsupportedCheckpointError(f"{path}: a .keras archive without {WEIGHTS_MEMBER} (Keras 3 "
                                          "keeps the weights there)") from None
-    offset, size = _zip.member_span(fd, info, path)
-    if _zip.crc32_range(fd, offset, size, path, WEIGHTS_MEMBER) != info.CRC:
+    offset, size = _zip.member_span(source, info)
+    if _zip.crc32_range(source, offset, size, WEIGHTS_MEMBER) != info.CRC:
         raise CorruptCheckpointError(f"{path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
     metadata = _zip_metadata(archive, path)
-    inner = H5pyReader(path, file=_zip.MemberFile(fd, offset, size))
+    inner = H5pyReader(path, file=_io.RangeFile(source, offset, size))
     try:
-        reader = _keras_reader(inner, metadata, file, (offset, size, info.CRC), required=True)
+        reader = _keras_reader(inner, metadata, source, (offset, size, info.CRC), required=True)
     except BaseException:
         inner.close()
         raise

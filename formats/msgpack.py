@@ -176,17 +176,17 @@ class MsgpackReader(FileReader):
     format_name = "msgpack"
 
     def _open(self) -> None:
-        path, fd = self.path, self._fd
-        size = _io.file_size(fd)
+        path, source = self.path, self._source
+        size = source.size
         if size < DATA_START_V1 + FOOTER_SIZE:
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt msgpack "
                                          "checkpoint: it is truncated")
-        head = _io.pread(fd, 0, min(DATA_START, size), path, "the header")
+        head = _io.pread(source, 0, min(DATA_START, size), "the header")
         version, start, count = _parse_head(head, path)
         if start + FOOTER_SIZE > size:
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a ckpt msgpack "
                                          "checkpoint: it is truncated")
-        footer = _io.pread(fd, size - FOOTER_SIZE, FOOTER_SIZE, path, "the footer")
+        footer = _io.pread(source, size - FOOTER_SIZE, FOOTER_SIZE, "the footer")
         fields = _FOOTER.unpack(footer)
         if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[5] != 0xCF or fields[7] != 0xCE:
             raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated "
@@ -195,7 +195,7 @@ class MsgpackReader(FileReader):
         if index_offset < start or index_offset + index_len + FOOTER_SIZE != size:
             raise CorruptCheckpointError(f"{path}: the footer points to an index at {index_offset} "
                                          f"(+{index_len} bytes) in a {size}-byte file")
-        raw = _io.pread(fd, index_offset, index_len, path, "the index")
+        raw = _io.pread(source, index_offset, index_len, "the index")
         if _io.crc32c(raw) != index_crc:
             raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
         index = unpack(raw, path, "the index")
@@ -230,7 +230,7 @@ class MsgpackReader(FileReader):
             else:
                 spans.append((extents[0][0], _io.byte_view(out)))
                 simple.append(info)
-        crcs = _io.read_spans(self._fd, spans, self.path, lambda i: f"tensor {simple[i].key!r}")
+        crcs = self._source.read_spans(spans, lambda i: f"tensor {simple[i].key!r}")
         for info, crc in zip(simple, crcs):
             if crc != info.extra.crc32c:
                 self._check_crc(info, crc, info.extra.crc32c)
@@ -240,7 +240,7 @@ class MsgpackReader(FileReader):
         what = f"tensor {info.key!r}"
         if dtypes.is_string(info.dtype):
             (offset, n), = extents
-            raw = _io.pread(self._fd, offset, n, self.path, what)
+            raw = _io.pread(self._source, offset, n, what)
             self._check_crc(info, _io.crc32c(raw), expected)
             items = unpack(raw, self.path, what, max_items=info.size)
             if not isinstance(items, list) or len(items) != info.size or \
@@ -254,7 +254,7 @@ class MsgpackReader(FileReader):
         view, pos, crc = _io.byte_view(out), 0, 0
         for offset, n in extents:  # a tensor split across several bin objects
             piece = view[pos:pos + n]
-            _io.pread_into(self._fd, piece, offset, self.path, what)
+            self._source.read_into(piece, offset, what)
             crc = _io.crc32c(piece, crc)
             pos += n
         self._check_crc(info, crc, expected)
@@ -272,7 +272,7 @@ class MsgpackReader(FileReader):
             crc = 0
             try:
                 for offset, n in extents:
-                    crc = _io.checksum_range(self._fd, offset, n, self.path, f"tensor {key!r}", crc)
+                    crc = _io.checksum_range(self._source, offset, n, f"tensor {key!r}", crc)
                 self._check_crc(info, crc, expected)
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
@@ -292,7 +292,7 @@ class MsgpackReader(FileReader):
             if offset != pos + len(prefix) and not is_string:
                 prefix = _padding(pos + len(prefix)) + prefix
             if offset - len(prefix) != pos or (prefix and _io.pread(
-                    self._fd, pos, len(prefix), self.path, f"tensor {key!r}'s bin header") != prefix):
+                    self._source, pos, len(prefix), f"tensor {key!r}'s bin header") != prefix):
                 return [f"{self.path}: the msgpack framing before tensor {key!r} (offset {pos}) is damaged: "
                         "plain msgpack readers cannot decode the file"]
             pos = offset + n

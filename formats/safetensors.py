@@ -133,17 +133,17 @@ class SafetensorsReader(FileReader):
     format_name = "safetensors"
 
     def _open(self) -> None:
-        path, size = self.path, _io.file_size(self._fd)
+        path, size = self.path, self._source.size
         if size < _N.size:
             raise CorruptCheckpointError(f"{path}: {size} bytes is too short for a safetensors file")
-        (n,) = _N.unpack(_io.pread(self._fd, 0, _N.size, path, "the header length"))
+        (n,) = _N.unpack(_io.pread(self._source, 0, _N.size, "the header length"))
         if n > MAX_HEADER:
             raise CorruptCheckpointError(f"{path}: the header length is {n} bytes; safetensors allows at "
                                          f"most {MAX_HEADER}")
         if _N.size + n > size:
             raise CorruptCheckpointError(f"{path}: the header length is {n} bytes but the file has only "
                                          f"{size - _N.size} after it: it is truncated")
-        raw = _io.pread(self._fd, _N.size, n, path, "the header")
+        raw = _io.pread(self._source, _N.size, n, "the header")
         header = _parse_header(raw, path)
         meta = header.get("__metadata__")
         if meta is not None and (not isinstance(meta, dict) or
@@ -162,7 +162,7 @@ class SafetensorsReader(FileReader):
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         view = _io.byte_view(out)
-        _io.pread_into(self._fd, view, self._data_start + info.extra, self.path, f"tensor {info.key!r}")
+        self._source.read_into(view, self._data_start + info.extra, f"tensor {info.key!r}")
         if self._crcs is not None:
             self._check(info.key, _io.crc32c(view))
 
@@ -179,8 +179,8 @@ class SafetensorsReader(FileReader):
         problems = []
         for key, info in self._tensors.items():
             try:
-                self._check(key, _io.checksum_range(self._fd, self._data_start + info.extra, info.nbytes,
-                                                    self.path, f"tensor {key!r}"))
+                self._check(key, _io.checksum_range(self._source, self._data_start + info.extra, info.nbytes,
+                                                    f"tensor {key!r}"))
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
             if progress is not None:

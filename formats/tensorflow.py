@@ -34,6 +34,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
@@ -105,11 +106,11 @@ class TensorFlowReader(BaseReader):
 
     def __init__(self, prefix: str) -> None:
         self.path = prefix
-        self._shards: dict[int, Any] = {}
+        self._shards: dict[int, ReadableBlob] = {}
         self._index = prefix + ".index"
         try:
-            with open(self._index, "rb", buffering=0) as f:
-                self._read_index(f.fileno())
+            with _io.LocalFile(self._index) as index:
+                self._read_index(index)
         except SSTableError as exc:
             self.close()
             raise CorruptCheckpointError(f"{self._index}: {exc}") from exc
@@ -117,7 +118,7 @@ class TensorFlowReader(BaseReader):
             self.close()
             raise
 
-    def _read_index(self, fd: int) -> None:
+    def _read_index(self, index: ReadableBlob) -> None:
         self._tensors = {}
         self._entries: dict[str, tuple[int, int, int, int]] = {}  # shard, offset, size, masked crc32c
         #: sliced variables: name -> [(box: (start, length) per dimension, entry)], and the slices read
@@ -127,7 +128,7 @@ class TensorFlowReader(BaseReader):
         self._notes: dict[str, str] = {}
         header = None
         seen: set[bytes] = set()
-        for raw_key, value in table_entries(fd, self._index):
+        for raw_key, value in table_entries(index):
             if raw_key in seen:
                 raise SSTableError(f"key {raw_key!r} appears twice")
             seen.add(raw_key)
@@ -158,7 +159,7 @@ class TensorFlowReader(BaseReader):
                 raise CorruptCheckpointError(f"{self._index}: tensor {key!r} is in shard {shard} of "
                                              f"{self._num_shards}")
             if shard not in sizes:
-                sizes[shard] = _io.file_size(self._shard(shard).fileno())
+                sizes[shard] = self._shard(shard).size
             if offset + size > sizes[shard]:
                 raise CorruptCheckpointError(
                     f"{self._data_name(shard)}: tensor {key!r} needs bytes {offset}..{offset + size} of a "
@@ -270,12 +271,12 @@ class TensorFlowReader(BaseReader):
             raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}")
         return super().info(key)
 
-    def _shard(self, shard: int) -> Any:
+    def _shard(self, shard: int) -> ReadableBlob:
         """The open data file of a shard (opened on first use, kept until close)."""
         if shard not in self._shards:
             name = self._data_name(shard)
             try:
-                self._shards[shard] = open(name, "rb", buffering=0)
+                self._shards[shard] = _io.LocalFile(name)
             except FileNotFoundError:
                 raise CorruptCheckpointError(f"{name}: the data file of {self.path} is missing") from None
         return self._shards[shard]
@@ -292,16 +293,16 @@ class TensorFlowReader(BaseReader):
 
     def _read_entry(self, entry: tuple[int, int, int, int], out: np.ndarray, what: str) -> None:
         shard, offset, size, stored_crc = entry
-        fd = self._shard(shard).fileno()
+        source = self._shard(shard)
         name = self._data_name(shard)
-        if offset + size > _io.file_size(fd):
+        if offset + size > source.size:
             raise CorruptCheckpointError(f"{name}: {what} needs bytes {offset}..{offset + size} of a "
-                                         f"{_io.file_size(fd)}-byte file: it is truncated")
+                                         f"{source.size}-byte file: it is truncated")
         if dtypes.is_string(out.dtype):
-            crc = _read_strings(_io.pread(fd, offset, size, name, what), out, name, what)
+            crc = _read_strings(_io.pread(source, offset, size, what), out, name, what)
         else:
             view = _io.byte_view(out)
-            _io.pread_into(fd, view, offset, name, what)
+            source.read_into(view, offset, what)
             crc = _io.crc32c(view)
         if crc != unmask(stored_crc):
             raise CorruptCheckpointError(f"{name}: {what} fails its checksum (crc32c {crc:#010x}, expected "

@@ -62,11 +62,10 @@ class TorchReader(FileReader):
     """Unpickles data.pkl (restricted) on open; reads storages on request."""
 
     format_name = "pytorch"
-    _buffering = -1  # the zip directory is parsed in small reads
-
     def _open(self) -> None:
         path = self.path
         self._storages: dict[str, tuple[StorageRef, int, int, int | None]] = {}
+        self._file = _io.stream(self._source)  # the zip directory and pickles are parsed in small reads
         if self._file.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC:
             self._file.seek(0)
             self._open_legacy()
@@ -102,7 +101,7 @@ class TorchReader(FileReader):
         """The legacy format: pickles of the magic number, the protocol version, the system info, the
         object and the sorted storage keys; then each storage as an int64 element count and its bytes.
         There are no checksums."""
-        path, f = self.path, _Bounded(self._file, _io.file_size(self._fd))
+        path, f = self.path, _Bounded(self._file, self._source.size)
         if load(f, path, _no_storage) != _LEGACY_NUMBER or load(f, path, _no_storage) != _LEGACY_PROTOCOL:
             raise UnsupportedCheckpointError(f"{path}: a legacy torch.save file of an unknown version")
         info = load(f, path, _no_storage)
@@ -119,10 +118,10 @@ class TorchReader(FileReader):
                 set(keys) != set(refs):
             raise CorruptCheckpointError(f"{path}: the list of storage keys does not match the storages the "
                                          "pickle uses")
-        pos, size = f.tell(), _io.file_size(self._fd)
+        pos, size = f.tell(), self._source.size
         for key in keys:  # each storage: its element count (int64) then its bytes, in this order
             ref = refs[key]
-            numel = int.from_bytes(_io.pread(self._fd, pos, 8, path, f"storage {key!r}"), "little", signed=True)
+            numel = int.from_bytes(_io.pread(self._source, pos, 8, f"storage {key!r}"), "little", signed=True)
             nbytes = numel * ref.dtype.itemsize
             if numel != ref.numel or pos + 8 + nbytes > size:
                 raise CorruptCheckpointError(
@@ -144,8 +143,8 @@ class TorchReader(FileReader):
     def _member(self, name: str) -> bytes:
         """A small member's bytes (data.pkl, byteorder), checked against its CRC-32."""
         info = self._zip.getinfo(name)
-        offset, size = _zip.member_span(self._fd, info, self.path)
-        data = _io.pread(self._fd, offset, size, self.path, f"zip member {name!r}")
+        offset, size = _zip.member_span(self._source, info)
+        data = _io.pread(self._source, offset, size, f"zip member {name!r}")
         if _zip.crc32(data) != info.CRC:
             raise CorruptCheckpointError(f"{self.path}: zip member {name!r} fails its CRC-32: the file is damaged")
         return data
@@ -163,7 +162,7 @@ class TorchReader(FileReader):
         except KeyError:
             raise CorruptCheckpointError(f"{self.path}: storage {ref.key!r} ({name}) is missing from the "
                                          "archive") from None
-        offset, size = _zip.member_span(self._fd, info, self.path)
+        offset, size = _zip.member_span(self._source, info)
         if size != ref.numel * ref.dtype.itemsize:
             raise CorruptCheckpointError(
                 f"{self.path}: storage {ref.key!r} should hold {ref.numel} elements of {ref.dtype} "
@@ -209,7 +208,7 @@ class TorchReader(FileReader):
                 raise CorruptCheckpointError(
                     f"{self.path}: tensor {key!r} ({list(ref.shape)}, strides {list(ref.stride)}, offset "
                     f"{ref.offset}) reaches beyond its storage of {ref.storage.numel} elements")
-        if count * ref.dtype.itemsize > _io.file_size(self._fd):  # an expanded (stride 0) view
+        if count * ref.dtype.itemsize > self._source.size:  # an expanded (stride 0) view
             raise UnsupportedCheckpointError(
                 f"{self.path}: tensor {key!r} is a view of {list(ref.shape)} elements (strides "
                 f"{list(ref.stride)}), larger than the whole file; ckpt does not expand it")
@@ -223,11 +222,11 @@ class TorchReader(FileReader):
             return
         if ref.offset == 0 and info.nbytes == size and _is_c_contiguous(ref):
             view = _io.byte_view(out)
-            _io.pread_into(self._fd, view, offset, self.path, what)
+            self._source.read_into(view, offset, what)
             self._check(info.key, view, crc)
         else:
             storage = np.empty(size, np.uint8)  # a view of part of a storage: gather it from the whole
-            _io.pread_into(self._fd, _io.byte_view(storage), offset, self.path, what)
+            self._source.read_into(_io.byte_view(storage), offset, what)
             self._check(info.key, storage, crc)
             itemsize = ref.dtype.itemsize
             out[...] = np.ndarray(ref.shape, ref.dtype, buffer=storage, offset=ref.offset * itemsize,
@@ -256,7 +255,7 @@ class TorchReader(FileReader):
             if key in used:
                 continue
             try:
-                got = _zip.crc32_range(self._fd, offset, size, self.path, f"storage {key!r}")
+                got = _zip.crc32_range(self._source, offset, size, f"storage {key!r}")
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
                 continue

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 import crc32c
@@ -11,6 +10,7 @@ import pytest
 
 import ckpt
 from ckpt.formats import _io
+from ckpt.storage import ReadableBlob
 
 
 @pytest.mark.parametrize("head", [1, 100, 4096, _io.PIECE])
@@ -25,12 +25,9 @@ def test_large_spans_are_read_in_pieces_with_the_whole_checksum(tmp_path, size):
     data = np.random.default_rng(size).bytes(3 * _io.PIECE + 20000)
     path = str(tmp_path / "data")
     pathlib.Path(path).write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with _io.LocalFile(path) as source:
         small, big = bytearray(10), bytearray(size)
-        crcs = _io.read_spans(fd, [(7, memoryview(big)), (0, memoryview(small))], path, lambda i: f"span {i}")
-    finally:
-        os.close(fd)
+        crcs = source.read_spans([(7, memoryview(big)), (0, memoryview(small))], lambda i: f"span {i}")
     assert bytes(big) == data[7:7 + size] and bytes(small) == data[:10]
     assert crcs == [crc32c.crc32c(data[7:7 + size]), crc32c.crc32c(data[:10])]
 
@@ -38,9 +35,19 @@ def test_large_spans_are_read_in_pieces_with_the_whole_checksum(tmp_path, size):
 def test_a_short_file_fails_every_piece_cleanly(tmp_path):
     path = str(tmp_path / "short")
     pathlib.Path(path).write_bytes(bytes(_io.PIECE + 10))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(ckpt.CorruptCheckpointError, match="span 0.*truncated"):
-            _io.read_spans(fd, [(0, memoryview(bytearray(3 * _io.PIECE)))], path, lambda i: f"span {i}")
-    finally:
-        os.close(fd)
+    with _io.LocalFile(path) as source, pytest.raises(ckpt.CorruptCheckpointError, match="short: file ends in the middle of span 0.*truncated"):
+        source.read_spans([(0, memoryview(bytearray(3 * _io.PIECE)))], lambda i: f"span {i}")
+
+
+def test_local_files_are_readable_blobs_named_in_errors(tmp_path):
+    path = str(tmp_path / "blob")
+    pathlib.Path(path).write_bytes(b"0123456789")
+    with _io.LocalFile(path, name="shown-name") as source:
+        assert isinstance(source, ReadableBlob) and source.name == "shown-name" and source.size == 10
+        assert _io.pread(source, 3, 4, "four bytes") == b"3456"
+        assert _io.checksum_range(source, 0, 10, "all") == crc32c.crc32c(b"0123456789")
+        with pytest.raises(ckpt.CorruptCheckpointError, match="^shown-name: file ends in the middle of the tail"):
+            _io.pread(source, 8, 4, "the tail")
+        with _io.stream(source) as f:  # a buffered file object over the blob, for zipfile and pickles
+            f.seek(2)
+            assert f.read(3) == b"234" and f.read() == b"56789"

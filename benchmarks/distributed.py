@@ -5,7 +5,8 @@
   communicator), and how the commit record grows with the number of blocks.
 * ``sharded``: a 1 GiB global model saved and restored by N = 1, 2, 4 processes under
   mpiexec, against the single-process Saver and the raw write/read limit; then a 4 -> 3
-  resharding restore with the bytes each rank read against the bytes it needed.
+  resharding restore with the bytes each rank read against the bytes it needed, from a
+  checkpoint saved by 4 ranks and from one single-file checkpoint of the whole model.
 """
 
 from __future__ import annotations
@@ -203,13 +204,15 @@ def sharded_case(directories: list[tuple[str, str]], size_gib: float, reps: int)
                 lines.append(f"| torch.distributed.checkpoint, {n} process{'es' * (n > 1)} | {peer['save']:.2f} | "
                              f"{total / GiB / peer['save']:.2f} | {peer['restore']:.2f} | "
                              f"{total / GiB / peer['restore']:.2f} |")
-            r = _worker(4, "reshard", directory, str(total), "3", "1" if disk else "0")
             block = sharded.BLOCK_BYTES
-            lines += ["", f"4 -> 3 resharding restore ({label}): {r['seconds']:.2f} s. Per rank: bytes read / bytes "
-                          "needed, and read / target (1.05 x needed + one 1 MiB checksum block per contiguous range: "
-                          f"{TENSORS} ranges, one per tensor): " +
-                      ", ".join(f"{a / b:.4f} and {a / (1.05 * b + TENSORS * block):.3f} ({a} / {b})"
-                                for a, b in r["ratios"]), ""]
+            lines.append("")
+            for source, what in (("sharded", "written by 4 ranks"), ("single", "one single-file checkpoint")):
+                r = _worker(4, "reshard", directory, str(total), "3", "1" if disk else "0", source)
+                lines += [f"4 -> 3 resharding restore ({label}; source: {what}): {r['seconds']:.2f} s. Per rank: "
+                          "bytes read / bytes needed, and read / target (1.05 x needed + one 1 MiB checksum block "
+                          f"per contiguous range: {TENSORS} ranges, one per tensor): " +
+                          ", ".join(f"{a / b:.4f} and {a / (1.05 * b + TENSORS * block):.3f} ({a} / {b})"
+                                    for a, b in r["ratios"]), ""]
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """One rank of the sharded benchmarks (started by benchmarks/distributed.py under mpiexec).
 
     throughput DIR TOTAL_BYTES REPS DISK plain|sharded
-    reshard DIR TOTAL_BYTES M DISK
+    reshard DIR TOTAL_BYTES M DISK sharded|single   (the source: saved by every rank, or one file)
 
 Rank 0 prints one JSON line with the results.
 """
@@ -14,12 +14,14 @@ import shutil
 import statistics
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
 import ckpt
 from ckpt import distributed
 from ckpt.formats import ckpt_sharded as sharded
+from ckpt.formats import hdf5, msgpack
 
 TENSORS, COLS = 64, 1024
 
@@ -79,9 +81,13 @@ def main() -> None:
         if world.rank == 0:
             print(json.dumps({"save": statistics.median(saves), "restore": statistics.median(restores)}))
     elif mode == "reshard":
-        m, disk = int(sys.argv[4]), sys.argv[5] == "1"
-        saver = ckpt.Saver(variables(total, world.rank, world.size), comm=world, max_to_keep=None)
-        path = saver.save(os.path.join(directory, "reshard.msgpack"))
+        m, disk, source = int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
+        path = os.path.join(directory, "reshard.msgpack")
+        if source == "sharded":
+            ckpt.Saver(variables(total, world.rank, world.size), comm=world, max_to_keep=None).save(path)
+        elif world.rank == 0:  # one ordinary single-file checkpoint of the whole model
+            ckpt.Saver(variables(total, 0, 1, plain=True), max_to_keep=None).save(path)
+        world.barrier(600)
         if disk and world.rank == 0:
             evict(path)
         from mpi4py import MPI
@@ -91,13 +97,12 @@ def main() -> None:
         if sub != MPI.COMM_NULL:
             comm = distributed.mpi(sub)
             read: list[int] = []
-            close = sharded.ShardedReader.close
+            for cls in (sharded.ShardedReader, msgpack.MsgpackReader, hdf5.Hdf5Reader):
+                def counting_close(self: Any, close: Any = cls.close) -> None:
+                    read.append(self.bytes_read)  # (a shard file's own reader counts nothing: 0)
+                    close(self)
 
-            def counting_close(self: sharded.ShardedReader) -> None:
-                read.append(self.bytes_read)
-                close(self)
-
-            sharded.ShardedReader.close = counting_close  # type: ignore[method-assign]
+                cls.close = counting_close  # type: ignore[method-assign]
             model = variables(total, comm.rank, comm.size, zero=True)
             comm.barrier(60)
             start = time.perf_counter()
@@ -111,7 +116,7 @@ def main() -> None:
                 print(json.dumps({"seconds": seconds, "ratios": ratios}))
         world.barrier(600)
         if world.rank == 0:
-            shutil.rmtree(path)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     sys.stdout.flush()
 
 

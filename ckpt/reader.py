@@ -147,8 +147,9 @@ class CheckpointReader(Mapping[str, np.ndarray]):
     def get_slice(self, key: str, index: Any) -> np.ndarray:
         """Read a block of one tensor: ``index`` is ints and step-1 slices, as ``np.s_[2:4, :]``.
 
-        Formats that can read part of a tensor do (TensorFlow's sliced variables read just the
-        slices the block overlaps); others read the tensor and cut the block out.
+        Formats that can read part of a tensor do (ckpt's msgpack and HDF5 files read and verify
+        just the 1 MiB checksum blocks holding it; TensorFlow's sliced variables the slices it
+        overlaps); others read the tensor and cut the block out.
 
         Example:
             >>> import ckpt, numpy as np, tempfile, os
@@ -215,8 +216,8 @@ def read_in_batches(reader: Any, pairs: Iterable[tuple[str, np.ndarray]]) -> Non
 def read_box_into(reader: Any, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:
     """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` from a format Reader.
 
-    Readers that can read part of a tensor (sharded checkpoints) do; others read the whole
-    tensor (verified) and copy the block out of it.
+    Readers that can read part of a tensor (sharded checkpoints, ckpt's own single files) do;
+    others read the whole tensor (verified) and copy the block out of it.
     """
     if hasattr(reader, "read_box_into"):
         reader.read_box_into(key, offset, out)

@@ -27,7 +27,7 @@ from .base import unique_pairs
 __all__ = ["HDF5_VERSION", "packb", "unpack", "encode_strings", "decode_strings"]
 
 #: The ckpt HDF5 layout version: written by hdf5.py, checked by it and by h5plain's fallback reader.
-HDF5_VERSION = 1
+HDF5_VERSION = 2
 
 
 def packb(obj: Any) -> bytes:

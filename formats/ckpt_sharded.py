@@ -9,11 +9,11 @@ and where each block lives, with a crc32c per ``block_bytes`` of each block's by
 of a block can be read and verified alone. Without ``COMMIT`` the directory is not a
 checkpoint. docs/formats.md specifies the bytes.
 
-    COMMIT  header  {"format": "ckpt-commit", "version": 1}
+    COMMIT  one msgpack array of three elements (version 2; version 1 was the three as a stream):
+            header  {"format": "ckpt-commit", "version": 2}
             record  {"format", "version", "step", "metadata", "block_bytes", "ranks",
                      "files": [[name, size], ...],
-                     "tensors": {key: [dtype, global shape,
-                                       [[file, offset, shape, nbytes, crcs or nil], ...]]}}
+                     "tensors": {key: [dtype, global shape, files, offsets, shapes, nbytes, crcs]}}
             footer  [b"ckpt-cmt", record offset (uint64), record length (uint64), crc32c (uint32)]
 
 Example:
@@ -40,6 +40,7 @@ from ckpt.atomic import replace_atomically
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
+from ._blocks import BLOCK_BYTES, read_part
 from .base import Format
 from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
                    format_for_path, key_problem, normalize_metadata, validate_keys)
@@ -47,16 +48,16 @@ from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
-           "block_crcs", "LazyBlock", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
+           "stored_crcs", "LazyBlock", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
 
 #: The commit record's file name inside a sharded checkpoint directory.
 COMMIT = "COMMIT"
 FORMAT_NAME = "ckpt-commit"
-VERSION = 1
-HEADER = b"\x82\xa6format\xab" + FORMAT_NAME.encode() + b"\xa7version" + bytes([VERSION])  # plain msgpack
+VERSION = 2
+_HEADER_PREFIX = b"\x82\xa6format\xab" + FORMAT_NAME.encode() + b"\xa7version"  # plain msgpack
+#: A fixarray of 3 (header, record, footer) and the header map: one object for msgpack.unpackb.
+HEADER = b"\x93" + _HEADER_PREFIX + bytes([VERSION])
 FOOTER_MAGIC = b"ckpt-cmt"
-#: Bytes per checksum block: a partial read verifies (and so reads) whole blocks of this size.
-BLOCK_BYTES = 1 << 20
 _SHARD_FILE = re.compile(r"^[0-9a-f]{16}\.[0-9]{5}-of-[0-9]{5}\.[A-Za-z0-9]+$")
 
 
@@ -75,12 +76,23 @@ def is_shard_file(name: str) -> bool:
     return bool(_SHARD_FILE.match(name))
 
 
-def block_crcs(arr: np.ndarray, block_bytes: int = BLOCK_BYTES) -> list[int] | None:
-    """crc32c of each ``block_bytes`` of a numeric array's C-order bytes (None for strings)."""
-    if dtypes.is_string(arr.dtype):
-        return None
-    view = _io.byte_view(_io.c_contiguous(arr))
-    return [_io.crc32c(view[i:i + block_bytes]) for i in range(0, len(view), block_bytes)]
+def stored_crcs(reader: Any, key: str) -> list[int] | None:
+    """The crc32c of each ``BLOCK_BYTES`` of a block a shard file holds, as that file stores them
+    (its block checksums, or the tensor's own crc32c when it fills one block); None for strings.
+
+    The shard file's writer computed them from the bytes it wrote: nothing is read or checksummed again.
+    """
+    info = reader.tensors[key]
+    if dtypes.is_string(info.dtype) or not info.nbytes:
+        return None if dtypes.is_string(info.dtype) else []
+    table = reader.block_checksums(key)
+    if table is None:
+        return [int(info.extra.crc32c)]
+    crcs, block_bytes = table
+    if block_bytes != BLOCK_BYTES:
+        raise CorruptCheckpointError(f"{reader.path}: {block_bytes}-byte checksum blocks; the commit record "
+                                     f"uses {BLOCK_BYTES}")
+    return [int(c) for c in crcs]
 
 
 def write_commit(directory: str, record: Mapping[str, Any]) -> None:
@@ -94,17 +106,14 @@ def write_commit(directory: str, record: Mapping[str, Any]) -> None:
 
 class LazyBlock:
     """A block of a tensor handed to a format writer: ``read(key, offset, shape)`` is called
-    when the writer writes it (once), and its checksum blocks are computed from those bytes."""
+    when the writer writes it (once)."""
 
     def __init__(self, read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray], key: str,
                  dtype: np.dtype, offset: tuple[int, ...], shape: tuple[int, ...]) -> None:
         self.key, self.dtype, self.offset, self.shape, self._read = key, dtype, offset, shape, read
-        self.crcs: list[int] | None = None
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        value = _io.c_contiguous(np.asarray(self._read(self.key, self.offset, self.shape)))
-        self.crcs = block_crcs(value)
-        return value
+        return _io.c_contiguous(np.asarray(self._read(self.key, self.offset, self.shape)))
 
 
 def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
@@ -161,7 +170,7 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
                 entry[4].extend(b.shape)
                 entry[5].append(reader.tensors[b.key].nbytes)
                 if entry[6] is not None:
-                    entry[6].extend(b.crcs or [])
+                    entry[6].extend(stored_crcs(reader, b.key) or [])
         finally:
             reader.close()
         files.append([name, os.path.getsize(target)])
@@ -179,20 +188,32 @@ def _read_record(directory: str) -> dict[str, Any]:
                                       "sharded save that did not finish") from None
     except OSError as exc:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if not raw.startswith(HEADER[:-1]) or len(raw) < len(HEADER) + FOOTER_SIZE:
-        raise CorruptCheckpointError(f"{path}: not a ckpt commit record (bad header or truncated)")
-    check_version(raw[len(HEADER) - 1], VERSION, "commit record", path)
+    if raw.startswith(HEADER[:-1]):  # version 2 and later: one array
+        start = len(HEADER)
+    elif raw.startswith(_HEADER_PREFIX):  # version 1: three objects as a stream
+        start = len(_HEADER_PREFIX) + 1
+    else:
+        raise CorruptCheckpointError(f"{path}: not a ckpt commit record (bad header)")
+    if len(raw) < start + FOOTER_SIZE:
+        raise CorruptCheckpointError(f"{path}: the commit record is truncated")
+    version = raw[start - 1]
+    check_version(version, VERSION, "commit record", path)
+    if (version == 1) != (start == len(_HEADER_PREFIX) + 1):
+        raise CorruptCheckpointError(f"{path}: the header says version {version}, but the record "
+                                     f"{'lacks' if version > 1 else 'has'} the array around it")
     fields = _FOOTER.unpack(raw[-FOOTER_SIZE:])
-    if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[4] != len(HEADER) or \
+    if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[4] != start or \
             fields[4] + fields[6] + FOOTER_SIZE != len(raw):
         raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated")
-    body = raw[len(HEADER):len(raw) - FOOTER_SIZE]
+    body = raw[start:len(raw) - FOOTER_SIZE]
     if _io.crc32c(body) != fields[8]:
         raise CorruptCheckpointError(f"{path}: the commit record fails its checksum: the file is damaged")
     record = unpack(body, path, "the commit record")
     if not isinstance(record, dict) or record.get("format") != FORMAT_NAME:
         raise CorruptCheckpointError(f"{path}: not a ckpt commit record")
-    check_version(record.get("version"), VERSION, "commit record", path)
+    if record.get("version") != version:
+        raise CorruptCheckpointError(f"{path}: the header says version {version}, the record "
+                                     f"{record.get('version')!r}")
     return record
 
 
@@ -381,7 +402,7 @@ class ShardedReader(BaseReader):
     def _read_box(self, info: TensorInfo, offset: tuple[int, ...], out: np.ndarray) -> None:
         blocks: Blocks = info.extra
         for i in blocks.touching(offset, out.shape).tolist():
-            file_index, b_off, b_shape, nbytes, crcs = blocks.block(i)
+            file_index, b_off, b_shape, _, crcs = blocks.block(i)
             both = boxes.intersect(offset, out.shape, b_off, b_shape)
             if both is None:
                 continue
@@ -397,33 +418,8 @@ class ShardedReader(BaseReader):
                 if whole is not dst:
                     dst[...] = whole[tuple(slice(s, s + n) for s, n in zip(src, i_shape))]
                 continue
-            self._read_part(reader, extents, info, b_shape, nbytes, crcs, src, i_shape, dst)
-
-    def _read_part(self, reader: Any, extents: list[tuple[int, int]], info: TensorInfo, b_shape: tuple[int, ...],
-                   nbytes: int, crcs: Any, src: tuple[int, ...], i_shape: tuple[int, ...],
-                   dst: np.ndarray) -> None:
-        """Read the checksum blocks holding ``[src, src + i_shape)`` of a saved block, verify them,
-        and copy that part into ``dst``."""
-        itemsize = info.dtype.itemsize
-        starts, run = boxes.byte_runs(b_shape, itemsize, src, i_shape)
-        ranges = boxes.touched_ranges(starts, run, self.block_bytes, nbytes)
-        lo, hi = ranges[0][0], ranges[-1][1]
-        buf = np.empty(hi - lo, np.uint8)
-        what = f"tensor {info.key!r}"
-        for a, b in ranges:
-            _read_logical(reader, extents, a, buf.data[a - lo:b - lo], what)
-            self.bytes_read += b - a
-            for start in range(a, b, self.block_bytes):
-                got = _io.crc32c(buf.data[start - lo:min(start + self.block_bytes, b) - lo])
-                want = int(crcs[start // self.block_bytes])
-                if got != want:
-                    raise CorruptCheckpointError(
-                        f"{reader.path}: tensor {info.key!r}: bytes {start}..{min(start + self.block_bytes, b)} "
-                        f"fail their checksum (crc32c {got:#010x}, expected {want:#010x}): the file is damaged")
-        strides = [itemsize] * len(b_shape)
-        for axis in range(len(b_shape) - 2, -1, -1):
-            strides[axis] = strides[axis + 1] * b_shape[axis + 1]
-        dst[...] = np.ndarray(i_shape, info.dtype, buffer=buf, offset=int(starts[0]) - lo, strides=strides)
+            self.bytes_read += read_part(reader, extents, info.key, info.dtype, b_shape, crcs, self.block_bytes, src,
+                                         i_shape, dst)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems: list[str] = []
@@ -439,8 +435,8 @@ class ShardedReader(BaseReader):
                     extents = None if crcs is None else reader.data_extents(key)
                     if extents is not None and nbytes:
                         out = np.empty(b_shape, info.dtype)
-                        self._read_part(reader, extents, info, b_shape, nbytes, crcs, (0,) * len(b_shape),
-                                        b_shape, out)
+                        read_part(reader, extents, key, info.dtype, b_shape, crcs, self.block_bytes,
+                                  (0,) * len(b_shape), b_shape, out)
                 except CorruptCheckpointError as exc:
                     problems.append(str(exc))
             if progress is not None:
@@ -451,18 +447,6 @@ class ShardedReader(BaseReader):
         for reader in self._open.values():
             reader.close()
         self._open.clear()
-
-
-def _read_logical(reader: Any, extents: list[tuple[int, int]], start: int, out: memoryview, what: str) -> None:
-    """Read the tensor bytes ``[start, start + len(out))``, whose file pieces are ``extents``."""
-    pos = 0
-    for offset, n in extents:
-        if start < pos + n and len(out):
-            skip = start - pos
-            take = min(n - skip, len(out))
-            reader.read_range_into(offset + skip, out[:take], what)
-            out, start = out[take:], start + take
-        pos += n
 
 
 class CkptShardedFormat(Format):

@@ -8,7 +8,8 @@ A ckpt HDF5 file is a standard HDF5 file (plain h5py shows every value):
   fixed-width NUL-padded strings; both also carry a ``ckpt_dtype`` attribute;
 * root attributes ``ckpt_format``, ``ckpt_version`` and ``ckpt_metadata`` (JSON);
 * an HDF5 *user block* (bytes HDF5 skips) that starts with ckpt's header and index: each
-  tensor's dtype, shape, byte offset, size and crc32c, the file size, and one crc32c over
+  tensor's dtype, shape, byte offset, size and crc32c (and, above 1 MiB, a crc32c per MiB,
+  so ``read_slice`` verifies just the blocks it reads), the file size, and one crc32c over
   every byte that is not tensor data.
 
 ckpt reads its own files through that index with positioned reads straight into the
@@ -43,7 +44,8 @@ from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import ReadableBlob
 
-from . import _h5struct, _io, h5plain
+from . import _blocks, _h5struct, _io, h5plain
+from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from .base import WritableFormat
 from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, check_metadata, check_shape, check_version,
@@ -126,8 +128,11 @@ class Hdf5Format(WritableFormat):
                 plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
             else:
                 plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
-        entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first:
-        bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32))  # a size bound
+        entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first: a size bound
+        block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
+        blocks = {plan.key: bytes(4 * -(-plan.nbytes // block_bytes)) for plan in plans
+                  if plan.nbytes > block_bytes and plan.file_dtype.kind != "S"}
+        bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32, blocks, block_bytes))
         userblock = max(512, 1 << (bound - 1).bit_length())
         if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
             userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
@@ -155,7 +160,8 @@ class Hdf5Format(WritableFormat):
                                      f"declared {plan.file_dtype} {plan.shape}")
                 view = _io.byte_view(data)
                 n = len(view)
-                pending = _io.checksum_async(view) if n >= _io.BIG else None  # overlaps with the write
+                # a numeric tensor's crc32c and block checksums overlap with its write
+                pending = checksums(view, block_bytes) if plan.file_dtype.kind != "S" else None
                 crc = _io.crc32c(view) if pending is None else 0
                 if n:
                     assert offset is not None  # every tensor with data has a place
@@ -171,7 +177,11 @@ class Hdf5Format(WritableFormat):
                         run.append(view)  # keeps its array alive until the run is written
                         run_end = offset + n
                     extents.append((offset, n))
-                entry[3], entry[5] = offset or 0, crc if pending is None else pending()  # the real ones
+                if pending is not None:
+                    crc, packed = pending()
+                    if packed is not None:
+                        blocks[plan.key] = packed
+                entry[3], entry[5] = offset or 0, crc  # the real ones
             if run:
                 _io.pwritev_all(fd, run, run_start)
             size = os.fstat(fd).st_size
@@ -180,7 +190,7 @@ class Hdf5Format(WritableFormat):
                     meta_crc = _metadata_crc(written, userblock, size, extents)
             except CorruptCheckpointError as exc:  # an I/O error reading back what was just written
                 raise CheckpointWriteError(f"{path}: writing failed: {exc}") from exc
-            index = _index_bytes(entries, metadata, size, meta_crc)
+            index = _index_bytes(entries, metadata, size, meta_crc, blocks, block_bytes)
             head = _HEADER.pack(MAGIC, VERSION, userblock, len(index), _io.crc32c(index), 0)
             head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))
             _io.pwrite_all(fd, head + index, 0)
@@ -304,9 +314,10 @@ def _entry(plan: _Plan, offset: int, crc: int) -> list[Any]:
     return entry
 
 
-def _index_bytes(entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int) -> bytes:
-    return packb({"format": FORMAT_NAME, "version": VERSION, "file_size": size,
-                   "metadata_crc32c": meta_crc, "metadata": metadata, "tensors": entries})
+def _index_bytes(entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int,
+                 blocks: dict[str, bytes], block_bytes: int) -> bytes:
+    return packb({"format": FORMAT_NAME, "version": VERSION, "file_size": size, "metadata_crc32c": meta_crc,
+                  "metadata": metadata, "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
 
 
 def _metadata_crc(source: ReadableBlob, start: int, size: int, extents: list[tuple[int, int]]) -> int:
@@ -337,8 +348,9 @@ class Hdf5Location(NamedTuple):
     lengths: list[int] | None
 
 
-class Hdf5Reader(FileReader):
-    """Reads a ckpt HDF5 file through its user-block index, without libhdf5."""
+class Hdf5Reader(BlockSlicing, FileReader):
+    """Reads a ckpt HDF5 file through its user-block index, without libhdf5 (whole tensors, or
+    blocks of them: ``read_slice``)."""
 
     format_name = "hdf5"
 
@@ -367,6 +379,9 @@ class Hdf5Reader(FileReader):
         if index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the user block does not hold a ckpt HDF5 index")
         check_version(index.get("version"), VERSION, "HDF5", path)
+        if index["version"] != version:
+            raise CorruptCheckpointError(f"{path}: the header says layout version {version}, the index "
+                                         f"{index['version']}")
         file_size, metadata = index.get("file_size"), index.get("metadata")
         self._meta_crc = index.get("metadata_crc32c")
         entries = index.get("tensors")
@@ -380,10 +395,15 @@ class Hdf5Reader(FileReader):
         data_start = self._userblock = userblock
         self._metadata = check_metadata(metadata, path)
         self._tensors, self._extents = _parse_entries(entries, path, data_start, size)
+        self._blocks, self._block_bytes = parse_table(index, self._tensors, path) if version >= 2 else ({}, 0)
 
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
         return None if dtypes.is_string(info.dtype) else [(info.extra.offset, info.nbytes)]
+
+    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
+        crcs = self._blocks.get(key)
+        return None if crcs is None else (crcs, self._block_bytes)
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans: list[tuple[int, memoryview]] = []
@@ -422,7 +442,7 @@ class Hdf5Reader(FileReader):
         if _metadata_crc(self._source, self._userblock, self._source.size, extents) != self._meta_crc:
             problems.append(f"{self.path}: the HDF5 structure (groups, dataset headers, attributes) "
                             "fails its checksum: the file is damaged")
-        return problems
+        return problems + table_problems(self.path, self._blocks, self._tensors, self._block_bytes)
 
 
 def _unpack_index(raw: bytes, path: str) -> dict[str, Any]:

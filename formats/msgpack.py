@@ -1,19 +1,22 @@
 """ckpt's msgpack checkpoint format (.msgpack).
 
-The whole file is one msgpack array (version 2), so ``msgpack.unpackb(data)`` and a
+The whole file is one msgpack array (version 3), so ``msgpack.unpackb(data)`` and a
 streaming ``msgpack.Unpacker`` both decode it without ckpt:
 
     array32  dd + the number of elements below (uint32, big-endian)
-    header   {"format": "ckpt-msgpack", "version": 2}
+    header   {"format": "ckpt-msgpack", "version": 3}
     payload  one bin object per tensor (several bin32 objects above 4 GiB - 1 bytes);
              a byte-string tensor is one array of bin objects
     index    {"format", "version", "metadata": {...},
-              "tensors": {key: [dtype, shape, [[offset, nbytes], ...], crc32c]}}
+              "tensors": {key: [dtype, shape, [[offset, nbytes], ...], crc32c]},
+              "block_bytes": 1048576, "block_crcs": {key: crc32c per block (uint32 LE), ...}}
     footer   [b"ckpt-idx", index offset (uint64), index length (uint64), index crc32c (uint32)]
 
 The footer has a fixed size (34 bytes), so a reader finds the index from the end of the
-file and then reads only the tensors it is asked for. Version 1 files (the same objects as
-a stream, without the array header) are still read. docs/formats.md specifies every byte.
+file and then reads only the tensors it is asked for; the block checksums of tensors over
+1 MiB let ``read_slice`` read and verify just the blocks holding a slice. Version 1 files
+(the same objects as a stream, without the array header) and version 2 files (no block
+checksums) are still read. docs/formats.md specifies every byte.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -38,7 +41,8 @@ from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CorruptCheckpointError
 
-from . import _io
+from . import _blocks, _io
+from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import packb, unpack
 from .base import WritableFormat
 from .base import (
@@ -55,10 +59,10 @@ from .base import (
 )
 
 FORMAT_NAME = "ckpt-msgpack"
-VERSION = 2
+VERSION = 3
 HEADER_PREFIX = b"\x82\xa6format\xac" + FORMAT_NAME.encode() + b"\xa7version"
 HEADER = HEADER_PREFIX + bytes([VERSION])
-#: Version 2 files open with an array 32 header: this byte, then the element count (4 bytes).
+#: Version 2 and later files open with an array 32 header: this byte, then the element count (4 bytes).
 ARRAY32 = 0xDD
 #: Where payloads start: after the array header and the header map (version 1: after the map).
 DATA_START = 5 + len(HEADER)
@@ -120,6 +124,8 @@ class MsgpackFormat(WritableFormat):
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         entries: dict[str, list[Any]] = {}
+        blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
+        block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
         with open(path, "wb", buffering=1 << 20) as f:
             f.write(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER)
             pos = DATA_START
@@ -136,7 +142,7 @@ class MsgpackFormat(WritableFormat):
                 else:
                     view = _io.byte_view(arr)
                     extents = []
-                    crc = _io.checksum_async(view)  # overlaps with the writes below
+                    crc = checksums(view, block_bytes)  # overlaps with the writes below
                     if len(view) >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
                         padding = _padding(pos + len(_bin_header(min(len(view), MAX_BIN))))
                         f.write(padding)
@@ -151,10 +157,12 @@ class MsgpackFormat(WritableFormat):
                         pos += len(piece)
                         f.write(header)
                         f.write(piece)
-                    checksum = crc()
+                    checksum, packed = crc()
+                    if packed is not None:
+                        blocks[key] = packed
                 entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
             index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
-                            "tensors": entries})
+                           "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
             f.write(index)
             f.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
                                  _io.crc32c(index)))
@@ -170,8 +178,9 @@ class MsgpackLocation(NamedTuple):
     crc32c: int
 
 
-class MsgpackReader(FileReader):
-    """Reads the footer and index on open; tensors on request, straight into caller buffers."""
+class MsgpackReader(BlockSlicing, FileReader):
+    """Reads the footer and index on open; tensors (or blocks of them: ``read_slice``) on
+    request, straight into caller buffers."""
 
     format_name = "msgpack"
 
@@ -213,6 +222,7 @@ class MsgpackReader(FileReader):
         if count is not None and count != objects:
             raise CorruptCheckpointError(f"{path}: the file's array header counts {count} objects, its "
                                          f"index describes {objects}: the file is damaged")
+        self._blocks, self._block_bytes = parse_table(index, self._tensors, path) if version >= 3 else ({}, 0)
         self.version = version
         self._start = start
         self._index_offset = index_offset
@@ -220,6 +230,10 @@ class MsgpackReader(FileReader):
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
         return None if dtypes.is_string(info.dtype) else [(o, n) for o, n in info.extra.extents]
+
+    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
+        crcs = self._blocks.get(key)
+        return None if crcs is None else (crcs, self._block_bytes)
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans, simple = [], []
@@ -278,7 +292,8 @@ class MsgpackReader(FileReader):
                 problems.append(str(exc))
             if progress is not None:
                 progress(info.nbytes)
-        return problems + self._framing_problems()
+        return problems + table_problems(self.path, self._blocks, self._tensors, self._block_bytes) + \
+            self._framing_problems()
 
     def _framing_problems(self) -> list[str]:
         """Payload objects must sit back to back between header and index, each numeric extent
@@ -313,7 +328,7 @@ def _parse_head(head: bytes, path: str) -> tuple[int, int, int | None]:
     if (version == 1) != (count is None):
         raise CorruptCheckpointError(f"{path}: the header says format version {version}, but the file "
                                      f"{'has' if count is not None else 'lacks'} the array header of "
-                                     "version 2")
+                                     "versions 2 and later")
     return version, start, count
 
 

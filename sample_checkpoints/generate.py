@@ -8,10 +8,13 @@ Writes, in both formats where it says so:
   images (5x7 font glyphs, scaled, shifted, thickened and noised; see ``make_digits``);
 * dtypes.h5, dtypes.msgpack: one tensor of every dtype ckpt supports, plus scalars, empty
   tensors, NaN payloads and infinities, with the values of ``every_dtype``;
+* blocks.h5, blocks.msgpack: the tensors of ``block_tensors``, written with checksum blocks of
+  SMALL_BLOCK bytes instead of 1 MiB, so that small files pin the block checksum layout;
 * steps/: a Saver's directory: softmax regression on 7x7 pooled digits saved every 100 steps
   with max_to_keep=3, so model-300/400/500.msgpack and the state file remain.
 
-v1/ holds msgpack files of format version 1, which ckpt no longer writes; this script leaves
+v1/ (msgpack format version 1, HDF5 layout version 1) and v2/ (msgpack format version 2) hold
+files of versions ckpt no longer writes, as earlier ckpt versions wrote them; this script leaves
 them alone.
 
 Seeds are fixed, BLAS runs on one thread, and the state file's clock is pinned, so two runs
@@ -34,7 +37,7 @@ import numpy as np  # noqa: E402
 
 import ckpt  # noqa: E402
 from ckpt.atomic import replace_atomically  # noqa: E402
-from ckpt.formats import base  # noqa: E402
+from ckpt.formats import _blocks, base  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: 2025-01-01T00:00:00Z: the steps directory's clock starts here, one second per step.
@@ -42,6 +45,8 @@ EPOCH = 1735689600.0
 SEED = 0
 TRAIN, TEST = 6000, 1000
 EPOCHS, LEARNING_RATE = 5, 0.3
+#: Bytes per checksum block in blocks.h5 / blocks.msgpack (ckpt writes 1 MiB blocks).
+SMALL_BLOCK = 4096
 
 # 5x7 glyphs of the digits 0-9
 FONT = {
@@ -173,6 +178,23 @@ def every_dtype() -> dict[str, np.ndarray]:
     return out
 
 
+def block_tensors() -> dict[str, np.ndarray]:
+    """The tensors of blocks.h5 / blocks.msgpack: several SMALL_BLOCK blocks each (the last one
+    short or not), and two that have no block checksums (one block; strings)."""
+    rng = np.random.default_rng(SEED + 2)
+    return {"blocks/float32": rng.standard_normal((100, 50)).astype(np.float32),  # 20000 bytes: 5 blocks
+            "blocks/int64": np.arange(1024, dtype=np.int64).reshape(32, 32),  # 8192 bytes: exactly 2
+            "blocks/bfloat16": rng.standard_normal((60, 70)).astype(ckpt.dtypes.bfloat16),  # 8400 bytes: 3
+            "blocks/one_block": np.arange(10, dtype=np.float64),
+            "blocks/string": np.array([b"x" * 3000, b"y" * 3000], dtype=object)}
+
+
+def write_blocks_file(path: str) -> None:
+    """blocks.h5 / blocks.msgpack: ``block_tensors`` with SMALL_BLOCK-byte checksum blocks."""
+    with mock.patch.object(_blocks, "BLOCK_BYTES", SMALL_BLOCK):
+        write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK})
+
+
 def write_file(path: str, tensors: list[tuple[str, np.ndarray]], metadata: dict) -> None:
     """Write one checkpoint file (no state file: these files stand alone)."""
     fmt = base.format_for_path(path)
@@ -224,6 +246,7 @@ def main(out: str) -> None:
     for ext in (".h5", ".msgpack"):
         write_file(os.path.join(out, "mlp" + ext), tensors, metadata)
         write_file(os.path.join(out, "dtypes" + ext), dtypes, {"description": "every dtype ckpt supports"})
+        write_blocks_file(os.path.join(out, "blocks" + ext))
     write_steps(os.path.join(out, "steps"), x_train, y_train)
     print(f"MLP test accuracy on {TEST} generated digits: {test_acc:.4f}; files in {out}")
 

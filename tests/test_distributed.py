@@ -4,7 +4,11 @@ partial reads. The same code paths run under real MPI processes in test_mpi.py."
 from __future__ import annotations
 
 import os
+import pathlib
+import struct
 
+import crc32c
+import msgpack
 import numpy as np
 import pytest
 
@@ -271,6 +275,40 @@ def test_damaged_commit_record_is_reported(tmp_path):
         f.write(bytes(raw))
     with pytest.raises(ckpt.CorruptCheckpointError, match="COMMIT"):
         ckpt.load_checkpoint(path)
+
+
+def _commit_v1(raw: bytes) -> bytes:
+    """A version 2 commit record rewritten as version 1 wrote it: three objects as a stream."""
+    header, record, _ = msgpack.unpackb(raw, raw=False)
+    body = msgpack.packb({**record, "version": 1}, use_bin_type=True)
+    head = msgpack.packb({**header, "version": 1})
+    return head + body + struct.pack(">B2s8sBQBQBI", 0x94, b"\xc4\x08", b"ckpt-cmt", 0xCF, len(head), 0xCF,
+                                     len(body), 0xCE, crc32c.crc32c(body))
+
+
+def test_commit_record_is_one_msgpack_object_and_version_1_still_reads(tmp_path):
+    path = _save(str(tmp_path), 2, "rows")[0]
+    commit = pathlib.Path(path, "COMMIT")
+    raw = commit.read_bytes()
+    header, record, footer = msgpack.unpackb(raw, raw=False)  # one object: no ExtraData
+    assert header == {"format": "ckpt-commit", "version": 2} and record["version"] == 2
+    assert footer[0] == b"ckpt-cmt" and raw[footer[1]:footer[1] + footer[2]] == msgpack.packb(record)
+    assert footer[1] == 30 and footer[1] + footer[2] + 34 == len(raw)
+    with ckpt.load_checkpoint(path) as reader:
+        expected = {key: reader.get_tensor(key) for key in reader.tensors}
+    old = _commit_v1(raw)
+    with pytest.raises(msgpack.ExtraData):
+        msgpack.unpackb(old, raw=False)
+    commit.write_bytes(old)
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.verify() == []
+        for key, value in expected.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+    for bad, match in ((raw[1:], "lacks the array"), (b"\x93" + old, "has the array"),
+                       (raw.replace(b"version\x02", b"version\x03", 1), "newer")):
+        commit.write_bytes(bad)
+        with pytest.raises(ckpt.CheckpointError, match=match):
+            ckpt.load_checkpoint(path)
 
 
 def test_tiling_and_byte_runs():

@@ -30,17 +30,21 @@ def python_blocks(doc: str) -> list[str]:
 
 
 def test_formats_md_plain_msgpack_recipe_runs(tmp_path):
+    import crc32c
     import numpy as np
 
     import ckpt
 
     path = str(tmp_path / "plain.msgpack")
-    big = np.arange(1 << 15, dtype=np.float32)  # large enough for a padding object before it
+    big = np.arange(600_000, dtype=np.float32)  # a padding object before it; three checksum blocks
     ckpt.Saver({"a": ckpt.Variable([1, 2]), "big": ckpt.Variable(big)}).save(path)
     (recipe,) = [b for b in python_blocks("docs/formats.md") if "msgpack.Unpacker" in b]
     scope = {"path": path}
     exec(recipe, scope)
-    assert scope["header"] == {"format": "ckpt-msgpack", "version": 2}
+    assert scope["header"] == {"format": "ckpt-msgpack", "version": 3}
+    raw, mib = big.tobytes(), 1 << 20  # the block checksums: crc32c of each MiB, little-endian uint32s
+    assert scope["index"]["block_bytes"] == mib and scope["index"]["block_crcs"] == {
+        "big": b"".join(crc32c.crc32c(raw[i:i + mib]).to_bytes(4, "little") for i in range(0, len(raw), mib))}
     assert scope["footer"][0] == b"ckpt-idx" and set(scope["index"]["tensors"]) == {"a", "big"}
     assert scope["payloads"][0] == np.array([1, 2], np.int32).tobytes()
     assert scope["payloads"][-1] == big.tobytes() and not any(scope["payloads"][1])  # padding

@@ -54,7 +54,7 @@ def test_plain_h5py_sees_the_real_values(tmp_path, tensors):
     path = write(base.get_format("hdf5"), tmp_path / "oracle.h5", tensors, {"lr": 0.5})
     with h5py.File(path, "r") as f:
         assert f.attrs["ckpt_format"] == "ckpt-hdf5"
-        assert int(f.attrs["ckpt_version"]) == 1
+        assert int(f.attrs["ckpt_version"]) == 2
         assert json.loads(f.attrs["ckpt_metadata"]) == {"lr": 0.5}
         for key, value in tensors:
             ds = f[key]
@@ -155,7 +155,7 @@ def test_plain_msgpack_unpackb_and_a_streaming_unpacker_decode_the_file(tmp_path
     with open(path, "rb") as f:
         assert list(msgpack.Unpacker(f, raw=False)) == [objects]
     header, payloads, index, footer = objects[0], objects[1:-2], objects[-2], objects[-1]
-    assert header == {"format": "ckpt-msgpack", "version": 2} and index["version"] == 2
+    assert header == {"format": "ckpt-msgpack", "version": 3} and index["version"] == 3
     assert index["format"] == "ckpt-msgpack" and index["metadata"] == {"k": "v"}
     assert footer[0] == b"ckpt-idx"
     assert len(payloads) == len(tensors)
@@ -189,19 +189,19 @@ def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
 def test_newer_msgpack_version_is_a_clear_error(tmp_path):
     path = write(base.get_format("msgpack"), tmp_path / "v.msgpack", [("a", np.zeros(2))])
     raw = bytearray(pathlib.Path(path).read_bytes())
-    raw[mpfmt.DATA_START - 1] = 3  # the header's version
+    raw[mpfmt.DATA_START - 1] = 4  # the header's version
     pathlib.Path(path).write_bytes(raw)
-    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 3"):
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 4"):
         ckpt.load_checkpoint(path)
 
 
 def test_newer_hdf5_version_is_a_clear_error(tmp_path):
     path = write(base.get_format("hdf5"), tmp_path / "v.h5", [("a", np.zeros(2))])
     raw = bytearray(pathlib.Path(path).read_bytes())
-    raw[8:12] = struct.pack("<I", 2)
+    raw[8:12] = struct.pack("<I", 3)
     raw[28:32] = struct.pack("<I", ckpt.formats._io.crc32c(bytes(raw[:28])))
     pathlib.Path(path).write_bytes(raw)
-    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 2"):
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="newer ckpt.*version 3"):
         ckpt.load_checkpoint(path)
 
 

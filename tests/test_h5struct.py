@@ -41,7 +41,7 @@ def test_attributes_have_the_types_h5py_gives_them(tmp_path):
                                      ("b", np.ones(2, ckpt.dtypes.bfloat16))], {"step": 5, "note": "ü"})
     with h5py.File(path, "r") as f:
         assert f.attrs["ckpt_format"] == "ckpt-hdf5" and isinstance(f.attrs["ckpt_format"], str)
-        assert f.attrs["ckpt_version"] == 1 and f.attrs["ckpt_version"].dtype == np.int64
+        assert f.attrs["ckpt_version"] == 2 and f.attrs["ckpt_version"].dtype == np.int64
         assert f.attrs["ckpt_metadata"] == '{"step": 5, "note": "\\u00fc"}'
         assert f["s"].attrs["ckpt_dtype"] == "string" and f["b"].attrs["ckpt_dtype"] == "bfloat16"
         lengths = f["s"].attrs["ckpt_lengths"]

@@ -194,7 +194,7 @@ def hdf5_edits(raw: bytes) -> list[Case]:
     def header_case(label: str, expect=OPEN, **fields) -> None:
         cases.append(Case(label, hdf5_rebuild(raw, packb(index), **fields), expect, region="hdf5 header edit"))
 
-    for version in (0, 2, 2 ** 32 - 1):
+    for version in (0, 1, 3, 2 ** 32 - 1):  # 1: the index says 2
         header_case(f"header version {version}", version=version)
     for userblock in (0, 256, 511, 513, block * 2, 2 ** 31):
         header_case(f"header user block {userblock}", ANY, userblock=userblock)
@@ -203,13 +203,15 @@ def hdf5_edits(raw: bytes) -> list[Case]:
     header_case("header index crc off by one bit", index_crc=head[4] ^ 1)
     header_case("header crc off by one bit", header_crc=1)
 
-    for field, values in {"format": ["ckpt-msgpack", 5, None, _MISSING], "version": [0, 2, -1, "1", None],
+    for field, values in {"format": ["ckpt-msgpack", 5, None, _MISSING], "version": [0, 1, 3, -1, "2", None],
                           "file_size": [size - 1, size + 1, 0, -1, 2 ** 64 - 1, "big", None],
                           "metadata": [[], None, "x"], "tensors": [None, {}, "x", 5]}.items():
         for value in values:
             index_case(f"index {field} = {value!r}", edited(index, field, value))
     index_case("index metadata crc off by one bit", edited(index, "metadata_crc32c", index["metadata_crc32c"] ^ 1),
                frozenset({"verify-error"}))
+    block_table_cases(index, next(e[0] for e in index["tensors"] if e[1] == "float32" and e[4]),
+                      next(e[0] for e in index["tensors"] if e[1] == "string"), index_case)
     index_case("index without tensors", edited(index, "tensors", []), frozenset({"read-error"}))
     index_case("index with a tensor listed twice", edited(index, "tensors", index["tensors"] + index["tensors"][:1]))
 
@@ -253,6 +255,21 @@ def hdf5_edits(raw: bytes) -> list[Case]:
     return cases
 
 
+def block_table_cases(index: dict, numeric: str, string: str, index_case) -> None:
+    """Edits of the block checksum fields (msgpack version 3, HDF5 version 2) of an index whose
+    tensors all fit in one block (so the table is empty)."""
+    assert index["block_crcs"] == {} and index["block_bytes"] == 1 << 20
+    for value in (0, -1, "x", None, True, _MISSING):
+        index_case(f"index block_bytes = {value!r}", edited(index, "block_bytes", value))
+    for value in (None, "x", 5, [], _MISSING, {"no/such/key": b"\0" * 4}, {string: b"\0" * 4},
+                  {numeric: b"\0" * 3}, {numeric: b"\0" * 8}, {numeric: [0]}, {numeric: None}):
+        index_case(f"index block_crcs = {value!r}", edited(index, "block_crcs", value))
+    # a well-formed but wrong checksum of the tensor's one block: whole reads use the tensor's own
+    # crc32c, so only verify (which checks that the blocks' checksums combine into it) sees it
+    index_case("index block_crcs with a wrong one-block checksum", edited(index, "block_crcs", {numeric: b"\0" * 4}),
+               frozenset({"verify-error"}))
+
+
 def msgpack_edits(raw: bytes) -> list[Case]:
     """Edits of every footer and index field of a ckpt msgpack file."""
     index_offset, index = msgpack_split(raw)
@@ -275,21 +292,24 @@ def msgpack_edits(raw: bytes) -> list[Case]:
         data[footer + pos] ^= 0x01
         footer_case(f"footer {label} byte changed", bytes(data))
     data = bytearray(raw)
-    data[msgpack_format.DATA_START - 1] = 3
-    footer_case("header says version 3", bytes(data))
+    for version in (4, 2):  # 2: the index says 3
+        data[msgpack_format.DATA_START - 1] = version
+        footer_case(f"header says version {version}", bytes(data))
     data[msgpack_format.DATA_START - 1] = 1
     footer_case("header says version 1 behind an array header", bytes(data))
     footer_case("array header counts one object more", bytes([raw[0]]) + (int.from_bytes(raw[1:5], "big") + 1)
                 .to_bytes(4, "big") + raw[5:])
-    footer_case("version 2 objects without the array header", raw[5:])
+    footer_case("version 3 objects without the array header", raw[5:])
 
     def index_case(label: str, new_index: dict, expect=OPEN) -> None:
         cases.append(Case(label, msgpack_rebuild(raw, packb(new_index)), expect, region="msgpack index edit"))
 
-    for field, values in {"format": ["ckpt-hdf5", 5, None, _MISSING], "version": [0, 1, 3, -1, "2", None],
+    for field, values in {"format": ["ckpt-hdf5", 5, None, _MISSING], "version": [0, 1, 2, 4, -1, "3", None],
                           "metadata": [[], None, "x"], "tensors": [None, [], "x", 5]}.items():
         for value in values:
             index_case(f"index {field} = {value!r}", edited(index, field, value))
+    block_table_cases(index, next(k for k, e in index["tensors"].items() if e[0] == "float32" and e[2][0][1]),
+                      next(k for k, e in index["tensors"].items() if e[0] == "string"), index_case)
     # the array header still counts the payloads the index no longer describes
     index_case("index without tensors", edited(index, "tensors", {}))
 

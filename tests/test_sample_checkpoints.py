@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 
+import crc32c
 import msgpack
 import numpy as np
 import pytest
@@ -39,7 +40,7 @@ def load_generator():
 generate = load_generator()
 
 
-@pytest.mark.parametrize("name", ["mlp.h5", "mlp.msgpack", "v1/mlp.msgpack"])
+@pytest.mark.parametrize("name", ["mlp.h5", "mlp.msgpack", "v1/mlp.h5", "v1/mlp.msgpack", "v2/mlp.msgpack"])
 def test_trained_mlp_classifies_the_generated_digits(name):
     with ckpt.load_checkpoint(os.path.join(SAMPLES, name)) as reader:
         assert reader.get_variable_to_shape_map() == MLP_KEYS
@@ -52,15 +53,20 @@ def test_trained_mlp_classifies_the_generated_digits(name):
     assert accuracy >= 0.97  # an untrained network scores about 0.1
 
 
-def test_both_mlp_files_hold_the_same_tensors():
-    with ckpt.load_checkpoint(os.path.join(SAMPLES, "mlp.h5")) as a, \
-            ckpt.load_checkpoint(os.path.join(SAMPLES, "mlp.msgpack")) as b:
+@pytest.mark.parametrize("first, second", [("mlp.h5", "mlp.msgpack"), ("v1/mlp.h5", "v1/mlp.msgpack"),
+                                           ("v1/mlp.msgpack", "v2/mlp.msgpack")])
+def test_mlp_files_written_together_hold_the_same_tensors(first, second):
+    """Files of one generate.py run hold the same bits (runs on other machines may train to
+    other last bits: v1/ and v2/ were written by an earlier run)."""
+    with ckpt.load_checkpoint(os.path.join(SAMPLES, first)) as a, \
+            ckpt.load_checkpoint(os.path.join(SAMPLES, second)) as b:
         assert a.metadata == b.metadata
         for key in MLP_KEYS:
             assert_bit_exact(a.get_tensor(key), b.get_tensor(key))
 
 
-@pytest.mark.parametrize("name", ["dtypes.h5", "dtypes.msgpack", "v1/dtypes.msgpack"])
+@pytest.mark.parametrize("name", ["dtypes.h5", "dtypes.msgpack", "v1/dtypes.h5", "v1/dtypes.msgpack",
+                                  "v2/dtypes.msgpack"])
 def test_every_dtype_reads_back_exactly(name):
     expected = generate.every_dtype()
     assert {f"dtypes/{n}" for n in ckpt.dtypes.NAMES} <= set(expected)  # a new dtype needs new sample files
@@ -73,29 +79,83 @@ def test_every_dtype_reads_back_exactly(name):
 
 
 @pytest.mark.parametrize("name", ["mlp", "dtypes"])
-def test_msgpack_golden_files_of_both_versions(name):
-    """v1/ keeps files of msgpack format version 1 (a stream of objects) as ckpt wrote them;
-    the files beside it are version 2 (one array). Both read back to the same tensors."""
-    v1, v2 = (os.path.join(SAMPLES, p, f"{name}.msgpack") for p in ("v1", ""))
-    raw1, raw2 = pathlib.Path(v1).read_bytes(), pathlib.Path(v2).read_bytes()
+def test_msgpack_golden_files_of_every_version(name):
+    """v1/ keeps files of msgpack format version 1 (a stream of objects) and v2/ of version 2 (one
+    array, no block checksums) as ckpt wrote them; the files beside them are version 3. All read
+    back to the same tensors."""
+    v1, v2, v3 = (os.path.join(SAMPLES, p, f"{name}.msgpack") for p in ("v1", "v2", ""))
+    raw1 = pathlib.Path(v1).read_bytes()
     objects = list(msgpack.Unpacker(io.BytesIO(raw1), raw=False))
     assert objects[0] == {"format": "ckpt-msgpack", "version": 1} and objects[-1][0] == b"ckpt-idx"
     with pytest.raises(msgpack.ExtraData):
         msgpack.unpackb(raw1, raw=False)
-    whole = msgpack.unpackb(raw2, raw=False)
-    assert whole[0] == {"format": "ckpt-msgpack", "version": 2} and whole[-1][0] == b"ckpt-idx"
-    assert whole[-2]["metadata"] == objects[-2]["metadata"]
-    with ckpt.load_checkpoint(v1) as a, ckpt.load_checkpoint(v2) as b:
-        assert list(a.tensors) == list(b.tensors) and a.verify() == [] and b.verify() == []
-        for key in a.tensors:
+    for version, path in ((2, v2), (3, v3)):
+        whole = msgpack.unpackb(pathlib.Path(path).read_bytes(), raw=False)
+        assert whole[0] == {"format": "ckpt-msgpack", "version": version} and whole[-1][0] == b"ckpt-idx"
+        assert whole[-2]["metadata"] == objects[-2]["metadata"]
+        assert ("block_crcs" in whole[-2]) == (version == 3)
+    with ckpt.load_checkpoint(v1) as a, ckpt.load_checkpoint(v2) as b, ckpt.load_checkpoint(v3) as c:
+        assert list(a.tensors) == list(b.tensors) == list(c.tensors)
+        assert a.verify() == b.verify() == c.verify() == []
+        for key in a.tensors:  # v1/ and v2/ were written from the same tensors
             assert_bit_exact(a.get_tensor(key), b.get_tensor(key))
 
 
-def test_the_msgpack_writer_reproduces_the_version_2_golden_file_byte_for_byte(tmp_path):
-    path = str(tmp_path / "dtypes.msgpack")
+@pytest.mark.parametrize("name", ["mlp", "dtypes"])
+def test_hdf5_golden_files_of_both_layout_versions(name):
+    """v1/ keeps HDF5 files of layout version 1 (no block checksums); the files beside it are
+    version 2. Both read back to the same tensors, through ckpt and through plain h5py."""
+    import h5py
+
+    for version, path in ((1, os.path.join(SAMPLES, "v1", f"{name}.h5")), (2, os.path.join(SAMPLES, f"{name}.h5"))):
+        with h5py.File(path, "r") as f:
+            assert int(f.attrs["ckpt_version"]) == version
+        beside = path[:-3] + ".msgpack"  # written by the same generate.py run
+        with ckpt.load_checkpoint(path) as reader, ckpt.load_checkpoint(beside) as old:
+            assert reader.verify() == [] and list(reader.tensors) == list(old.tensors)
+            for key in old.tensors:
+                assert_bit_exact(old.get_tensor(key), reader.get_tensor(key))
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".h5"])
+def test_the_writers_reproduce_the_current_golden_files_byte_for_byte(tmp_path, ext):
+    path = str(tmp_path / f"dtypes{ext}")
     generate.write_file(path, sorted(generate.every_dtype().items()),
                         {"description": "every dtype ckpt supports"})
-    assert pathlib.Path(path).read_bytes() == pathlib.Path(os.path.join(SAMPLES, "dtypes.msgpack")).read_bytes()
+    assert pathlib.Path(path).read_bytes() == pathlib.Path(os.path.join(SAMPLES, f"dtypes{ext}")).read_bytes()
+    generate.write_blocks_file(str(tmp_path / f"blocks{ext}"))
+    assert (tmp_path / f"blocks{ext}").read_bytes() == pathlib.Path(os.path.join(SAMPLES, f"blocks{ext}")).read_bytes()
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".h5"])
+def test_block_checksum_golden_files(ext):
+    """blocks.* pin the block checksum layout (4 KiB blocks): each stored value is the crc32c of
+    its block; a slice reads and verifies only the blocks that hold it."""
+    expected = generate.block_tensors()
+    block = generate.SMALL_BLOCK
+    with ckpt.load_checkpoint(os.path.join(SAMPLES, "blocks" + ext)) as reader:
+        assert reader.verify() == [] and sorted(reader.tensors) == sorted(expected)
+        for key, value in expected.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        inner = reader._reader
+        assert {k for k in expected if inner.block_checksums(k) is not None} == \
+            {"blocks/float32", "blocks/int64", "blocks/bfloat16"}
+        for key in ("blocks/float32", "blocks/int64", "blocks/bfloat16"):
+            crcs, size = inner.block_checksums(key)
+            raw = expected[key].tobytes()
+            assert size == block and crcs.tolist() == [crc32c.crc32c(raw[i:i + block])
+                                                       for i in range(0, len(raw), block)]
+        inner.bytes_read = 0
+        part = reader.get_slice("blocks/float32", np.s_[45:55, 10:20])  # bytes 9040..10960: block 2 only
+        assert_bit_exact(expected["blocks/float32"][45:55, 10:20], part)
+        assert inner.bytes_read == block
+        assert_bit_exact(expected["blocks/float32"][99], reader.get_slice("blocks/float32", np.s_[-1]))
+        assert inner.bytes_read == block + 20000 - 4 * block  # the short last block
+
+
+def test_samples_are_small():
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(SAMPLES) for f in files)
+    assert total < 2 << 20  # five copies of the MLP (every format version) take 1 MiB
 
 
 def test_steps_directory():
@@ -113,17 +173,12 @@ def test_steps_directory():
             assert 0.5 < reader.metadata["train_accuracy"] <= 1.0
 
 
-def test_samples_are_small():
-    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(SAMPLES) for f in files)
-    assert total < 1 << 20
-
-
 def test_generate_is_deterministic(tmp_path):
     for out in ("a", "b"):
         (tmp_path / out).mkdir()
         subprocess.run([sys.executable, os.path.join(SAMPLES, "generate.py"), "--out", str(tmp_path / out)],
                        check=True, capture_output=True, timeout=120)
-    names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "steps/checkpoint",
+    names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "blocks.h5", "blocks.msgpack", "steps/checkpoint",
              *(f"steps/model-{s}.msgpack" for s in (300, 400, 500))]
     _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
     assert (mismatch, errors) == ([], [])

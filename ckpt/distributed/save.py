@@ -269,7 +269,7 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
     for key, var, value in items:
         if (var.shard is not None or writers.get(key) == rank) and boxes.volume(var.shape):
             offset = var.shard.offset if var.shard is not None else (0,) * len(var.shape)
-            # read once, when the writer writes it; its checksum blocks are computed from those bytes
+            # read once, when the writer writes it (its checksum blocks: by the writer, from those bytes)
             mine.append(sharded.LazyBlock(lambda *_, v=value: np.asarray(v), key, var.dtype, offset, var.shape))
     if not mine:
         return {"error": None, "file": None, "blocks": []}
@@ -282,7 +282,7 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
         with fmt.open(target) as reader:
             for block in mine:
                 blocks.append([block.key, list(block.offset), list(block.shape), reader.tensors[block.key].nbytes,
-                               block.crcs])
+                               sharded.stored_crcs(reader, block.key)])
         return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
     except Exception as exc:
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}

@@ -199,18 +199,23 @@ class CheckpointReader(Mapping[str, np.ndarray]):
 _BATCH_BYTES = 64 << 20  # small tensors are read in batches of about this size (few syscalls, bounded lists)
 
 
-def read_in_batches(reader: Any, pairs: Iterable[tuple[str, np.ndarray]]) -> None:
-    """Read each ``(key, buffer)`` pair into its buffer, many small tensors per ``read_into_many`` call."""
-    batch: list[tuple[str, np.ndarray]] = []
+def read_in_batches(reader: Any, pairs: Iterable[tuple[Any, np.ndarray]],
+                    read: Callable[[list[tuple[Any, np.ndarray]]], None] | None = None) -> None:
+    """Read each ``(key, buffer)`` pair into its buffer, many small tensors per ``read_into_many`` call.
+
+    ``read`` replaces ``reader.read_into_many``: ``reader.read_planned`` takes (TensorInfo, buffer) pairs.
+    """
+    read = read or reader.read_into_many
+    batch: list[tuple[Any, np.ndarray]] = []
     size = 0
-    for key, buffer in pairs:
-        batch.append((key, buffer))
-        size += buffer.nbytes
+    for pair in pairs:
+        batch.append(pair)
+        size += pair[1].nbytes
         if size >= _BATCH_BYTES:
-            reader.read_into_many(batch)
+            read(batch)
             batch, size = [], 0
     if batch:
-        reader.read_into_many(batch)
+        read(batch)
 
 
 def read_box_into(reader: Any, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:

@@ -87,8 +87,14 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
     pairs, missing, problems = [], [], []
     cast: set[str] = set()
     any_missing = False
+    tensors = reader.tensors
     for key, var in wanted:
-        info = reader.tensors.get(key)
+        info = tensors.get(key)
+        # the common case first, in few attribute reads: a whole tensor of the variable's shape and dtype
+        if info is not None and var._shard is None and info.shape == var._shape and info.dtype == var._dtype \
+                and key not in transposed:
+            pairs.append((key, var))
+            continue
         if info is None:
             missing.append(key)
             if not allow_missing:
@@ -155,25 +161,28 @@ def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
     """
     staged = staged or {}
     touched: list[Variable] = []
+    # a reader of ckpt's formats takes (TensorInfo, buffer) pairs as planned: no second lookup or check
+    planned = getattr(reader, "read_planned", None)
+    tensors = reader.tensors
 
-    def plain_reads() -> Iterator[tuple[str, np.ndarray]]:
+    def plain_reads() -> Iterator[tuple[Any, np.ndarray]]:
         """Handle the special cases in place; yield the tensors read straight into their buffers."""
         for key, var in pairs:
-            buffer = var._writable_buffer()
+            buffer = var._value if var._value is not None else var._writable_buffer()
             touched.append(var)  # before the read: a failed read may have written part of it
-            if key in transposed:
+            if transposed and key in transposed:
                 buffer[...] = reader.read(key).T
                 continue
-            if key in staged:
+            if staged and key in staged:
                 casting.copy_into(buffer, staged[key], key)
                 continue
-            if var.shard is not None and var.shard.global_shape != var.shape:
-                read_box_into(reader, key, var.shard.offset, buffer)
+            if var._shard is not None and var._shard.global_shape != var._shape:
+                read_box_into(reader, key, var._shard.offset, buffer)
                 continue
-            yield key, buffer
+            yield (tensors[key], buffer) if planned is not None else (key, buffer)
 
     try:
-        read_in_batches(reader, plain_reads())
+        read_in_batches(reader, plain_reads(), planned)
     except BaseException as exc:
         for var in touched:
             var._mark_uninitialized()

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -46,6 +47,8 @@ from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import packb, unpack
 from .base import WritableFormat
 from .base import (
+    _FILE_DTYPES,
+    MAX_ELEMENTS,
     FileReader,
     TensorInfo,
     check_metadata,
@@ -53,6 +56,7 @@ from .base import (
     check_version,
     dtype_or_raise,
     key_problem,
+    keys_plainly_valid,
     materialize,
     normalize_metadata,
     validate_keys,
@@ -183,6 +187,7 @@ class MsgpackReader(BlockSlicing, FileReader):
     request, straight into caller buffers."""
 
     format_name = "msgpack"
+    _checks_shapes = True  # every entry's shape is bounded while the index is parsed
 
     def _open(self) -> None:
         path, source = self.path, self._source
@@ -237,12 +242,13 @@ class MsgpackReader(BlockSlicing, FileReader):
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans, simple = [], []
-        for info, out in pairs:
+        byte_view = _io.byte_view
+        for info, out in pairs:  # a hot loop (10,000s of small tensors): few calls per tensor
             extents = info.extra.extents
-            if dtypes.is_string(info.dtype) or len(extents) > 1:
+            if len(extents) > 1 or info.dtype.kind == "O":  # split or strings
                 self._read_into(info, out)
             else:
-                spans.append((extents[0][0], _io.byte_view(out)))
+                spans.append((extents[0][0], byte_view(out)))
                 simple.append(info)
         crcs = self._source.read_spans(spans, lambda i: f"tensor {simple[i].key!r}")
         for info, crc in zip(simple, crcs):
@@ -344,9 +350,17 @@ def _dtype_name(dtype: np.dtype) -> str:
 
 def _parse_entries(tensors: dict[Any, Any], path: str, start: int,
                    data_end: int) -> tuple[dict[str, TensorInfo], int]:
-    """Validate every index entry against the file before any data is read (a hot loop: an
-    index can hold 10,000s of entries); return them and the number of msgpack objects the
-    file holds (header, payloads, padding, index, footer)."""
+    """Validate every index entry against the file before any data is read; return them and
+    the number of msgpack objects the file holds (header, payloads, padding, index, footer).
+
+    An index as ckpt writes it is checked on all entries at once; anything else entry by entry.
+    """
+    return _parse_plain_entries(tensors, start, data_end) or _check_entries(tensors, path, start, data_end)
+
+
+def _check_entries(tensors: dict[Any, Any], path: str, start: int,
+                   data_end: int) -> tuple[dict[str, TensorInfo], int]:
+    """``_parse_entries`` one entry at a time, naming the first problem found."""
     out: dict[str, TensorInfo] = {}
     last_end = start
     ordered = True
@@ -394,6 +408,59 @@ def _parse_entries(tensors: dict[Any, Any], path: str, start: int,
 
 
 _BYTE = np.dtype(np.uint8)
+
+
+def _parse_plain_entries(tensors: dict[Any, Any], start: int,
+                         data_end: int) -> tuple[dict[str, TensorInfo], int] | None:
+    """``_parse_entries`` for an index as ckpt writes it, checked on all entries at once.
+
+    Covers numeric tensors of one extent, no zero dimension, in file order: every check of
+    the per-entry loop, done with C string searches and numpy over whole columns (about a
+    tenth of its time). Returns None for anything else, or anything wrong: the loop then
+    names the problem.
+    """
+    keys = list(tensors)
+    entries = list(tensors.values())
+    if not entries or not keys_plainly_valid(keys) or \
+            not all(type(e) is list and len(e) == 4 for e in entries):
+        return None
+    names, shapes, extent_lists, crcs = zip(*entries)
+    if not all(type(n) is str for n in names):
+        return None
+    found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
+    if None in found or not all(type(x) is list and len(x) == 1 for x in extent_lists) or \
+            not all(type(s) is list and len(s) <= 64 for s in shapes):
+        return None
+    extents = [x[0] for x in extent_lists]
+    if not all(type(x) is list and len(x) == 2 for x in extents):
+        return None
+    offsets, sizes = zip(*extents)
+    dims = list(itertools.chain.from_iterable(shapes))
+    columns = (offsets, sizes, crcs, dims)
+    if not all(type(v) is int for column in columns for v in column):
+        return None
+    try:
+        offset, n, crc, dim = (np.array(c, dtype=np.int64) for c in columns)
+    except OverflowError:  # beyond 64 bits: the loop says which
+        return None
+    if len(dim) and (dim.min() < 1 or dim.max() > MAX_ELEMENTS):  # zero dimensions: the loop
+        return None
+    counts = list(map(math.prod, shapes))  # exact: Python ints
+    if max(counts) > MAX_ELEMENTS or any(d.kind == "O" for d in found):
+        return None
+    ends = offset + n
+    if offset[0] < start or n.min() < 0 or ends.max() > data_end or (ends[:-1] > offset[1:]).any() or \
+            crc.min() < 0 or crc.max() >= 2 ** 32 or \
+            not np.array_equal(np.array(counts, dtype=np.int64) * [d.itemsize for d in found], n):
+        return None
+    headers = np.where(n < 1 << 8, 2, np.where(n < 1 << 16, 3, 5))  # _header_len, vectorized
+    gaps = offset - np.concatenate(([start], ends[:-1]))
+    objects = 3 + len(n) + int(np.count_nonzero(gaps > headers))
+    new = tuple.__new__  # NamedTuples built without their Python-level __new__
+    infos = map(new, itertools.repeat(TensorInfo),
+                zip(keys, found, map(tuple, shapes), sizes,
+                    map(new, itertools.repeat(MsgpackLocation), zip(extent_lists, crcs))))
+    return dict(zip(keys, infos)), objects
 
 
 def _check_disjoint(spans: list[tuple[int, int, str, int]], path: str, start: int) -> int:

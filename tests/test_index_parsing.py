@@ -107,7 +107,7 @@ def test_hdf5_fast_path_agrees_with_the_entry_loop(hdf5_index, data):
         elif field == -1:
             entries[i] = data.draw(st.sampled_from(ODD))
         elif type(entries[i]) is list and len(entries[i]) == 6:
-            entries[i][field] = data.draw(st.sampled_from(ODD + [entries[(i + 1) % len(entries)][0]]))  # a duplicate key
+            entries[i][field] = data.draw(st.sampled_from(ODD + [pristine[(i + 1) % len(pristine)][0]]))  # a duplicate key
     _agree(hdf5._parse_plain_entries(entries, userblock, size),
            _outcome(hdf5._check_entries, entries, "f", userblock, size))
 

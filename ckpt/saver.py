@@ -224,17 +224,14 @@ class Saver:
             UninitializedVariableError: a variable has no value yet.
         """
         self._background.wait()
+        if self._comm is not None and not blocking:
+            return self._save_sharded_async(path, global_step, metadata)
         path, fmt = self._target(path, global_step)
         step = None if global_step is None else operator.index(global_step)
         if self._comm is not None:
             from .distributed.save import save_sharded
 
-            if _urls.is_url(path):
-                raise ValueError(f"cannot save {path}: sharded checkpoints (comm=) are written to a file system "
-                                 "only, not yet to object stores")
-            if not blocking:
-                return self._save_sharded_async(path, fmt, step, metadata)
-
+            self._check_sharded_target(path)
             return save_sharded(self, self._comm, self._timeout, path, fmt, step,
                                 _registry().normalize_metadata(metadata, path))
         sharded = [v.name for v in self._vars.values() if v.shard is not None]
@@ -272,19 +269,35 @@ class Saver:
                                                             background=True))
         return self._commit(path, fmt, tensors, meta, step, listed_before)
 
-    def _save_sharded_async(self, path: str, fmt: Any, step: int | None, metadata: Any) -> SaveFuture:
+    @staticmethod
+    def _check_sharded_target(path: str) -> None:
+        if _urls.is_url(path):
+            raise ValueError(f"cannot save {path}: sharded checkpoints (comm=) are written to a file system "
+                             "only, not yet to object stores")
+
+    def _save_sharded_async(self, path_arg: Any, global_step: Any, metadata: Any) -> SaveFuture:
         """Snapshot this rank's variables, then run the collective save in a background thread on a
         duplicate of the communicator (its collectives never meet training's own)."""
         from .distributed.save import save_sharded
 
-        metadata = _registry().normalize_metadata(metadata, path)
-        tensors, missing = [], set()
-        for key, var in self._vars.items():
-            if var.is_initialized():
-                tensors.append((key, var._read()))
-            else:
-                missing.add(key)  # reported to every rank by the save's plan, not raised here alone
+        try:
+            path, fmt = self._target(path_arg, global_step)
+            step = None if global_step is None else operator.index(global_step)
+            self._check_sharded_target(path)
+            metadata = _registry().normalize_metadata(metadata, path)
+            tensors, missing = [], set()
+            for key, var in self._vars.items():
+                if var.is_initialized():
+                    tensors.append((key, var._read()))
+                else:
+                    missing.add(key)  # reported to every rank by the save's plan, not raised here alone
+        except Exception as exc:
+            if self._async_comm is not None:
+                raise  # the save's own collectives (in the background) time out on the other ranks
+            self._agree_before_dup(os.fspath(path_arg), exc)
+            raise
         if self._async_comm is None:
+            self._agree_before_dup(path, None)
             self._async_comm = self._comm.dup()  # collective: every rank's first asynchronous save
         comm = self._async_comm
 
@@ -294,6 +307,26 @@ class Saver:
             return save_sharded(self, comm, self._timeout, path, fmt, step, metadata, values)
 
         return self._background.submit(path, tensors, write)
+
+    def _agree_before_dup(self, path: str, problem: Exception | None) -> None:
+        """Before the first asynchronous save duplicates the communicator (a collective that cannot
+        time out, MPI's Dup), every rank says whether it got that far: a rank that failed makes every
+        rank raise (itself its own error), a rank that never comes makes the others raise after the
+        timeout, instead of the others waiting in Dup for ever."""
+        from .distributed.comm import decode, encode
+
+        mine = None if problem is None else f"{type(problem).__name__}: {problem}"
+        try:
+            got = [decode(r, path) for r in self._comm.allgather(encode(mine), self._timeout)]
+        except CheckpointError as exc:
+            if problem is not None:
+                raise problem from exc
+            raise CheckpointWriteError(f"{path}: the asynchronous save did not start on rank {self._comm.rank}: "
+                                       f"{exc}; nothing was written") from exc
+        failed = [f"rank {rank}: {error}" for rank, error in enumerate(got) if error is not None]
+        if failed and problem is None:
+            raise CheckpointWriteError(f"{path}: the asynchronous save did not start, it failed on " +
+                                       "; ".join(failed) + "; nothing was written")
 
     def _commit(self, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
                 listed_before: bool, background: bool = False) -> str:

@@ -3,9 +3,11 @@
     python mpi_child.py MODE OUT_DIR ARGS...
 
 Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on those files.
-Modes: save DIR KIND STEP EXT | restore KIND DIR... | kill DIR PHASE | async DIR | disagree DIR |
-timeout DIR | async-world DIR (save(blocking=False), then change every variable and run MPI
-collectives on COMM_WORLD while the save's own collectives run in the background).
+Modes: save ROOT STEP N:KIND:EXT... (one launch of max N processes: the first N of them save into
+ROOT/n<N> through a sub-communicator, for each N) | restore M:KIND... -- DIR... (likewise: the
+first M ranks restore every DIR) | kill DIR PHASE | async DIR | disagree DIR | timeout DIR |
+async-world DIR (save(blocking=False), then change every variable and run MPI collectives on
+COMM_WORLD while the save's own collectives run in the background).
 """
 
 from __future__ import annotations
@@ -37,8 +39,40 @@ def tensors() -> dict[str, np.ndarray]:
 
 
 def report(comm: distributed.Communicator, result: dict) -> None:
-    with open(os.path.join(OUT, f"result-{comm.rank}.json"), "w") as f:
+    """Write this rank's result atomically: mpiexec may kill the rank at any moment."""
+    path = os.path.join(OUT, f"result-{comm.rank}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(result, f)
+    os.replace(path + ".tmp", path)
+
+
+def first_ranks(world: distributed.Communicator, n: int) -> distributed.Communicator | None:
+    """A communicator of world's first ``n`` ranks (None on the others); collective over world."""
+    from mpi4py import MPI
+
+    sub = MPI.COMM_WORLD.Split(0 if world.rank < n else MPI.UNDEFINED, world.rank)
+    return None if sub == MPI.COMM_NULL else distributed.mpi(sub)
+
+
+def restore_all(comm: distributed.Communicator, kind: str, directories: list[str], read: list[int]) -> list[dict]:
+    """Restore each checkpoint directory into ``kind`` blocks; what was wrong and what was read."""
+    results = []
+    for directory in directories:
+        variables = make_variables(tensors(), kind, comm.rank, comm.size, zero=True)
+        del read[:]
+        ckpt.Saver(variables, comm=comm, timeout=30).restore(directory)
+        wrong = []
+        for key, value in tensors().items():
+            offset, block = layout(kind, value.shape, comm.rank, comm.size)
+            want = value[tuple(slice(o, o + b) for o, b in zip(offset, block))]
+            got = np.asarray(variables[key].numpy()).reshape(block)
+            if want.dtype != got.dtype or (want.tobytes() if want.dtype.kind != "O" else want.tolist()) != \
+                    (got.tobytes() if got.dtype.kind != "O" else got.tolist()):
+                wrong.append(key)
+        offset, block = layout(kind, BIG.shape, comm.rank, comm.size)
+        results.append({"wrong": wrong, "step": int(variables["step"].numpy()), "bytes_read": sum(read),
+                        "big_needed": int(np.prod(block)) * 4})
+    return results
 
 
 def die() -> None:
@@ -76,11 +110,18 @@ class KillAt:
 def main() -> None:
     comm = distributed.mpi()
     if MODE == "save":
-        directory, kind, step, ext = ARGS
-        saver = ckpt.Saver(make_variables(tensors(), kind, comm.rank, comm.size), comm=comm, timeout=30)
-        report(comm, {"path": saver.save(os.path.join(directory, "model" + ext), global_step=int(step))})
+        root, step, *specs = ARGS
+        paths = {}
+        for spec in specs:
+            n, kind, ext = spec.split(":")
+            sub = first_ranks(comm, int(n))
+            if sub is not None:
+                saver = ckpt.Saver(make_variables(tensors(), kind, sub.rank, sub.size), comm=sub, timeout=30)
+                paths[n] = saver.save(os.path.join(root, f"n{n}", "model" + ext), global_step=int(step))
+        report(comm, {"paths": paths})
     elif MODE == "restore":
-        kind, directories = ARGS[0], ARGS[1:]
+        split = ARGS.index("--")
+        specs, directories = ARGS[:split], ARGS[split + 1:]
         read: list[int] = []
         close = sharded.ShardedReader.close
 
@@ -89,23 +130,13 @@ def main() -> None:
             close(self)
 
         sharded.ShardedReader.close = counting_close  # type: ignore[method-assign]
-        results = []
-        for directory in directories:
-            variables = make_variables(tensors(), kind, comm.rank, comm.size, zero=True)
-            del read[:]
-            ckpt.Saver(variables, comm=comm, timeout=30).restore(directory)
-            wrong = []
-            for key, value in tensors().items():
-                offset, block = layout(kind, value.shape, comm.rank, comm.size)
-                want = value[tuple(slice(o, o + b) for o, b in zip(offset, block))]
-                got = np.asarray(variables[key].numpy()).reshape(block)
-                if want.dtype != got.dtype or (want.tobytes() if want.dtype.kind != "O" else want.tolist()) != \
-                        (got.tobytes() if got.dtype.kind != "O" else got.tolist()):
-                    wrong.append(key)
-            offset, block = layout(kind, BIG.shape, comm.rank, comm.size)
-            results.append({"wrong": wrong, "step": int(variables["step"].numpy()), "bytes_read": sum(read),
-                            "big_needed": int(np.prod(block)) * 4})
-        report(comm, {"results": results})
+        by_m = {}
+        for spec in specs:
+            m, kind = spec.split(":")
+            sub = first_ranks(comm, int(m))
+            if sub is not None:
+                by_m[m] = restore_all(sub, kind, directories, read)
+        report(comm, {"by_m": by_m})
     elif MODE == "kill":
         directory, phase = ARGS
         variables = make_variables(tensors(), "rows", comm.rank, comm.size)
@@ -137,19 +168,29 @@ def main() -> None:
 
             sharded.write_commit = write_commit  # type: ignore[assignment]
         comm_used = victim if (comm.rank == 1 and phase in ("plan", "verdict", "report", "outcome")) else comm
-        ckpt.Saver(variables, comm=comm_used, timeout=30).save(os.path.join(directory, "model.msgpack"),
-                                                               global_step=2)
+        # the survivors of a killed rank 0 wait out the timeout (mpiexec does not stop them): keep it short;
+        # a save that times out before its kill still leaves model-1 the latest, as the test expects
+        ckpt.Saver(variables, comm=comm_used, timeout=5).save(os.path.join(directory, "model.msgpack"),
+                                                              global_step=2)
         report(comm, {"saved": 2})
     elif MODE == "async":
         directory, = ARGS
         variables = make_variables(tensors(), "cols", comm.rank, comm.size)
         saver = ckpt.Saver(variables, comm=comm, timeout=30)
+        # issue 14's bug: a first asynchronous save failing on one rank before the communicator's Dup
+        # (metadata only rank 1 cannot store) left the others in Dup for ever; now every rank raises
+        try:
+            saver.save(os.path.join(directory, "model.h5"), global_step=4, blocking=False,
+                       metadata={"bad": object()} if comm.rank == 1 else None).result(timeout=60)
+            first = None
+        except Exception as exc:
+            first = {"type": type(exc).__name__, "error": str(exc)}
         future = saver.save(os.path.join(directory, "model.h5"), global_step=5, blocking=False)
         for var in variables.values():  # training goes on while the background thread saves
             if var.dtype.kind != "O":
                 var.assign(np.zeros(var.shape, var.dtype))
         comm.barrier(30)  # the training communicator keeps working beside the save's own duplicate
-        report(comm, {"path": future.result(timeout=60)})
+        report(comm, {"path": future.result(timeout=60), "first": first})
     elif MODE == "async-world":
         from mpi4py import MPI
 

@@ -415,6 +415,42 @@ def test_asynchronous_sharded_save(tmp_path):
         assert_bit_exact(np.zeros(40), r.get_tensor("v"))
 
 
+def test_a_first_async_save_that_fails_or_is_missing_on_one_rank_fails_on_every_rank(tmp_path):
+    """Before the first asynchronous save duplicates the communicator (MPI's Dup cannot time out),
+    the ranks agree that each got that far: one rank's error, or one rank's absence, ends the save
+    on every rank. (Under mpiexec: test_mpi.py.)"""
+    def fn(comm: distributed.Communicator) -> object:
+        v = ckpt.Variable(np.zeros(2), name="v")
+        saver = ckpt.Saver([v], comm=comm, timeout=1)
+        if comm.rank == 2:
+            return None  # never saves
+        try:
+            saver.save(str(tmp_path / "m.msgpack"), blocking=False, metadata={"bad": {1, 2}} if comm.rank else None)
+        except Exception as exc:
+            return exc
+        return "saved"
+
+    errors = run_ranks(3, fn)
+    assert isinstance(errors[1], ValueError) and "metadata bad" in str(errors[1])
+    assert isinstance(errors[0], ckpt.CheckpointWriteError)
+    assert "did not start on rank 0" in str(errors[0]) and "within 1 s" in str(errors[0])
+
+    def fails_on_one(comm: distributed.Communicator) -> object:
+        saver = ckpt.Saver([ckpt.Variable(np.zeros(2), name="v")], comm=comm, timeout=20)
+        try:
+            return saver.save(str(tmp_path / "n.msgpack"), blocking=False,
+                              metadata={"bad": {1}} if comm.rank == 1 else None).result()
+        except Exception as exc:
+            return exc
+
+    errors = run_ranks(3, fails_on_one)
+    assert isinstance(errors[1], ValueError)
+    for error in (errors[0], errors[2]):
+        assert isinstance(error, ckpt.CheckpointWriteError)
+        assert "failed on rank 1: ValueError" in str(error) and "nothing was written" in str(error)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
     import subprocess
     import sys

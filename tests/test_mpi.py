@@ -32,7 +32,7 @@ def mpirun(n: int, mode: str, out: str, *args: str, expect_ok: bool = True) -> l
     assert MPIEXEC, "mpiexec not found (pip install mpich)"
     os.makedirs(out, exist_ok=True)
     for name in os.listdir(out):
-        if name.startswith("result-"):
+        if name.startswith("result-"):  # (and a .tmp a killed rank left)
             os.unlink(os.path.join(out, name))
     proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, CHILD, mode, out, *args],
                           capture_output=True, text=True, timeout=90)
@@ -54,25 +54,39 @@ LAYOUTS = {1: ("rows", ".msgpack"), 2: ("cols", ".h5"), 3: ("uneven", ".msgpack"
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """Checkpoints written by 1, 2, 3 and 4 processes (rows, columns, uneven with an empty block)."""
+    """Checkpoints written by 1, 2, 3 and 4 processes (rows, columns, uneven with an empty block):
+    one mpiexec of 4 processes, whose first N save through a sub-communicator, for each N."""
     root = tmp_path_factory.mktemp("mpi")
     out = {}
-    for n, (kind, ext) in LAYOUTS.items():
-        directory = str(root / f"n{n}")
-        os.makedirs(directory)
-        results = mpirun(n, "save", str(root / "out"), directory, kind, "7", ext)
-        paths = {r["path"] for r in results}
+    for n in LAYOUTS:
+        os.makedirs(root / f"n{n}")
+        out[n] = str(root / f"n{n}")
+    results = mpirun(4, "save", str(root / "out"), str(root), "7",
+                     *(f"{n}:{kind}:{ext}" for n, (kind, ext) in LAYOUTS.items()))
+    for n in LAYOUTS:
+        paths = {r["paths"][str(n)] for r in results[:n]}
         assert len(paths) == 1, results  # every rank returns the checkpoint's one name
-        out[n] = directory
+        assert all(str(n) not in r["paths"] for r in results[n:])
     return root, out
 
 
-@pytest.mark.parametrize("m,kind", [(1, "rows"), (2, "rows"), (3, "rows"), (4, "cols")])
-def test_restore_any_n_on_m_processes(saved, m, kind):
+RESTORES = [(1, "rows"), (2, "rows"), (3, "rows"), (4, "cols")]
+
+
+@pytest.fixture(scope="module")
+def restored(saved):
+    """Every checkpoint of ``saved`` restored on M = 1..4 processes: one mpiexec of 4."""
     root, directories = saved
-    results = mpirun(m, "restore", str(root / "out"), kind, *directories.values())
-    for rank, report in enumerate(results):
-        for n, result in zip(directories, report["results"]):
+    return mpirun(4, "restore", str(root / "out"), *(f"{m}:{kind}" for m, kind in RESTORES), "--",
+                  *directories.values())
+
+
+@pytest.mark.parametrize("m,kind", RESTORES)
+def test_restore_any_n_on_m_processes(saved, restored, m, kind):
+    _, directories = saved
+    assert all(str(m) not in report["by_m"] for report in restored[m:])
+    for rank, report in enumerate(restored[:m]):
+        for n, result in zip(directories, report["by_m"][str(m)]):
             assert result["wrong"] == [], (n, m, rank, result)
             assert result["step"] == 42
             if kind == "rows":  # bytes read for the big tensor: what the rank needs plus checksum-block edges
@@ -121,8 +135,25 @@ def test_a_rank_killed_at_each_phase_of_a_save(tmp_path, phase, steps):
             assert set(os.listdir(path)) == listed | {"COMMIT"}, (phase, os.listdir(path))
 
 
-def test_asynchronous_save_on_a_duplicated_communicator(tmp_path):
-    results = mpirun(3, "async", str(tmp_path / "out"), str(tmp_path))
+@pytest.fixture(scope="module")
+def async_saves(tmp_path_factory):
+    """One mpiexec of 3: a first asynchronous save that fails on rank 1, then one that succeeds."""
+    root = tmp_path_factory.mktemp("async")
+    return root, mpirun(3, "async", str(root / "out"), str(root))
+
+
+def test_a_first_async_save_failing_on_one_rank_fails_on_every_rank(async_saves):
+    """The failure comes before the communicator's (untimed) Dup: no rank waits in it for ever."""
+    root, results = async_saves
+    assert results[1]["first"]["type"] == "ValueError"  # rank 1's own error, as a blocking save raises it
+    for report in (results[0], results[2]):
+        assert report["first"]["type"] == "CheckpointWriteError"
+        assert "did not start, it failed on rank 1: ValueError" in report["first"]["error"]
+    assert not os.path.exists(root / "model-4.h5")
+
+
+def test_asynchronous_save_on_a_duplicated_communicator(async_saves):
+    _, results = async_saves
     assert len({r["path"] for r in results}) == 1
     with ckpt.load_checkpoint(results[0]["path"]) as reader:  # the values of the save call, not the zeros
         for key, value in global_tensors().items():

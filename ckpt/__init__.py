@@ -38,9 +38,23 @@ _LAZY = {
     "WritableFormat": ".formats.base",
     "register_format": ".formats.base",
     "unregister_format": ".formats.base",
+    "Comparison": ".comparison",
+    "MetadataChange": ".comparison",
+    "TensorChange": ".comparison",
+    "ValueDiff": ".comparison",
+    "compare": ".comparison",
+    "compare_values": ".comparison",
+    "Conversion": ".conversion",
+    "convert": ".conversion",
+    "scope_renames": ".conversion",
+    "writable_format": ".conversion",
     "load_file": ".files",
     "save_file": ".files",
+    "inspect_lines": ".inspect",
+    "inspect_report": ".inspect",
     "print_tensors_in_checkpoint_file": ".inspect",
+    "ListedCheckpoint": ".listing",
+    "list_checkpoints": ".listing",
     "ReadableBlob": ".storage",
     "Module": ".module",
     "CheckpointReader": ".reader",
@@ -55,12 +69,17 @@ _LAZY = {
     "name_scope": ".scopes",
     "Shard": ".shard",
     "latest_checkpoint": ".state",
+    "TensorStats": ".stats",
+    "array_stats": ".stats",
+    "tensor_stats": ".stats",
     "Variable": ".variables",
     "global_variables": ".variables",
     "initialize_all_variables": ".variables",
     "initialize_variables": ".variables",
     "report_uninitialized_variables": ".variables",
     "trainable_variables": ".variables",
+    "Verification": ".verification",
+    "verify": ".verification",
 }
 
 
@@ -84,13 +103,27 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from . import initializers as initializers
     from . import random as random
     from .async_save import SaveFuture as SaveFuture
+    from .comparison import Comparison as Comparison
+    from .comparison import MetadataChange as MetadataChange
+    from .comparison import TensorChange as TensorChange
+    from .comparison import ValueDiff as ValueDiff
+    from .comparison import compare as compare
+    from .comparison import compare_values as compare_values
+    from .conversion import Conversion as Conversion
+    from .conversion import convert as convert
+    from .conversion import scope_renames as scope_renames
+    from .conversion import writable_format as writable_format
     from .files import load_file as load_file
     from .formats.base import Format as Format
     from .formats.base import WritableFormat as WritableFormat
     from .formats.base import register_format as register_format
     from .formats.base import unregister_format as unregister_format
     from .files import save_file as save_file
+    from .inspect import inspect_lines as inspect_lines
+    from .inspect import inspect_report as inspect_report
     from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
+    from .listing import ListedCheckpoint as ListedCheckpoint
+    from .listing import list_checkpoints as list_checkpoints
     from .storage import ReadableBlob as ReadableBlob
     from .module import Module as Module
     from .reader import CheckpointReader as CheckpointReader
@@ -105,9 +138,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .scopes import name_scope as name_scope
     from .shard import Shard as Shard
     from .state import latest_checkpoint as latest_checkpoint
+    from .stats import TensorStats as TensorStats
+    from .stats import array_stats as array_stats
+    from .stats import tensor_stats as tensor_stats
     from .variables import Variable as Variable
     from .variables import global_variables as global_variables
     from .variables import initialize_all_variables as initialize_all_variables
     from .variables import initialize_variables as initialize_variables
     from .variables import report_uninitialized_variables as report_uninitialized_variables
     from .variables import trainable_variables as trainable_variables
+    from .verification import Verification as Verification
+    from .verification import verify as verify

@@ -19,7 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["bfloat16", "string", "NAMES", "as_dtype", "dtype_name", "is_string", "kind"]
+__all__ = ["bfloat16", "string", "NAMES", "as_dtype", "dtype_name", "dtype_label", "is_string", "kind"]
 
 bfloat16: np.dtype = np.dtype(ml_dtypes.bfloat16)
 #: Byte-string tensors are object arrays whose elements are ``bytes``.
@@ -119,6 +119,17 @@ def dtype_name(dtype: Any) -> str:
     if name is None:
         raise TypeError(f"unsupported dtype {dtype}; supported: {', '.join(NAMES)}")
     return name
+
+
+def dtype_label(dtype: np.dtype) -> str:
+    """ckpt's name for ``dtype`` ("float32", "bfloat16", "string"), numpy's for others (float8...).
+
+    Example:
+        >>> dtype_label(np.dtype("float32")), dtype_label(np.dtype("datetime64[s]"))
+        ('float32', 'datetime64[s]')
+    """
+    name = dt_name_or_none(np.dtype(dtype))
+    return str(dtype) if name is None else name
 
 
 def is_string(dtype: np.dtype) -> bool:

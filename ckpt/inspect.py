@@ -20,33 +20,22 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from .dtypes import dtype_label
+from ._json import jsonable
 from .errors import KeyNotFoundError, closest_hint
 from .reader import CheckpointReader, load_checkpoint
+from .stats import TensorStats, array_stats, stats_of
 
-__all__ = ["ParamCount", "TensorStats", "dtype_label", "describe", "count_params", "tensor_stats", "jsonable",
-           "inspect_lines", "inspect_report", "print_tensors_in_checkpoint_file"]
-
-#: Elements handled per step when computing statistics: bounds the temporaries for huge tensors.
-CHUNK = 1 << 20
-HISTOGRAM_BINS = 16
-_BARS = "▁▂▃▄▅▆▇█"
+__all__ = ["ParamCount", "dtype_label", "describe", "count_params", "jsonable", "inspect_lines", "inspect_report",
+           "print_tensors_in_checkpoint_file"]
 
 #: Wraps the iteration over the tensors being read (the CLI passes a progress bar).
 Progress = Callable[[Sequence[Any]], Iterable[Any]]
-
-
-def dtype_label(dtype: np.dtype) -> str:
-    """ckpt's name for ``dtype`` ("float32", "bfloat16", "string"), numpy's for others."""
-    try:
-        return dtypes.dtype_name(dtype)
-    except TypeError:  # a foreign format may hold dtypes ckpt variables cannot (float8, ...)
-        return str(dtype)
 
 
 def describe(info: Any) -> str:
@@ -106,172 +95,6 @@ def _count_lines(count: ParamCount, exclude: str) -> list[str]:
     return lines + [f"# Total number of params: {count.total}"]
 
 
-@dataclass(frozen=True)
-class TensorStats:
-    """Summary statistics of one tensor.
-
-    ``kind`` is "float", "int", "bool", "complex" (summarised by magnitude) or "string"
-    (summarised by length in bytes; no mean). min, max, mean, std and the histogram cover
-    the finite values; ``nan`` and ``inf`` count the others; ``zeros`` counts zeros, False
-    or empty strings.
-    """
-
-    kind: str
-    count: int
-    zeros: int
-    nan: int
-    inf: int
-    min: float | int | None
-    max: float | int | None
-    mean: float | None
-    std: float | None
-    histogram: tuple[int, ...]
-
-    @property
-    def nonfinite(self) -> bool:
-        """True when the tensor holds a NaN or an infinity."""
-        return bool(self.nan or self.inf)
-
-    def lines(self) -> list[str]:
-        """The text view: a line of numbers, then a histogram line between min and max."""
-        if not self.count:
-            return ["  empty: no values"]
-
-        def share(n: int) -> str:
-            return f"{100 * n / self.count:.1f}%"
-
-        if self.kind == "bool":
-            return [f"  true {share(self.count - self.zeros)}  false {share(self.zeros)}"]
-        parts = ["no finite values"] if self.min is None else [f"min {_num(self.min)}", f"max {_num(self.max)}"]
-        if self.mean is not None:
-            parts += [f"mean {_num(self.mean)}", f"std {_num(self.std)}"]
-        parts.append(f"{'empty' if self.kind == 'string' else 'zeros'} {share(self.zeros)}")
-        if self.kind in ("float", "complex"):
-            parts += [f"nan {self.nan}", f"inf {self.inf}"] + (["<- NaN/Inf"] if self.nonfinite else [])
-        of = {"complex": "magnitudes: ", "string": "lengths: "}.get(self.kind, "")
-        head = f"  {of}{'  '.join(parts)}"
-        if self.min is None:
-            return [head]
-        return [head, f"  histogram {_num(self.min)} |{_bars(self.histogram)}| {_num(self.max)}"]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON view (non-finite floats as the strings "NaN", "Infinity", "-Infinity")."""
-        return {"kind": self.kind, "count": self.count, "zeros": self.zeros, "nan": self.nan, "inf": self.inf,
-                "min": jsonable(self.min), "max": jsonable(self.max), "mean": jsonable(self.mean),
-                "std": jsonable(self.std), "histogram": list(self.histogram)}
-
-
-def _num(x: float | int | None) -> str:
-    return str(x) if isinstance(x, int) else f"{x:.6g}"
-
-
-def _bars(counts: Sequence[int]) -> str:
-    """Counts as block characters; an empty bin is a space, any non-empty bin is visible."""
-    top = max(counts, default=0)
-    return "".join(" " if not c else _BARS[min(len(_BARS) - 1, (len(_BARS) * c - 1) // top)] for c in counts)
-
-
-def tensor_stats(arr: np.ndarray) -> TensorStats:
-    """Compute a tensor's statistics in chunks of CHUNK elements (bounded extra memory).
-
-    Example:
-        >>> s = tensor_stats(np.array([0.0, 1.0, np.nan], dtype=np.float32))
-        >>> s.min, s.max, s.mean, s.nan, s.zeros
-        (0.0, 1.0, 0.5, 1, 1)
-    """
-    flat = arr.reshape(-1)
-    if dtypes.is_string(arr.dtype):
-        lengths = np.fromiter((len(x) for x in flat), dtype=np.int64, count=flat.size)
-        return replace(_numeric_stats(lengths, "string"), mean=None, std=None)  # no mean of strings
-    kind = {"c": "complex", "b": "bool", "i": "int", "u": "int"}.get(arr.dtype.kind, "float")
-    return _numeric_stats(flat, kind)
-
-
-def _chunks(flat: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Yield (raw chunk, its values as float64, finite mask) for each chunk of ``flat``."""
-    for start in range(0, flat.size, CHUNK):
-        raw = flat[start:start + CHUNK]
-        x = np.abs(raw) if raw.dtype.kind == "c" else raw.astype(np.float64)
-        finite = np.isfinite(raw) if raw.dtype.kind == "c" else np.isfinite(x)
-        yield raw, x, finite
-
-
-def _numeric_stats(flat: np.ndarray, kind: str) -> TensorStats:
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # huge values: an inf std, no warning
-        return _numeric_stats_unguarded(flat, kind)
-
-
-def _numeric_stats_unguarded(flat: np.ndarray, kind: str) -> TensorStats:
-    exact = flat.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
-    count, zeros, nan, n = flat.size, 0, 0, 0
-    lo: Any = None
-    hi: Any = None
-    mean = m2 = 0.0
-    for raw, x, finite in _chunks(flat):
-        zeros += int(np.count_nonzero(x == 0))
-        if not exact:
-            nan += int(np.count_nonzero(np.isnan(raw if raw.dtype.kind == "c" else x)))
-        if not finite.all():
-            raw, x = raw[finite], x[finite]
-        if not x.size:
-            continue
-        c_lo, c_hi = (int(raw.min()), int(raw.max())) if exact else (float(x.min()), float(x.max()))
-        lo = c_lo if lo is None else min(lo, c_lo)
-        hi = c_hi if hi is None else max(hi, c_hi)
-        # merge this chunk's mean and sum of squared deviations into the running ones (Chan et al.)
-        c_mean = float(x.mean())
-        c_m2 = float(np.square(x - c_mean).sum())
-        total = n + x.size
-        delta = c_mean - mean
-        mean += delta * x.size / total
-        m2 += c_m2 + delta * delta * n * x.size / total
-        n = total
-    inf = count - n - nan
-    if lo is None:
-        return TensorStats(kind, count, zeros, nan, inf, None, None, None, None, ())
-    hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-    for _, x, finite in _chunks(flat):
-        hist += _bin_counts(x[finite], float(lo), float(hi))
-    return TensorStats(kind, count, zeros, nan, inf, lo, hi, mean, math.sqrt(m2 / n), tuple(int(c) for c in hist))
-
-
-def _bin_counts(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Histogram counts over [lo, hi]; values are scaled first so ranges like ±1e308 cannot overflow."""
-    bins = HISTOGRAM_BINS
-    if lo == hi:
-        counts = np.zeros(bins, dtype=np.int64)
-        counts[bins // 2] = x.size
-        return counts
-    index = ((x / bins - lo / bins) / (hi / bins - lo / bins) * bins).astype(np.int64)
-    np.clip(index, 0, bins - 1, out=index)
-    return np.bincount(index, minlength=bins)
-
-
-def jsonable(value: Any) -> Any:
-    """Turn numpy values into JSON-ready data: lists, ints, floats, strings.
-
-    Non-finite floats become "NaN", "Infinity" and "-Infinity"; complex numbers [real, imag]
-    pairs; byte strings text (UTF-8, other bytes as \\xNN escapes).
-    """
-    if isinstance(value, np.ndarray):
-        if value.dtype == dtypes.bfloat16:
-            value = value.astype(np.float32)
-        return jsonable(value.tolist())
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, np.generic):
-        return jsonable(value.item())
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    if isinstance(value, complex):
-        return [jsonable(value.real), jsonable(value.imag)]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
-
-
 def _selected_keys(reader: CheckpointReader, tensor_name: str | None) -> list[str]:
     if not tensor_name:
         return sorted(reader.tensors)
@@ -296,10 +119,13 @@ def _records(reader: CheckpointReader, keys: list[str], values: bool, stats: boo
              progress: Progress | None) -> Iterator[tuple[Any, np.ndarray | None, TensorStats | None]]:
     """Yield (info, value or None, stats or None) for each key, reading only what is shown."""
     infos = [reader.tensors[k] for k in keys]
-    if values or stats:
+    if values:
         for info in (progress(infos) if progress is not None else infos):
             arr = reader.get_tensor(info.key)
-            yield info, arr if values else None, tensor_stats(arr) if stats else None
+            yield info, arr, array_stats(arr) if stats else None
+    elif stats:  # statistics alone: each tensor streams through in bounded chunks
+        for info in (progress(infos) if progress is not None else infos):
+            yield info, None, stats_of(reader, info.key)
     else:
         for info in infos:
             yield info, None, None

@@ -9,7 +9,6 @@ import click
 import numpy as np
 
 import ckpt
-from ckpt.inspect import inspect_lines, inspect_report
 
 from .errors import check_regex, reports_errors
 from .progress import emit, shows_progress, tracked
@@ -133,7 +132,7 @@ def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: b
                                     stats=stats, exclude=exclude,
                                     progress=tracked("computing statistics") if held else None)
         if as_json:
-            click.echo(json.dumps(inspect_report(reader, **view), allow_nan=False))
+            click.echo(json.dumps(ckpt.inspect_report(reader, **view), allow_nan=False))
         else:
             with np.printoptions(**options):
-                emit(inspect_lines(reader, **view), held)
+                emit(ckpt.inspect_lines(reader, **view), held)

@@ -1,4 +1,4 @@
-"""``ckpt verify PATH``: check a checkpoint's structure and every tensor's checksum."""
+"""``ckpt verify PATH``: check a checkpoint's structure and every tensor's checksum (``ckpt.verify``)."""
 
 from __future__ import annotations
 
@@ -32,21 +32,19 @@ def verify(path: str, as_json: bool) -> None:
     ckpt verify model.h5 && cp model.h5 /backup/
     """
     with ckpt.load_checkpoint(path) as reader:
-        infos = list(reader.tensors.values())
-        with byte_bar(sum(info.nbytes for info in infos), "verifying") as progress:
-            problems = reader.verify(progress)
+        with byte_bar(sum(info.nbytes for info in reader.tensors.values()), "verifying") as progress:
+            report = ckpt.verify(reader, progress=progress)
     if as_json:
-        click.echo(json.dumps({"path": reader.path, "format": reader.format, "checksummed": reader.checksummed,
-                               "tensors": len(infos), "problems": problems, "ok": not problems}))
+        click.echo(json.dumps(report.to_json()))
     else:
-        for problem in problems:
+        for problem in report.problems:
             click.echo(problem)
-    if problems:
-        raise Failure(f"{reader.path}: {count(len(problems), 'problem')} found", file=reader.path)
+    if report.problems:
+        raise Failure(f"{report.path}: {count(len(report.problems), 'problem')} found", file=report.path)
     if as_json:
         return
-    if not reader.checksummed:
-        click.echo(f"{reader.path}: {count(len(infos), 'tensor')} read without error; the file has no checksums "
-                   f"(not written by ckpt), so their values cannot be vouched for")
+    if not report.checksummed:
+        click.echo(f"{report.path}: {count(report.tensors, 'tensor')} read without error; the file has no "
+                   "checksums (not written by ckpt), so their values cannot be vouched for")
         return
-    click.echo(f"{reader.path}: OK ({count(len(infos), 'tensor')}; the structure and every checksum match)")
+    click.echo(f"{report.path}: OK ({count(report.tensors, 'tensor')}; the structure and every checksum match)")

@@ -20,7 +20,7 @@ from conftest import assert_bit_exact, every_dtype_tensors, OUTSIDE_CHECKOUT
 import ckpt
 from ckpt.atomic import replace_atomically
 from ckpt.cli import main, progress
-from ckpt.cli.diff_cmd import compare_values
+from ckpt.comparison import compare_values
 from ckpt.cli.ls_cmd import human_size
 from ckpt.formats import base
 from ckpt.state import CheckpointEntry, CheckpointState, write_state
@@ -420,9 +420,9 @@ def test_compare_values_edge_cases():
 
 
 def test_compare_values_in_chunks(monkeypatch):
-    from ckpt.cli import diff_cmd
+    from ckpt import comparison
 
-    monkeypatch.setattr(diff_cmd, "CHUNK", 3)
+    monkeypatch.setattr(comparison, "CHUNK", 3)
     a, b = np.arange(10.0), np.arange(10.0)
     b[[1, 8]] += [0.5, -2.0]
     vd = compare_values(a, b)

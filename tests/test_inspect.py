@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from conftest import every_dtype_tensors
 
 import ckpt
-from ckpt import inspect
+from ckpt import inspect, stats
 from ckpt.cli import main
 from ckpt.formats.base import TensorInfo
 
@@ -83,7 +83,7 @@ def test_dtype_label_falls_back_to_numpy_for_foreign_dtypes():
 
 
 def test_float_stats_skip_non_finite_values():
-    s = inspect.tensor_stats(np.array([[1.0, np.nan], [np.inf, -3.0], [0.0, -np.inf]], np.float16))
+    s = stats.array_stats(np.array([[1.0, np.nan], [np.inf, -3.0], [0.0, -np.inf]], np.float16))
     assert (s.kind, s.count, s.nan, s.inf, s.zeros, s.min, s.max) == ("float", 6, 1, 2, 1, -3.0, 1.0)
     assert s.mean == pytest.approx(-2 / 3) and s.std == pytest.approx(np.std([1.0, -3.0, 0.0]))
     assert sum(s.histogram) == 3 and s.nonfinite
@@ -91,11 +91,11 @@ def test_float_stats_skip_non_finite_values():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, ckpt.dtypes.bfloat16, np.int16, np.uint8])
 def test_chunked_stats_match_numpy(monkeypatch, dtype):
-    monkeypatch.setattr(inspect, "CHUNK", 7)  # many chunks, the last one short
+    monkeypatch.setattr(stats, "PIECE", 7)  # many chunks, the last one short
     rng = np.random.default_rng(1)
     values = (rng.standard_normal(100) * 50).astype(dtype) if np.dtype(dtype).kind != "u" else \
         rng.integers(0, 255, 100).astype(dtype)
-    s = inspect.tensor_stats(values)
+    s = stats.array_stats(values)
     as64 = values.astype(np.float64)
     assert (s.min, s.max) == (as64.min(), as64.max())
     assert s.mean == pytest.approx(as64.mean(), rel=1e-12)
@@ -105,23 +105,23 @@ def test_chunked_stats_match_numpy(monkeypatch, dtype):
 
 
 def test_integer_extremes_are_exact():
-    s = inspect.tensor_stats(np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max], np.int64))
+    s = stats.array_stats(np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max], np.int64))
     assert (s.min, s.max) == (-(2 ** 63), 2 ** 63 - 1)
-    s = inspect.tensor_stats(np.array([0, 2 ** 64 - 1], np.uint64))
+    s = stats.array_stats(np.array([0, 2 ** 64 - 1], np.uint64))
     assert s.max == 2 ** 64 - 1 and s.lines()[0].startswith("  min 0  max 18446744073709551615  mean ")
 
 
 def test_bool_complex_string_and_empty_stats():
-    b = inspect.tensor_stats(np.array([True, False, True, True]))
+    b = stats.array_stats(np.array([True, False, True, True]))
     assert (b.kind, b.zeros, b.mean) == ("bool", 1, 0.75)
     assert b.lines() == ["  true 75.0%  false 25.0%"]
-    c = inspect.tensor_stats(np.array([3 + 4j, 0j, complex(np.nan, 1)], np.complex64))
+    c = stats.array_stats(np.array([3 + 4j, 0j, complex(np.nan, 1)], np.complex64))
     assert (c.kind, c.min, c.max, c.nan, c.zeros) == ("complex", 0.0, 5.0, 1, 1)
     assert c.lines()[0].startswith("  magnitudes: min 0  max 5  mean 2.5")
-    s = inspect.tensor_stats(np.array([b"", b"abc", b"abcdef"], dtype=object))
+    s = stats.array_stats(np.array([b"", b"abc", b"abcdef"], dtype=object))
     assert (s.kind, s.min, s.max, s.zeros, s.mean, s.std) == ("string", 0, 6, 1, None, None)
     assert s.lines()[0] == "  lengths: min 0  max 6  empty 33.3%"
-    e = inspect.tensor_stats(np.zeros((0, 3), np.float32))
+    e = stats.array_stats(np.zeros((0, 3), np.float32))
     assert e.count == 0 and e.lines() == ["  empty: no values"]
 
 
@@ -129,14 +129,14 @@ def test_extreme_ranges_neither_crash_nor_warn():
     big = np.finfo(np.float64).max
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        s = inspect.tensor_stats(np.array([-big, 0.0, big]))
+        s = stats.array_stats(np.array([-big, 0.0, big]))
     assert (s.min, s.max, s.histogram[0], s.histogram[-1], s.std) == (-big, big, 1, 1, math.inf)
     assert sum(s.histogram) == 3
     assert json.dumps(s.to_json(), allow_nan=False)
 
 
 def test_all_nan_tensor():
-    s = inspect.tensor_stats(np.full(4, np.nan, np.float32))
+    s = stats.array_stats(np.full(4, np.nan, np.float32))
     assert s.min is None and s.nan == 4 and s.histogram == ()
     assert s.lines() == ["  no finite values  zeros 0.0%  nan 4  inf 0  <- NaN/Inf"]
     assert json.dumps(s.to_json(), allow_nan=False)
@@ -144,14 +144,14 @@ def test_all_nan_tensor():
 
 def test_stats_of_every_dtype_are_valid_json():
     for key, value in every_dtype_tensors():
-        doc = inspect.tensor_stats(value).to_json()
+        doc = stats.array_stats(value).to_json()
         json.dumps(doc, allow_nan=False)
         assert doc["count"] == value.size, key
 
 
 def test_histogram_bars():
-    assert inspect._bars([0, 1, 8, 4]) == " ▁█▄"
-    assert inspect._bars([1]) == "█"
+    assert stats._bars([0, 1, 8, 4]) == " ▁█▄"
+    assert stats._bars([1]) == "█"
 
 
 def test_jsonable():

@@ -37,7 +37,7 @@ from .errors import KeyNotFoundError
 __all__ = ["ValueDiff", "TensorChange", "MetadataChange", "Comparison", "compare", "compare_values", "CHANGES"]
 
 #: Elements compared per vectorized step: bounds the temporaries for huge tensors.
-CHUNK = 1 << 18
+CHUNK = 1 << 16
 #: What can happen to a key, in the order the counts are reported.
 CHANGES = ("only in A", "only in B", "changed dtype or shape", "differ", "within tolerance", "identical",
            "metadata")
@@ -73,6 +73,12 @@ class _Tally:
         return ValueDiff(self.count, self.unequal, self.outside, self.max_abs, self.max_rel)
 
 
+def _words(flat: np.ndarray) -> np.ndarray:
+    """A flat array's bytes as 8-byte words where they divide evenly (fewer, wider comparisons)."""
+    raw = flat.view(np.uint8)
+    return raw.view(np.uint64) if raw.size % 8 == 0 else raw
+
+
 def _as_number(raw: np.ndarray) -> np.ndarray:
     return raw.astype(np.complex128 if raw.dtype.kind == "c" else np.float64)
 
@@ -88,7 +94,7 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
         return
     if ra.dtype == rb.dtype and ra.dtype.kind in "biufc" and ra.dtype.isbuiltin == 1 and ra.size:
         # bit-identical bytes are equal values (NaNs included): the common case costs one comparison
-        if np.array_equal(ra.view(np.uint8), rb.view(np.uint8)):
+        if np.array_equal(_words(ra), _words(rb)):
             return
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         for i in range(0, ra.size, CHUNK):

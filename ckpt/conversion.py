@@ -32,16 +32,15 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
+from ._chunks import paired_chunks, stored_crc32c
 from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions, is_url
 from ._urls import split as split_url
 from .atomic import fsync_directory, replace_atomically, require_directory
+from .reader import CheckpointReader
 from .errors import CheckpointError, CheckpointWriteError, KeyNotFoundError, UnsupportedCheckpointError, closest_hint
 
 __all__ = ["Conversion", "convert", "writable_format", "scope_renames"]
-
-#: Bytes compared per step when checking the written file.
-CHUNK = 64 << 20
 
 Progress = Callable[[int], None]
 
@@ -86,10 +85,11 @@ def writable_format(path: str | os.PathLike[str], format: str | None = None) -> 
             raise UnsupportedCheckpointError(f"no checkpoint format is called {format!r}; write one of "
                                              f"{writable}") from exc
     else:
-        fmt = format_for_path(path)
-        if fmt is None:
+        found = format_for_path(path)
+        if found is None:
             raise UnsupportedCheckpointError(f"cannot tell a checkpoint format from the extension of {path!r}; "
                                              f"use one of {writable}")
+        fmt = found
     if not fmt.can_write:
         raise UnsupportedCheckpointError(f"the {fmt.name} format can be read but not written; write one of "
                                          f"{writable}")
@@ -137,16 +137,6 @@ def scope_renames(keys: list[str], renames: Mapping[str, str], path: str = "chec
     return plan
 
 
-def _same_data(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit-for-bit equality (NaN payloads included), compared in bounded chunks."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if dtypes.is_string(a.dtype):
-        return bool(a.reshape(-1).tolist() == b.reshape(-1).tolist())
-    va, vb = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
-    return all(np.array_equal(va[i:i + CHUNK], vb[i:i + CHUNK]) for i in range(0, va.size, CHUNK))
-
-
 class _Source:
     """A tensor of SRC that the writer reads only when it writes it (bounded memory)."""
 
@@ -161,7 +151,27 @@ class _Source:
         return value
 
 
-def _check_written(fmt: Any, tmp: str, dst: str, source: Any, plan: dict[str, str],
+def _same_tensor(source: CheckpointReader, old: str, written: CheckpointReader, new: str) -> bool:
+    """Whether tensor ``new`` of the written checkpoint holds ``old``'s exact bytes.
+
+    The written file was verified against its own checksums just before; where both files
+    store a crc32c of the same C-order bytes, equal checksums are the check (no second read).
+    Otherwise both tensors stream through in chunks and are compared bit for bit.
+    """
+    a, b = source.tensors[old], written.tensors[new]
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not dtypes.is_string(a.dtype):
+        crc_a, crc_b = stored_crc32c(source, old), stored_crc32c(written, new)
+        if crc_a is not None and crc_b is not None:
+            return crc_a == crc_b
+    if dtypes.is_string(a.dtype):
+        return bool(source.get_tensor(old).reshape(-1).tolist() == written.get_tensor(new).reshape(-1).tolist())
+    return all(np.array_equal(ca.view(np.uint8), cb.view(np.uint8)) for ca, cb in paired_chunks(source, written,
+                                                                                                old, new))
+
+
+def _check_written(fmt: Any, tmp: str, dst: str, source: CheckpointReader, plan: dict[str, str],
                    metadata: dict[str, Any], progress: Progress | None) -> None:
     """Read the new file back; raise CheckpointWriteError unless it holds exactly SRC's tensors."""
 
@@ -169,22 +179,17 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: Any, plan: dict[str, st
         return CheckpointWriteError(f"{dst}: the converted file does not read back as written ({what}); "
                                     "DST was not replaced")
 
-    reader = fmt.open(tmp)
-    try:
-        if sorted(reader.tensors) != sorted(plan.values()):
+    with CheckpointReader(fmt.open(tmp)) as written:
+        if sorted(written.tensors) != sorted(plan.values()):
             raise fail("its keys differ")
-        if reader.metadata != metadata:
+        if written.metadata != metadata:
             raise fail("its metadata differs")
-        problems = reader.verify()
+        problems = written.verify(progress)  # every byte read back, against the new file's checksums
         if problems:
             raise fail(problems[0])
         for old, new in plan.items():
-            if not _same_data(source.get_tensor(old), reader.read(new)):
+            if not _same_tensor(source, old, written, new):
                 raise fail(f"tensor {new!r} differs")
-            if progress is not None:
-                progress(reader.tensors[new].nbytes)
-    finally:
-        reader.close()
 
 
 def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
@@ -212,8 +217,9 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
             if problems or written.metadata != metadata or sorted(written.tensors) != sorted(old_of):
                 raise CheckpointWriteError(f"{dst}: the converted checkpoint does not read back as written "
                                            f"({problems[0] if problems else 'keys or metadata differ'})")
+            checked = CheckpointReader(written)
             for old, new in plan.items():
-                if not _same_data(reader.get_tensor(old), written.read(new)):
+                if not _same_tensor(reader, old, checked, new):
                     raise CheckpointWriteError(f"{dst}: tensor {new!r} does not read back as written")
         os.rename(tmp, dst)
         fsync_directory(parent)

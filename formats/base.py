@@ -226,6 +226,12 @@ class FileReader(BaseReader):
         when its bytes are not stored that way (strings); lets callers read part of a tensor."""
         return None
 
+    def stored_crc32c(self, key: str) -> int | None:
+        """The crc32c the file stores for the bytes ``data_extents`` lists, or None (no extents,
+        no checksum); lets callers check a tensor they read in parts."""
+        crc = getattr(self.info(key).extra, "crc32c", None)
+        return crc if isinstance(crc, int) and self.data_extents(key) is not None else None
+
     def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
         """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
         caller verifies)."""

@@ -160,6 +160,14 @@ class SafetensorsReader(FileReader):
         self._metadata, self._crcs = _ckpt_fields(meta or {}, self._tensors, path)
         self.checksummed = self._crcs is not None
 
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        info = self.info(key)
+        return [(self._data_start + info.extra, info.nbytes)]
+
+    def stored_crc32c(self, key: str) -> int | None:
+        self.info(key)  # a KeyNotFoundError for a key it does not hold
+        return None if self._crcs is None else self._crcs[key]
+
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         view = _io.byte_view(out)
         self._source.read_into(view, self._data_start + info.extra, f"tensor {info.key!r}")

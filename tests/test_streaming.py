@@ -1,0 +1,108 @@
+"""Whole-checkpoint functions read tensors in bounded chunks, checked as they stream (ckpt/_chunks.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import ckpt
+from ckpt import _chunks
+
+MiB = 1 << 20
+
+
+def damaged_copy(path: str, marker: np.ndarray, out: pathlib.Path) -> str:
+    data = bytearray(pathlib.Path(path).read_bytes())
+    data[data.index(marker.tobytes()) + 1] ^= 0x10
+    out.write_bytes(bytes(data))
+    return str(out)
+
+
+@pytest.fixture(params=[".msgpack", ".h5", ".safetensors"])
+def big(request, tmp_path):
+    """A checkpoint with one 10 MiB tensor (3 chunks of 4 MiB, the odd one first) and a small one."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(10 * MiB // 4 + 123).astype(np.float32)
+    x[[7, 1000, 2_000_000]] = [np.nan, np.inf, 0.0]
+    path = str(tmp_path / f"big{request.param}")
+    ckpt.save_file({"x": x, "small": np.arange(5, dtype=np.int16)}, path)
+    return path, x
+
+
+def test_chunks_stream_the_whole_tensor_in_order(big):
+    path, x = big
+    with ckpt.load_checkpoint(path) as reader:
+        chunks = [c.copy() for c in _chunks.tensor_chunks(reader, "x", chunk_elements=MiB)]
+        small = [c.copy() for c in _chunks.tensor_chunks(reader, "small", chunk_elements=MiB)]
+    assert [c.size for c in chunks] == [x.size - 2 * MiB, MiB, MiB]
+    assert np.array_equal(np.concatenate(chunks).view(np.uint32), x.view(np.uint32))
+    assert np.concatenate(small).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_statistics_from_chunks_match_the_array(big, monkeypatch):
+    path, x = big
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)  # three chunks, and a second pass for the histogram
+    streamed = ckpt.tensor_stats(path, ["x"])["x"]
+    expected = ckpt.array_stats(x)
+    assert streamed.mean == pytest.approx(expected.mean, rel=1e-12) and streamed.std == pytest.approx(expected.std)
+    assert dataclasses.replace(streamed, mean=0.0, std=0.0) == dataclasses.replace(expected, mean=0.0, std=0.0)
+    assert (streamed.nan, streamed.inf) == (1, 1) and sum(streamed.histogram) == x.size - 2
+
+
+def test_a_damaged_chunk_fails_the_tensor(big, tmp_path, monkeypatch):
+    path, x = big
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
+    bad = damaged_copy(path, x[2_500_000:2_500_004], tmp_path / f"bad{pathlib.Path(path).suffix}")
+    with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
+        ckpt.tensor_stats(bad, ["x"])
+    with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
+        ckpt.compare(path, bad)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
+        ckpt.compare(bad, path)
+
+
+def test_compare_across_formats_and_chunkings(big, tmp_path, monkeypatch):
+    path, x = big
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
+    other = x.copy()
+    other[2_600_000] += 1.0
+    ckpt.save_file({"x": other, "small": np.arange(5, dtype=np.int16)}, tmp_path / "other.h5")
+    result = ckpt.compare(path, tmp_path / "other.h5")
+    vd = result.tensor("x").values
+    assert result.differ == ["x"] and (vd.count, vd.unequal) == (x.size, 1) and vd.max_abs == pytest.approx(1.0)
+    assert ckpt.compare(path, ckpt.convert(path, tmp_path / "copy.msgpack").path).same
+
+
+def test_convert_checks_the_copy_by_checksums_without_reading_the_source_again(big, tmp_path, monkeypatch):
+    path, x = big
+    reads = []
+    real = _chunks.tensor_chunks
+    monkeypatch.setattr(_chunks, "tensor_chunks", lambda r, key, *a: reads.append((r.path, key)) or real(r, key, *a))
+    done = ckpt.convert(path, tmp_path / "copy.h5")
+    assert reads == []  # both files store crc32c of the same bytes: the new file's own verify is the check
+    assert np.array_equal(ckpt.load_variable(done.path, "x").view(np.uint32), x.view(np.uint32))
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".h5"])
+def test_memory_is_bounded_by_chunks_not_by_the_tensor(tmp_path, monkeypatch, ext):
+    """tensor_stats and compare of a 64 MiB tensor with 4 MiB chunks allocate far less than the tensor."""
+    x = np.random.default_rng(2).standard_normal(16 * MiB).astype(np.float32)
+    a, b = str(tmp_path / f"a{ext}"), str(tmp_path / f"b{ext}")
+    ckpt.save_file({"x": x}, a)
+    x[-1] += 1
+    ckpt.save_file({"x": x}, b)
+    del x
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
+    for work in (lambda: ckpt.tensor_stats(a), lambda: ckpt.compare(a, b)):
+        tracemalloc.start()
+        try:
+            work()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 32 * MiB, peak / MiB  # whole tensors would take 64 MiB (128 MiB for two); chunks do not
+    assert ckpt.compare(a, b).tensor("x").values.unequal == 1

@@ -157,9 +157,10 @@ def tensor_chunks(reader: CheckpointReader, key: str, chunk_elements: int | None
         yield from _stream(formatted, key, found[0], found[1], elements)
         return
     if info.nbytes > elements * item and info.shape and hasattr(formatted, "read_slice"):
-        rows = max(1, elements // max(1, info.size // info.shape[0]))  # blocks of whole rows
-        for start in range(0, info.shape[0], rows):
-            yield np.ascontiguousarray(reader.get_slice(key, np.s_[start:start + rows])).reshape(-1)
+        rows = max(1, elements // max(1, info.size // info.shape[0]))  # blocks of whole rows, the odd one first
+        first = info.shape[0] % rows or rows
+        for start, stop in [(0, first)] + [(s, s + rows) for s in range(first, info.shape[0], rows)]:
+            yield np.ascontiguousarray(reader.get_slice(key, np.s_[start:stop])).reshape(-1)
         return
     flat = reader.get_tensor(key).reshape(-1)  # small, or a format that reads whole tensors only
     first = flat.size % elements or elements

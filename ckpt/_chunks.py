@@ -21,8 +21,11 @@ Example:
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -30,10 +33,10 @@ import numpy as np
 from .errors import CorruptCheckpointError
 from .reader import CheckpointReader
 
-__all__ = ["CHUNK_BYTES", "tensor_chunks", "paired_chunks", "chunk_elements", "stored_crc32c"]
+__all__ = ["CHUNK_BYTES", "tensor_chunks", "paired_chunks", "chunk_elements", "stored_crc32c", "reusing_buffers"]
 
 #: Bytes of a tensor in one chunk (a multiple of the I/O pool's 4 MiB pieces).
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 8 << 20
 _PIECE = 4 << 20  # formats._io.PIECE: the crc32c combination below works in pieces of this size
 
 
@@ -43,7 +46,7 @@ def chunk_elements(*itemsizes: int, chunk_bytes: int | None = None) -> int:
 
     Example:
         >>> chunk_elements(4), chunk_elements(4, 2), chunk_elements(1, 16) * 16 >> 20
-        (8388608, 8388608, 64)
+        (2097152, 2097152, 64)
     """
     chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     sizes = [max(1, s) for s in itemsizes] or [1]
@@ -97,6 +100,60 @@ def _read_range(reader: Any, extents: list[tuple[int, int]], start: int, view: m
     return crc
 
 
+_reader_thread: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+_free: list[np.ndarray] = []  # chunk buffers kept for reuse while a reusing_buffers() block runs
+_users = 0
+
+
+def _ahead() -> ThreadPoolExecutor:
+    """The thread that reads chunks ahead of their consumers (each read runs on the I/O pool)."""
+    global _reader_thread
+    with _lock:
+        if _reader_thread is None:
+            _reader_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-chunks")
+        return _reader_thread
+
+
+def _forget_thread() -> None:
+    global _reader_thread, _lock
+    _reader_thread, _lock = None, threading.Lock()  # a forked child has no such thread
+
+
+os.register_at_fork(after_in_child=_forget_thread)
+
+
+@contextmanager
+def reusing_buffers() -> Iterator[None]:
+    """Keep chunk buffers for the next tensor until the outermost block ends (fresh memory costs
+    a page fault per 4 KiB on first touch: about as much as reading the bytes into it)."""
+    global _users
+    with _lock:
+        _users += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _users -= 1
+            if not _users:
+                _free.clear()
+
+
+def _take(nbytes: int) -> np.ndarray:
+    with _lock:
+        for i, buffer in enumerate(_free):
+            if buffer.size >= nbytes:
+                return _free.pop(i)[:nbytes]
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def _give(buffer: np.ndarray) -> None:
+    whole = buffer if buffer.base is None else buffer.base
+    with _lock:
+        if _users and len(_free) < 8 and isinstance(whole, np.ndarray):
+            _free.append(whole)
+
+
 def _shift(crc: int, pieces: int) -> int:
     """crc32c of some bytes -> the crc32c of them followed by ``pieces`` x 4 MiB of zeros."""
     from .formats import _io
@@ -115,28 +172,29 @@ def _stream(reader: Any, key: str, extents: list[tuple[int, int]], expected: int
     first = total % step or step  # the odd chunk first: every later one is `step` bytes, whose crc shifts
     bounds = [(0, min(first, total))] + [(s, s + step) for s in range(first, total, step)]
     what = f"tensor {key!r}"
-    buffers = [np.empty(min(step, total) // item, dtype=info.dtype) for _ in range(min(2, len(bounds)))]
+    buffers = [_take(min(step, total)) for _ in range(min(2, len(bounds)))]
     crc, pieces = 0, step // _PIECE
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-chunks") as ahead:
-        pending: dict[int, Future[int]] = {}
+    pending: dict[int, Future[int]] = {}
 
-        def submit(i: int) -> None:
-            lo, hi = bounds[i]
-            view = buffers[i % len(buffers)].reshape(-1).view(np.uint8).data.cast("B")[:hi - lo]
-            pending[i] = ahead.submit(_read_range, reader, extents, lo, view, what)
+    def submit(i: int) -> None:
+        lo, hi = bounds[i]
+        view = buffers[i % len(buffers)].data[:hi - lo]
+        pending[i] = _ahead().submit(_read_range, reader, extents, lo, view, what)
 
-        try:
-            for i in range(len(buffers)):
-                submit(i)
-            for i, (lo, hi) in enumerate(bounds):
-                chunk_crc = pending.pop(i).result()
-                crc = chunk_crc if i == 0 else _shift(crc, pieces) ^ chunk_crc  # crc32c(so far + this chunk)
-                yield buffers[i % len(buffers)].reshape(-1)[:(hi - lo) // item]
-                if i + len(buffers) < len(bounds):
-                    submit(i + len(buffers))
-        finally:
-            for job in pending.values():  # no read may land in a buffer once we are gone
-                job.cancel() or job.exception()
+    try:
+        for i in range(len(buffers)):
+            submit(i)
+        for i, (lo, hi) in enumerate(bounds):
+            chunk_crc = pending.pop(i).result()
+            crc = chunk_crc if i == 0 else _shift(crc, pieces) ^ chunk_crc  # crc32c(so far + this chunk)
+            yield buffers[i % len(buffers)][:hi - lo].view(info.dtype)
+            if i + len(buffers) < len(bounds):
+                submit(i + len(buffers))
+    finally:
+        for job in pending.values():  # no read may land in a buffer once we are gone
+            job.cancel() or job.exception()
+        for buffer in buffers:
+            _give(buffer)
     if crc != expected:
         raise CorruptCheckpointError(f"{reader.path}: tensor {key!r} fails its checksum (crc32c {crc:#010x}, "
                                      f"expected {expected:#010x}): the file is damaged")

@@ -306,7 +306,9 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
     """
     if atol < 0 or rtol < 0:
         raise ValueError(f"tolerances cannot be negative (atol={atol}, rtol={rtol})")
-    with opened(a, storage_options) as ra, opened(b, storage_options) as rb:
+    from ._chunks import reusing_buffers
+
+    with opened(a, storage_options) as ra, opened(b, storage_options) as rb, reusing_buffers():
         ta, tb = ra.tensors, rb.tensors
         union = sorted(set(ta) | set(tb))
         chosen = select_keys(union, keys, f"{ra.path} and {rb.path}")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
-from ._chunks import paired_chunks, stored_crc32c
+from ._chunks import paired_chunks, reusing_buffers, stored_crc32c
 from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions, is_url
 from ._urls import split as split_url
@@ -138,16 +138,29 @@ def scope_renames(keys: list[str], renames: Mapping[str, str], path: str = "chec
 
 
 class _Source:
-    """A tensor of SRC that the writer reads only when it writes it (bounded memory)."""
+    """A tensor of SRC that the writer reads only when it writes it (bounded memory).
 
-    def __init__(self, reader: Any, info: Any, progress: Progress | None) -> None:
+    Numeric tensors are read into one buffer shared by all sources (``scratch``): a writer is
+    done with a source once it asks for the next (the Format contract), and memory touched
+    before costs no page faults.
+    """
+
+    def __init__(self, reader: CheckpointReader, info: Any, progress: Progress | None,
+                 scratch: list[np.ndarray]) -> None:
         self.dtype, self.shape = info.dtype, info.shape
-        self._reader, self._info, self._progress = reader, info, progress
+        self._reader, self._info, self._progress, self._scratch = reader, info, progress, scratch
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        value: np.ndarray = self._reader.get_tensor(self._info.key)
+        info = self._info
+        if dtypes.is_string(info.dtype) or not info.nbytes:
+            value: np.ndarray = self._reader.get_tensor(info.key)
+        else:
+            if self._scratch[0].size < info.nbytes:
+                self._scratch[0] = np.empty(info.nbytes, dtype=np.uint8)
+            value = self._scratch[0][:info.nbytes].view(info.dtype).reshape(info.shape)
+            self._reader.read_into(info.key, value)
         if self._progress is not None:
-            self._progress(self._info.nbytes)
+            self._progress(info.nbytes)
         return value
 
 
@@ -179,7 +192,7 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: CheckpointReader, plan:
         return CheckpointWriteError(f"{dst}: the converted file does not read back as written ({what}); "
                                     "DST was not replaced")
 
-    with CheckpointReader(fmt.open(tmp)) as written:
+    with CheckpointReader(fmt.open(tmp)) as written, reusing_buffers():
         if sorted(written.tensors) != sorted(plan.values()):
             raise fail("its keys differ")
         if written.metadata != metadata:
@@ -305,8 +318,9 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
             return done
 
         def write(tmp: str) -> None:
-            fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress)) for old, new in plan.items()],
-                      metadata)
+            scratch = [np.empty(0, dtype=np.uint8)]
+            fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress, scratch))
+                            for old, new in plan.items()], metadata)
             _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
 
         try:

@@ -29,6 +29,7 @@ from .dtypes import dtype_label
 from ._json import jsonable
 from .errors import KeyNotFoundError, closest_hint
 from .reader import CheckpointReader, load_checkpoint
+from ._chunks import reusing_buffers
 from .stats import TensorStats, array_stats, stats_of
 
 __all__ = ["ParamCount", "dtype_label", "describe", "count_params", "jsonable", "inspect_lines", "inspect_report",
@@ -124,8 +125,9 @@ def _records(reader: CheckpointReader, keys: list[str], values: bool, stats: boo
             arr = reader.get_tensor(info.key)
             yield info, arr, array_stats(arr) if stats else None
     elif stats:  # statistics alone: each tensor streams through in bounded chunks
-        for info in (progress(infos) if progress is not None else infos):
-            yield info, None, stats_of(reader, info.key)
+        with reusing_buffers():
+            for info in (progress(infos) if progress is not None else infos):
+                yield info, None, stats_of(reader, info.key)
     else:
         for info in infos:
             yield info, None, None

@@ -144,6 +144,17 @@ class CheckpointReader(Mapping[str, np.ndarray]):
         """
         return self._reader.read(key)  # type: ignore[no-any-return]
 
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """Read one tensor into ``out`` (C-contiguous, writable, its exact dtype and shape),
+        verifying its checksum: no new array is made.
+
+        Raises:
+            KeyNotFoundError: no such key.
+            MismatchError: ``out`` does not fit the tensor.
+            CorruptCheckpointError: its data is damaged.
+        """
+        self._reader.read_into(key, out)
+
     def get_slice(self, key: str, index: Any) -> np.ndarray:
         """Read a block of one tensor: ``index`` is ints and step-1 slices, as ``np.s_[2:4, :]``.
 

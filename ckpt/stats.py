@@ -211,9 +211,14 @@ def _bin_counts(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
         counts = np.zeros(bins, dtype=np.int64)
         counts[bins // 2] = x.size
         return counts
-    index = ((x / bins - lo / bins) / (hi / bins - lo / bins) * bins).astype(np.int64)
-    np.clip(index, 0, bins - 1, out=index)
-    return np.bincount(index, minlength=bins)
+    if math.isfinite(hi - lo):  # x is a scratch copy: scaled in place, as numpy's histogram does
+        np.subtract(x, lo, out=x)
+        np.divide(x, hi - lo, out=x)
+        np.multiply(x, bins, out=x)
+    else:  # a range like ±1e308: scaled first so nothing overflows
+        x = (x / bins - lo / bins) / (hi / bins - lo / bins) * bins
+    np.minimum(x, bins - 1, out=x)  # hi itself lands in the last bin; nothing is below lo
+    return np.bincount(x.astype(np.intp), minlength=bins)
 
 
 def _string_lengths(flat: np.ndarray) -> np.ndarray:
@@ -286,7 +291,9 @@ def tensor_stats(checkpoint: Checkpoint, keys: Keys = None, *, progress: Callabl
         >>> s.min, s.max, s.mean, s.zeros
         (-1.0, 4.0, 1.0, 1)
     """
-    with opened(checkpoint, storage_options) as reader:
+    from ._chunks import reusing_buffers
+
+    with opened(checkpoint, storage_options) as reader, reusing_buffers():
         out: dict[str, TensorStats] = {}
         for key in select_keys(reader.tensors, keys, reader.path):
             out[key] = stats_of(reader, key)

@@ -825,8 +825,10 @@ def test_convert_reads_each_tensor_only_when_the_writer_writes_it(tmp_path, monk
     """Bounded memory: SRC's tensors reach the writer as lazy sources, read one at a time."""
     src = save(tmp_path / "src.h5", {f"t{i}": np.full(1000, i, np.float32) for i in range(4)})
     reads = []
-    get_tensor = ckpt.CheckpointReader.get_tensor
+    get_tensor, read_into = ckpt.CheckpointReader.get_tensor, ckpt.CheckpointReader.read_into
     monkeypatch.setattr(ckpt.CheckpointReader, "get_tensor", lambda self, key: reads.append(key) or get_tensor(self, key))
+    monkeypatch.setattr(ckpt.CheckpointReader, "read_into",
+                        lambda self, key, out: reads.append(key) or read_into(self, key, out))
     fmt = base.get_format("msgpack")
     write = fmt.write
 

@@ -14,14 +14,16 @@ import io
 import os
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ckpt.errors import CorruptCheckpointError
 from ckpt.storage import ReadableBlob
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("ckpt's file formats are implemented for little-endian hosts only")
@@ -42,13 +44,37 @@ def crc32c(data: Any, value: int = 0) -> int:
     """Return the crc32c of ``data`` (a bytes-like object), continuing from ``value``."""
     global _crc32c
     if _crc32c is None:
-        import crc32c as module  # imported on first use: it costs ~30 ms at import time
-
-        _crc32c = module.crc32c
+        _crc32c = _load_crc32c()
     return int(_crc32c(data, value))
 
 
-_pool: ThreadPoolExecutor | None = None
+def _load_crc32c() -> Any:
+    """The crc32c package's compiled function, loaded on first use without running the
+    package's ``__init__``: that imports importlib.metadata to look up its own version, 30-60 ms
+    of a command's start-up. Any surprise in the package's layout falls back to the import."""
+    import importlib.machinery
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("crc32c")
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                location = os.path.join(folder, "_crc32c" + suffix)
+                if os.path.isfile(location):
+                    loader = importlib.machinery.ExtensionFileLoader("crc32c._crc32c", location)
+                    found = importlib.util.spec_from_file_location(loader.name, location, loader=loader)
+                    if found is not None:
+                        module = importlib.util.module_from_spec(found)
+                        loader.exec_module(module)
+                        return module.crc32c
+    except (ImportError, AttributeError, OSError):
+        pass
+    import crc32c as package
+
+    return package.crc32c
+
+
+_pool: ThreadPoolExecutor | None = None  # started with the first large tensor (concurrent.futures loads then)
 _pool_lock = threading.Lock()
 #: Threads that copy and checksum large tensors side by side (two copies in parallel move ~1.4x
 #: the bytes of one on a 2-core machine; crc32c and the kernel's copies release the GIL).
@@ -59,6 +85,8 @@ def _workers() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ckpt-io")
         return _pool
 
@@ -286,6 +314,8 @@ def _steal(piece: _Piece) -> None:
     busy machine the wait for a free core costs more than the copy)."""
     if piece.job.cancel():
         try:
+            from concurrent.futures import Future
+
             piece.job = Future()
             piece.job.set_result(piece.fn(*piece.args))
         except BaseException as exc:

@@ -26,3 +26,32 @@ def test_every_public_name_resolves_and_is_declared_for_type_checkers():
     for name in ckpt._LAZY:
         assert getattr(ckpt, name) is not None and name in dir(ckpt)
     assert ckpt.Saver.__module__ == "ckpt.saver" and ckpt.dtypes.__name__ == "ckpt.dtypes"
+
+
+def test_reading_a_ckpt_file_imports_only_its_format(tmp_path):
+    """The registry's formats are lazy: recognising a ckpt HDF5 file imports the HDF5 format
+    and nothing of the foreign formats; crc32c loads without its package's importlib.metadata."""
+    path = tmp_path / "m.h5"
+    ckpt.Saver({"w": ckpt.Variable([0.0, 1.0, 2.0], dtype="float64")}).save(str(path))
+    code = ("import sys, ckpt\n"
+            f"with ckpt.load_checkpoint({str(path)!r}) as r:\n"
+            "    assert r.get_tensor('w').tolist() == [0.0, 1.0, 2.0]\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('ckpt.formats.', 'importlib.metadata', 'h5py'))"
+            " or m == 'crc32c'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=OUTSIDE_CHECKOUT)
+    loaded = set(eval(out.stdout))  # a list of module names
+    assert "ckpt.formats.hdf5" in loaded
+    foreign = {f"ckpt.formats.{m}" for m in ("torch", "tensorflow", "keras", "flax", "orbax", "safetensors",
+                                             "sharded", "ckpt_sharded", "msgpack")}
+    assert not loaded & (foreign | {"importlib.metadata", "crc32c", "h5py"}), loaded
+
+
+def test_lazy_formats_match_the_formats_they_load():
+    from ckpt.formats import base
+
+    for fmt in base.formats():
+        assert isinstance(fmt, base.LazyFormat)
+        real = fmt.load()  # TypeError if the registered name, extensions or can_write differ
+        assert fmt.load() is real and isinstance(fmt, ckpt.WritableFormat) == isinstance(real, ckpt.WritableFormat)
+        assert repr(fmt).endswith("loaded)>")

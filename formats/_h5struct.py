@@ -280,19 +280,20 @@ def layout(datasets: Sequence[Dataset], root_attrs: Sequence[tuple[str, Any]], u
         children = group.children
         if len(children) == 1 and group is not groups[0]:  # one node of each kind, packed whole
             (name, child), = children.items()
-            name = name + bytes(8 - len(name) % 8)  # NUL-terminated, padded to 8 bytes
+            width = len(name) + 8 - len(name) % 8  # NUL-terminated, padded to 8 bytes
             if type(child) is int:
                 entry, kind, scratch = headers[child], 0, zeros
             else:
                 entry, kind, scratch = child.header, 1, _QQ.pack(child.tree, child.heap)
             group.heap = addr
-            snod = addr + 40 + len(name)
+            snod = addr + 40 + width
             group.tree = snod + _SNOD_SIZE
             group.header = group.tree + _TREE_SIZE
-            parts += (_HEAP.pack(b"HEAP", 8 + len(name), 1, addr + 32), zeros[:8], name,
-                      _ONE_SNOD.pack(b"SNOD", 1, 0, 1, 8, entry, kind, 0, scratch),
-                      _ONE_TREE.pack(b"TREE", 0, 0, 1, _UNDEF, _UNDEF, 0, snod, 8),
-                      _GROUP.pack(1, 0, 1, 1, 24, 0x0011, 16, 0, group.tree, addr))
+            parts.append(_one_group(width).pack(
+                b"HEAP", 8 + width, 1, addr + 32, name,  # its local heap: the one link's name
+                b"SNOD", 1, 0, 1, 8, entry, kind, 0, scratch,  # a symbol-table node
+                b"TREE", 0, 0, 1, _UNDEF, _UNDEF, 0, snod, 8,  # the B-tree over it
+                1, 0, 1, 1, 24, 0x0011, 16, 0, group.tree, addr))  # the group's object header
             addr = group.header + _GROUP.size
             continue
         names = sorted(children)
@@ -335,6 +336,19 @@ def layout(datasets: Sequence[Dataset], root_attrs: Sequence[tuple[str, Any]], u
     if len(head) != gcol + len(collection):
         raise AssertionError("the root group's header changed size")
     return Layout(offsets, head, base + meta_start, parts, base + eof)
+
+
+_ONE_GROUP: dict[int, struct.Struct] = {}
+
+
+def _one_group(padded: int) -> struct.Struct:
+    """The structures of a group with one link whose name takes ``padded`` bytes, as one Struct:
+    local heap (header, the empty name, the name), symbol-table node, B-tree node, object header."""
+    found = _ONE_GROUP.get(padded)
+    if found is None:
+        found = _ONE_GROUP[padded] = struct.Struct("<" + "".join(
+            f.format.lstrip("<") for f in (_HEAP, struct.Struct(f"8x{padded}s"), _ONE_SNOD, _ONE_TREE, _GROUP)))
+    return found
 
 
 def _btree(children: list[int], last_keys: list[int], addr: int, parts: list[bytes]) -> tuple[int, int]:

@@ -526,14 +526,17 @@ def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
     and no key may also be a prefix of another ("a" and "a/b"), so any checkpoint can be
     converted to any format.
     """
-    seen: set[str] = set()
-    for key in keys:
-        problem = key_problem(key)
-        if problem:
-            raise ValueError(f"{where}: invalid key {key!r}: {problem}")
-        if key in seen:
-            raise ValueError(f"{where}: duplicate key {key!r}")
-        seen.add(key)
+    keys = list(keys)
+    seen: set[str] = set(keys) if keys_plainly_valid(keys) else set()  # all at once, or one by one
+    if len(seen) != len(keys):
+        seen = set()
+        for key in keys:
+            problem = key_problem(key)
+            if problem:
+                raise ValueError(f"{where}: invalid key {key!r}: {problem}")
+            if key in seen:
+                raise ValueError(f"{where}: duplicate key {key!r}")
+            seen.add(key)
     scopes: set[str] = set()
     for key in seen:
         scope = key.rpartition("/")[0]

@@ -122,8 +122,13 @@ class Hdf5Format(WritableFormat):
         """
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
-        plans = []
+        plans: list[_Plan] = []
+        new = tuple.__new__  # 10,000s of small tensors: no Python-level NamedTuple __new__ each
         for key, source in tensors:
+            if type(source) is np.ndarray and source.dtype.kind != "O":  # the common case, in few calls
+                dtype = source.dtype
+                plans.append(new(_Plan, (key, dtype, source.shape, dtype, source.nbytes, source, None)))
+                continue
             dtype, shape = np.dtype(source.dtype), tuple(source.shape)
             if dtypes.is_string(dtype):
                 fixed, lengths = encode_strings(materialize(source))  # small: encoded up front
@@ -152,19 +157,25 @@ class Hdf5Format(WritableFormat):
             extents = []
             run: list[Any] = []  # small tensors back to back in the file: written by one pwritev
             run_start = run_end = 0
+            byte_view, crc32c = _io.byte_view, _io.crc32c
             for plan, offset, entry in zip(plans, offsets, entries):
-                if run and not isinstance(plan.source, np.ndarray):
-                    _io.pwritev_all(fd, run, run_start)  # a lazy source's predecessors are written
-                    run = []  # before it is read (the Format contract: one source at a time)
-                data = _io.c_contiguous(materialize(plan.source))
+                data = plan.source
+                if type(data) is not np.ndarray:
+                    if run:
+                        _io.pwritev_all(fd, run, run_start)  # a lazy source's predecessors are written
+                        run = []  # before it is read (the Format contract: one source at a time)
+                    data = materialize(data)
+                if not data.flags.c_contiguous:
+                    data = _io.c_contiguous(data)
                 if data.dtype != plan.file_dtype or data.shape != plan.shape:
                     raise ValueError(f"{path}: tensor {plan.key!r} gave {data.dtype} {data.shape}, it "
                                      f"declared {plan.file_dtype} {plan.shape}")
-                view = _io.byte_view(data)
+                view = byte_view(data)
                 n = len(view)
-                # a numeric tensor's crc32c and block checksums overlap with its write
-                pending = checksums(view, block_bytes) if plan.file_dtype.kind != "S" else None
-                crc = _io.crc32c(view) if pending is None else 0
+                if n <= block_bytes or plan.file_dtype.kind == "S":  # one block, or strings: no block table
+                    pending, crc = None, crc32c(view)
+                else:  # a numeric tensor's crc32c and block checksums overlap with its write
+                    pending, crc = checksums(view, block_bytes), 0
                 if n:
                     assert offset is not None  # every tensor with data has a place
                     if run and (offset != run_end or len(run) >= _RUN_PIECES or
@@ -274,16 +285,17 @@ _TYPE_MESSAGES: dict[np.dtype, bytes] = {}
 def _structure(plans: list[_Plan], metadata: dict[str, Any], userblock: int) -> _h5struct.Layout | None:
     """The file's HDF5 structure as ckpt writes it, or None when it needs libhdf5's dense attributes."""
     datasets = []
+    new, none = tuple.__new__, ()  # 10,000s of small tensors: no Python-level NamedTuple __new__ each
     for plan in plans:
         message = _TYPE_MESSAGES.get(plan.file_dtype)
         if message is None:
             message = _TYPE_MESSAGES[plan.file_dtype] = _h5struct.dtype_message(_h5_type(plan.file_dtype))
-        attrs: list[tuple[str, Any]] = []
+        attrs: Sequence[tuple[str, Any]] = none
         if plan.file_dtype.kind in "SV":  # fixed-width bytes of a string tensor, or bfloat16
-            attrs.append(("ckpt_dtype", dtypes.dtype_name(plan.dtype)))
+            attrs = [("ckpt_dtype", dtypes.dtype_name(plan.dtype))]
             if plan.lengths is not None:
                 attrs.append(("ckpt_lengths", np.asarray(plan.lengths, dtype=np.uint64)))
-        datasets.append(_h5struct.Dataset(plan.key, message, plan.shape, plan.nbytes, attrs))
+        datasets.append(new(_h5struct.Dataset, (plan.key, message, plan.shape, plan.nbytes, attrs)))
     root = [("ckpt_format", FORMAT_NAME), ("ckpt_version", VERSION), ("ckpt_metadata", json.dumps(metadata))]
     try:
         return _h5struct.layout(datasets, root, userblock, ALIGN_MIN_BYTES if userblock >= PAGE else 1 << 62, PAGE)
@@ -309,9 +321,15 @@ class _Plan(NamedTuple):
     lengths: list[int] | None
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
 def _entry(plan: _Plan, offset: int, crc: int) -> list[Any]:
-    entry = [plan.key, dtypes.dtype_name(plan.dtype), list(plan.shape), offset, plan.nbytes, crc]
-    if dtypes.is_string(plan.dtype):
+    name = _DTYPE_NAMES.get(plan.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[plan.dtype] = dtypes.dtype_name(plan.dtype)
+    entry = [plan.key, name, list(plan.shape), offset, plan.nbytes, crc]
+    if plan.dtype.kind == "O":  # byte strings: their fixed width and exact lengths
         entry += [plan.file_dtype.itemsize, plan.lengths]
     return entry
 
@@ -326,7 +344,8 @@ def _metadata_crc(source: ReadableBlob, start: int, size: int, extents: list[tup
     """crc32c over every byte in [start, size) that is not tensor data, in file order."""
     crc, pos = 0, start
     for offset, n in sorted(extents):
-        crc = _io.checksum_range(source, pos, offset - pos, "HDF5 metadata", crc)
+        if offset > pos:  # small tensors lie back to back: most gaps are empty
+            crc = _io.checksum_range(source, pos, offset - pos, "HDF5 metadata", crc)
         pos = offset + n
     return _io.checksum_range(source, pos, size - pos, "HDF5 metadata", crc)
 

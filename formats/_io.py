@@ -11,6 +11,7 @@ with one ``preadv`` call.
 from __future__ import annotations
 
 import io
+import operator
 import os
 import sys
 import threading
@@ -221,11 +222,13 @@ class LocalFile:
         fd, path = self.fd, self._name
         crcs = [0] * len(spans)
         order: Sequence[int] = range(len(spans))
-        if any(spans[i][0] > spans[i + 1][0] for i in range(len(spans) - 1)):
-            order = sorted(order, key=lambda i: spans[i][0])
+        offsets = [offset for offset, _ in spans]
+        if any(map(operator.gt, offsets, offsets[1:])):
+            order = sorted(order, key=offsets.__getitem__)
         group: list[int] = []
         iov: list[memoryview] = []
         scratch = memoryview(bytearray(GAP))
+        gaps: dict[int, memoryview] = {}  # scratch views by length (msgpack's bin headers: a few lengths)
         start = end = 0
 
         def flush() -> None:
@@ -258,7 +261,10 @@ class LocalFile:
                     flush()
                     start = offset
                 elif offset > end:
-                    iov.append(scratch[:offset - end])
+                    gap = gaps.get(offset - end)
+                    if gap is None:
+                        gap = gaps[offset - end] = scratch[:offset - end]
+                    iov.append(gap)
             else:
                 start = offset
             if n:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -78,8 +79,6 @@ def probe(path: str) -> None:
         if identity in _probed:
             return
     timeout = TIMEOUT + st.st_size / 100e6
-    import subprocess  # here: only foreign HDF5 files need it (ckpt's own are read without libhdf5)
-
     try:
         done = subprocess.run([sys.executable, "-I", "-c", _CHILD, path, str(READ_LIMIT)], stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)

@@ -119,12 +119,13 @@ class LazyBlock:
 def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                          read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
                          metadata: Mapping[str, Any], parts: int, step: int | None = None,
-                         ext: str = ".msgpack") -> None:
+                         ext: str = ".msgpack", save_id: str | None = None) -> None:
     """Write a sharded checkpoint from one process: each tensor ``(key, dtype, shape)`` split
     along axis 0 into ``parts`` blocks, block i into file i (``ckpt convert --shards``).
 
     ``read(key, offset, shape)`` returns a block; it is called when that block is written, so
-    memory holds one block at a time. ``directory`` must not exist yet.
+    memory holds one block at a time. ``directory`` must not exist yet. ``save_id`` (16 hex
+    digits in the file names) is random unless given.
 
     Example:
         >>> import numpy as np, os, tempfile
@@ -141,7 +142,7 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
     validate_keys((key for key, _, _ in specs), directory)
     metadata = normalize_metadata(metadata, directory)
     os.mkdir(directory)
-    save_id = os.urandom(8).hex()
+    save_id = save_id or os.urandom(8).hex()
     per_file: list[list[LazyBlock]] = [[] for _ in range(parts)]
     entries: dict[str, list[Any]] = {}
     for key, dtype, shape in specs:

@@ -10,6 +10,8 @@ Writes, in both formats where it says so:
   tensors, NaN payloads and infinities, with the values of ``every_dtype``;
 * blocks.h5, blocks.msgpack: the tensors of ``block_tensors``, written with checksum blocks of
   SMALL_BLOCK bytes instead of 1 MiB, so that small files pin the block checksum layout;
+* sharded.msgpack/: the same tensors as a sharded checkpoint of 2 shard files (each tensor split
+  by rows) and its commit record (version 2);
 * steps/: a Saver's directory: softmax regression on 7x7 pooled digits saved every 100 steps
   with max_to_keep=3, so model-300/400/500.msgpack and the state file remain.
 
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import ckpt  # noqa: E402
 from ckpt.atomic import replace_atomically  # noqa: E402
-from ckpt.formats import _blocks, base  # noqa: E402
+from ckpt.formats import _blocks, base, ckpt_sharded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: 2025-01-01T00:00:00Z: the steps directory's clock starts here, one second per step.
@@ -195,6 +197,17 @@ def write_blocks_file(path: str) -> None:
         write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK})
 
 
+def write_sharded(directory: str) -> None:
+    """sharded.msgpack/: ``block_tensors`` in 2 shard files, as ``ckpt convert --shards 2`` writes them
+    (with a fixed save id, so the names repeat)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    tensors = block_tensors()
+    ckpt_sharded.write_single_process(
+        directory, [(key, value.dtype, value.shape) for key, value in sorted(tensors.items())],
+        lambda key, offset, shape: tensors[key][offset[0]:offset[0] + shape[0]], {"parts": 2}, parts=2, step=9,
+        save_id="5a3d0c1e2b4f6789")
+
+
 def write_file(path: str, tensors: list[tuple[str, np.ndarray]], metadata: dict) -> None:
     """Write one checkpoint file (no state file: these files stand alone)."""
     fmt = base.format_for_path(path)
@@ -248,6 +261,7 @@ def main(out: str) -> None:
         write_file(os.path.join(out, "dtypes" + ext), dtypes, {"description": "every dtype ckpt supports"})
         write_blocks_file(os.path.join(out, "blocks" + ext))
     write_steps(os.path.join(out, "steps"), x_train, y_train)
+    write_sharded(os.path.join(out, "sharded.msgpack"))
     print(f"MLP test accuracy on {TEST} generated digits: {test_acc:.4f}; files in {out}")
 
 

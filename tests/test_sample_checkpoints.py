@@ -153,6 +153,33 @@ def test_block_checksum_golden_files(ext):
         assert inner.bytes_read == block + 20000 - 4 * block  # the short last block
 
 
+SHARDED = ["COMMIT", "5a3d0c1e2b4f6789.00000-of-00002.msgpack", "5a3d0c1e2b4f6789.00001-of-00002.msgpack"]
+
+
+def test_sharded_golden_checkpoint(tmp_path):
+    """sharded.msgpack/ pins the commit record (version 2: one msgpack object) and the shard files."""
+    path = os.path.join(SAMPLES, "sharded.msgpack")
+    assert sorted(os.listdir(path)) == sorted(SHARDED)
+    raw = pathlib.Path(path, "COMMIT").read_bytes()
+    header, record, footer = msgpack.unpackb(raw, raw=False)
+    assert header == {"format": "ckpt-commit", "version": 2} and raw[:1] == b"\x93"
+    assert footer[1] == 30 and raw[30:30 + footer[2]] == msgpack.packb(record)
+    assert record["step"] == 9 and record["ranks"] == 2 and record["block_bytes"] == 1 << 20
+    expected = generate.block_tensors()
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.format == "ckpt-sharded" and reader.verify() == [] and sorted(reader.tensors) == sorted(expected)
+        for key, value in expected.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+            assert_bit_exact(value[3:7], reader.get_slice(key, np.s_[3:7]))
+    for key, value in expected.items():  # each saved block's crc32c (every block fits in 1 MiB)
+        if value.dtype.kind != "O":
+            halves = np.array_split(value, 2)
+            assert record["tensors"][key][6] == [crc32c.crc32c(h.tobytes()) for h in halves]
+    generate.write_sharded(str(tmp_path / "again"))
+    for name in SHARDED:
+        assert (tmp_path / "again" / name).read_bytes() == pathlib.Path(path, name).read_bytes(), name
+
+
 def test_samples_are_small():
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(SAMPLES) for f in files)
     assert total < 2 << 20  # five copies of the MLP (every format version) take 1 MiB
@@ -179,7 +206,7 @@ def test_generate_is_deterministic(tmp_path):
         subprocess.run([sys.executable, os.path.join(SAMPLES, "generate.py"), "--out", str(tmp_path / out)],
                        check=True, capture_output=True, timeout=120)
     names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "blocks.h5", "blocks.msgpack", "steps/checkpoint",
-             *(f"steps/model-{s}.msgpack" for s in (300, 400, 500))]
+             *(f"steps/model-{s}.msgpack" for s in (300, 400, 500)), *(f"sharded.msgpack/{n}" for n in SHARDED)]
     _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
     assert (mismatch, errors) == ([], [])
     assert sorted(os.listdir(tmp_path / "a" / "steps")) == sorted(os.listdir(os.path.join(SAMPLES, "steps")))

@@ -1,10 +1,12 @@
 """Bytes in an object store, through fsspec: ranged reads several at once, whole small
 objects, create-only writes, compare-and-swap writes, uploads, listings, deletes (internal).
 
-Every operation names the URL in its errors (``_storefaults``). Reads of large ranges are
-split into pieces fetched concurrently and copied straight into the caller's buffer as each
-arrives, so memory stays bounded by ``CONCURRENCY * MAX_PIECE`` whatever the checkpoint's size;
-neighbouring spans are fetched by one request.
+Every operation names the URL in its errors (``_storefaults``). Neighbouring spans are
+fetched by one request, and large ranges are cut into parts fetched concurrently. On S3 each
+part is one ranged GET whose body is streamed straight into the caller's buffers as it
+arrives (no copy of the part is held), so parts can be large (``PART``: fewer requests, each
+cheap per byte) and memory stays bounded by ``CONCURRENCY * CHUNK`` whatever the size. Other
+async stores fetch pieces of at most ``MAX_PIECE`` bytes and copy each into place.
 
 Atomicity comes from the store's conditional writes:
 
@@ -41,26 +43,46 @@ from . import _urls
 from ._storefaults import translating
 from .errors import CorruptCheckpointError
 
-__all__ = ["ObjectStore", "PIECE", "CONCURRENCY"]
+__all__ = ["ObjectStore", "PIECE", "PART", "CONCURRENCY"]
 
-#: Ranged reads are split into pieces of this many bytes, fetched side by side.
+#: Uploads and (on stores other than S3) ranged reads move pieces of this many bytes or more.
 PIECE = 8 << 20
 #: Requests in flight at once for one read or upload.
 CONCURRENCY = 16
-#: Ranged GETs and upload parts are at most this big (bounds the memory of a read in flight).
+#: Pieces held whole in memory (uploads, non-streamed reads) are at most this big.
 MAX_PIECE = 32 << 20
+#: S3 reads: a run of bytes is fetched by ranged GETs of at least this many bytes (at most
+#: CONCURRENCY of them when the run is larger), each streamed into the buffers. Every request
+#: costs a round trip and, on some servers (moto reads the whole object for each ranged GET),
+#: work in proportion to the object's size, so a read of a whole checkpoint uses few of them.
+PART = 128 << 20
+#: S3 uploads up to this size are one PUT streamed from the staged file (S3 takes up to 5 GiB):
+#: one request, nothing held in memory, as fast as any single request. Larger ones are multipart
+#: uploads of CONCURRENCY parts in flight (moto, for one, spends about twice a PUT's time on them).
+SINGLE_PUT_MAX = 512 << 20
+#: Bytes a streamed GET hands over at a time (what it holds in memory).
+CHUNK = 1 << 20
 #: Spans at most this far apart are fetched by one ranged GET (the bytes between are dropped).
 GAP = 64 << 10
 
 
 def piece_size(total: int) -> int:
-    """Bytes per request when moving ``total`` bytes: CONCURRENCY requests where that gives
-    pieces of PIECE to MAX_PIECE bytes (fewer, larger requests cost less per byte)."""
+    """Bytes per request when moving ``total`` bytes held in memory: CONCURRENCY requests
+    where that gives pieces of PIECE to MAX_PIECE bytes (fewer, larger requests cost less)."""
     return min(MAX_PIECE, max(PIECE, -(-total // CONCURRENCY)))
 
 
-def _pieces(spans: Sequence[tuple[int, memoryview]]) -> list[tuple[int, int, list[int]]]:
-    """The ranged GETs ``(start, end, [span indices])`` that cover every non-empty span."""
+def part_size(total: int) -> int:
+    """Bytes per streamed ranged GET when reading ``total`` bytes: ``total`` cut into equal
+    parts of PART to 2 * PART bytes, or CONCURRENCY larger ones (streaming keeps memory
+    bounded whatever the part's size)."""
+    return -(-total // max(1, min(CONCURRENCY, total // PART)))
+
+
+def _pieces(spans: Sequence[tuple[int, memoryview]],
+            size_for: Callable[[int], int] = piece_size) -> list[tuple[int, int, list[int]]]:
+    """The ranged GETs ``(start, end, [span indices])`` that cover every non-empty span, each
+    at most ``size_for(total bytes fetched)`` long."""
     order = sorted((i for i, (_, view) in enumerate(spans) if len(view)), key=lambda i: spans[i][0])
     runs: list[list[Any]] = []  # [start, end, members]
     for i in order:
@@ -70,7 +92,7 @@ def _pieces(spans: Sequence[tuple[int, memoryview]]) -> list[tuple[int, int, lis
             runs[-1][2].append(i)
         else:
             runs.append([offset, offset + len(view), [i]])
-    size = piece_size(sum(end - start for start, end, _ in runs))
+    size = size_for(sum(end - start for start, end, _ in runs))
     pieces = []
     for start, end, members in runs:
         for a in range(start, end, size):
@@ -89,6 +111,53 @@ def _scatter(data: bytes, start: int, end: int, spans: Sequence[tuple[int, memor
         offset, view = spans[i]
         lo, hi = max(start, offset), min(end, offset + len(view))
         view[lo - offset:hi - offset] = data[lo - start:hi - start]
+
+
+class _Sink:
+    """Copies the consecutive chunks of one ranged GET ``[start, end)`` into the spans it
+    covers (``members``, in offset order), remembering where it is in both."""
+
+    def __init__(self, start: int, spans: Sequence[tuple[int, memoryview]], members: list[int]) -> None:
+        self.pos, self.spans = start, spans
+        self.members = sorted(members, key=lambda i: spans[i][0])
+        self.first = 0  # members before this one end at or before pos
+
+    def write(self, chunk: bytes) -> None:
+        start, end = self.pos, self.pos + len(chunk)
+        members, spans = self.members, self.spans
+        while self.first < len(members) and spans[members[self.first]][0] + len(spans[members[self.first]][1]) \
+                <= start:
+            self.first += 1
+        for i in members[self.first:]:
+            offset, view = spans[i]
+            if offset >= end:
+                break
+            lo, hi = max(start, offset), min(end, offset + len(view))
+            if lo < hi:
+                view[lo - offset:hi - offset] = chunk[lo - start:hi - start]
+        self.pos = end
+
+    def missing(self) -> int:
+        """The first member not completely written yet (for the truncation message)."""
+        spans = self.spans
+        return next((i for i in self.members if spans[i][0] + len(spans[i][1]) > self.pos), self.members[-1])
+
+
+def _invalid_range(exc: BaseException) -> bool:
+    """S3's answer to a range starting at or after the object's end (416 InvalidRange)."""
+    return "InvalidRange" in repr(exc.__cause__) or "not satisfiable" in str(exc).lower()
+
+
+#: Times a streamed GET whose connection dropped is resumed from where it stopped.
+_RESUMES = 3
+
+
+def _resumable(exc: BaseException) -> bool:
+    """A connection fault mid-body (aiohttp payload/connection errors, timeouts), not an answer."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"ClientPayloadError", "ClientConnectionError", "ServerDisconnectedError",
+                         "IncompleteReadError", "ResponseStreamingError"}) or \
+        isinstance(exc, (ConnectionError, asyncio.TimeoutError, TimeoutError))
 
 
 _memory_lock = threading.RLock()  # memory:// has no conditional writes of its own
@@ -118,16 +187,21 @@ class ObjectStore:
         """Fill each ``(offset, view)`` with the object's bytes there, many ranged GETs at once.
 
         Spans within GAP bytes of each other are fetched together, and what is fetched is cut
-        into up to CONCURRENCY ranges of PIECE to MAX_PIECE bytes, all in flight at once: many
-        small tensors cost one request, a big one many side by side. A range the object does not
-        fully hold is a CorruptCheckpointError naming ``name(i)``.
+        into ranged GETs (``part_size`` on S3, streamed; ``piece_size`` elsewhere), up to
+        CONCURRENCY in flight at once: many small tensors cost one request, a big read a few
+        side by side. A range the object does not fully hold is a CorruptCheckpointError naming
+        ``name(i)``.
         """
-        pieces = _pieces(spans)
+        pieces = _pieces(spans, part_size if self._s3 else piece_size)
         if not pieces:
             return
         path = self._path(url)
         with translating(url, f"reading {name(pieces[0][2][0])}"):
-            if getattr(self.fs, "async_impl", False):
+            if self._s3:
+                from fsspec.asyn import sync
+
+                sync(self.fs.loop, self._stream_all, url, spans, pieces, name)
+            elif getattr(self.fs, "async_impl", False):
                 from fsspec.asyn import sync
 
                 sync(self.fs.loop, self._fetch_async, path, url, spans, pieces, name)
@@ -150,6 +224,50 @@ class ObjectStore:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _stream_all(self, url: str, spans: Sequence[tuple[int, memoryview]],
+                          pieces: list[tuple[int, int, list[int]]], name: Callable[[int], str]) -> None:
+        bucket, key = self._bucket_key(url)
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def fetch(start: int, end: int, members: list[int]) -> None:
+            async with gate:
+                await self._stream(bucket, key, start, end, _Sink(start, spans, members), url, name)
+
+        results = await asyncio.gather(*(fetch(*piece) for piece in pieces), return_exceptions=True)
+        for result in results:  # every request has finished (none writes into a buffer later)
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _stream(self, bucket: str, key: str, start: int, end: int, sink: _Sink, url: str,
+                      name: Callable[[int], str]) -> None:
+        """One ranged GET ``[start, end)`` copied into ``sink`` chunk by chunk as it arrives; a
+        connection dropped mid-body is resumed from where it stopped (a few times)."""
+        for attempt in range(_RESUMES + 1):
+            try:
+                resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                              Range=f"bytes={sink.pos}-{end - 1}")
+            except OSError as exc:
+                if not _invalid_range(exc):
+                    raise
+                break  # starts at or past the object's end: truncated
+            body = resp["Body"]
+            try:
+                while sink.pos < end:
+                    chunk = await body.read(min(CHUNK, end - sink.pos))
+                    if not chunk:
+                        break
+                    sink.write(chunk[:end - sink.pos])
+            except Exception as exc:  # aiohttp's payload and connection errors: resume, then give up
+                if attempt == _RESUMES or not _resumable(exc):
+                    raise
+                continue
+            finally:
+                body.close()
+            break
+        if sink.pos < end:
+            raise CorruptCheckpointError(f"{url}: the object ends in the middle of {name(sink.missing())} (offset "
+                                         f"{sink.pos}): it is truncated")
 
     def read(self, url: str, offset: int, size: int, what: str = "data") -> bytes:
         """``size`` bytes at ``offset`` (a CorruptCheckpointError if the object is shorter)."""
@@ -189,7 +307,7 @@ class ObjectStore:
         try:
             return sync(self.fs.loop, get)  # type: ignore[no-any-return]
         except OSError as exc:
-            if "InvalidRange" in repr(exc.__cause__) or "not satisfiable" in str(exc).lower():
+            if _invalid_range(exc):
                 return b"", 0  # an empty object
             raise
 
@@ -224,13 +342,20 @@ class ObjectStore:
                 self.fs.pipe_file(path, data, mode="create" if create_only else "overwrite")
 
     def upload(self, local: str, url: str, create_only: bool) -> None:
-        """Copy a local file to ``url`` (a multipart upload in parallel parts for large files);
-        the object appears whole or not at all."""
+        """Copy a local file to ``url``: one PUT streamed from the file up to SINGLE_PUT_MAX
+        bytes, a multipart upload in parallel parts above; the object appears whole or not at all."""
         path = self._path(url)
+        size = os.path.getsize(local)
         with translating(url, "uploading the checkpoint", writing=True):
-            if self._s3:
+            if self._s3 and size <= SINGLE_PUT_MAX:
+                bucket, key = self._bucket_key(url)
+                cond = {"IfNoneMatch": "*"} if create_only else {}
+                with open(local, "rb") as f:  # the body is read from the file as it is sent
+                    self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=f, ContentLength=size, **cond)
+                self.fs.invalidate_cache(path)
+            elif self._s3:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite",
-                                 max_concurrency=CONCURRENCY, chunksize=piece_size(os.path.getsize(local)))
+                                 max_concurrency=CONCURRENCY, chunksize=piece_size(size))
             else:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite")
 

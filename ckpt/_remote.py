@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -48,8 +49,15 @@ __all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", 
 DATA_DIR = ".ckpt-data"
 _COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1
 _COMMIT_PREFIX = b'{"format": "ckpt-commit"'
-#: A checkpoint's first ranged GET: enough for a commit record, or a plain checkpoint's header.
-HEAD_BYTES = 64 << 10
+#: Bytes of a data object fetched when it is opened: its start (format sniffing, headers)
+#: and its end (footers and indexes). The commit record carries a copy of both, so opening a
+#: committed checkpoint costs no GET of the data object.
+OPEN_HEAD, OPEN_TAIL = 4096, 64 << 10
+#: A checkpoint's first ranged GET: enough for a commit record (with its copies of the data
+#: object's head and tail, base64), or a plain checkpoint's header.
+HEAD_BYTES = 128 << 10
+#: Commit records are never longer than this (a longer object is not one).
+_COMMIT_LIMIT = 1 << 20
 #: Seconds after which an uncommitted data object counts as abandoned (no live save takes that
 #: long between finishing its upload and writing its commit record).
 ORPHAN_GRACE_S = 3600.0
@@ -58,10 +66,18 @@ _CAS_ATTEMPTS = 50
 T = TypeVar("T")
 
 
-def commit_record(data: str, size: int) -> bytes:
-    """The commit record naming ``data`` (relative to the directory), ``size`` bytes long."""
-    doc = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION, "data": data, "size": size,
-           "time": time.time()}
+def commit_record(data: str, size: int, head: bytes = b"", tail: bytes = b"") -> bytes:
+    """The commit record naming ``data`` (relative to the directory), ``size`` bytes long,
+    with copies of its first bytes ``head`` and last bytes ``tail`` (and their crc32c)."""
+    from .formats._io import crc32c
+
+    if len(head) + len(tail) > size:
+        raise ValueError("the head and tail of a data object overlap")
+    doc: dict[str, object] = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION, "data": data, "size": size,
+                              "time": time.time()}
+    if head or tail:
+        doc.update(head=base64.b64encode(head).decode(), tail=base64.b64encode(tail).decode(),
+                   crc32c=crc32c(head + tail))
     return json.dumps(doc).encode()
 
 
@@ -70,8 +86,11 @@ def is_commit_record(head: bytes) -> bool:
     return head.startswith(_COMMIT_PREFIX)
 
 
-def parse_commit(raw: bytes, url: str) -> tuple[str, int]:
-    """``(data object name relative to the directory, size)`` from a commit record."""
+def parse_commit(raw: bytes, url: str) -> tuple[str, int, list[tuple[int, bytes]]]:
+    """``(data object name relative to the directory, size, [(offset, copied bytes)])`` from a
+    commit record: the copies are of the data object's head and tail (none in records without)."""
+    from .formats._io import crc32c
+
     try:
         doc = json.loads(raw)
     except ValueError:
@@ -84,7 +103,17 @@ def parse_commit(raw: bytes, url: str) -> tuple[str, int]:
     if doc["version"] > _COMMIT_VERSION:
         raise CorruptCheckpointError(f"{url}: commit record version {doc['version']} is newer than this "
                                      f"ckpt reads ({_COMMIT_VERSION}): upgrade ckpt")
-    return data, size
+    if "head" not in doc and "tail" not in doc:
+        return data, size, []
+    try:
+        head, tail = base64.b64decode(doc["head"], validate=True), base64.b64decode(doc["tail"], validate=True)
+    except (KeyError, TypeError, ValueError):
+        raise CorruptCheckpointError(f"{url}: malformed commit record (its copy of the data's head and "
+                                     "tail)") from None
+    if len(head) + len(tail) > size or doc.get("crc32c") != crc32c(head + tail):
+        raise CorruptCheckpointError(f"{url}: the commit record's copy of the data's head and tail does not "
+                                     "match its crc32c (or its size): the record is damaged")
+    return data, size, [(offset, copy) for offset, copy in ((0, head), (size - len(tail), tail)) if copy]
 
 
 def _token() -> str:
@@ -111,9 +140,10 @@ class RemoteDirectory:
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def locate(self, name: str) -> tuple[str, int, bytes]:
-        """``(data object URL, size, its first bytes)`` for the checkpoint ``name``: through its
-        commit record, or the object itself when it is a plain checkpoint (uploaded by hand).
+    def locate(self, name: str) -> tuple[str, int, list[tuple[int, bytes]]]:
+        """``(data object URL, size, [(offset, bytes of it already fetched)])`` for the
+        checkpoint ``name``: through its commit record (which copies the data object's head and
+        tail), or the object itself when it is a plain checkpoint (uploaded by hand).
 
         Raises:
             CheckpointNotFoundError: no such checkpoint.
@@ -124,9 +154,11 @@ class RemoteDirectory:
             raise CheckpointNotFoundError(f"{url}: no such checkpoint")
         data, size = head
         if not is_commit_record(data):
-            return url, size, data
-        relative, size = parse_commit(data, url)
-        return self.join(relative), size, b""
+            return url, size, [(0, data)] if data else []
+        if size > len(data):  # longer than one GET: not written by ckpt, but read it whole (bounded)
+            data = self.store.read_small(url, _COMMIT_LIMIT, "the commit record") or b""
+        relative, size, copies = parse_commit(data, url)
+        return self.join(relative), size, copies
 
     def exists(self, name: str) -> bool:
         return self.store.exists(self.join(name))
@@ -144,12 +176,16 @@ class RemoteDirectory:
         try:
             os.close(fd)
             write(local)
-            size = os.path.getsize(local)
+            with open(local, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(min(OPEN_HEAD, size))
+                f.seek(max(len(head), size - OPEN_TAIL))
+                tail = f.read()
             self.store.upload(local, self.join(relative), create_only=True)
         finally:
             os.unlink(local)
         try:
-            self.store.put(url, commit_record(relative, size), create_only=True)
+            self.store.put(url, commit_record(relative, size, head, tail), create_only=True)
         except BaseException:
             self._delete_quietly([self.join(relative)])
             raise
@@ -221,9 +257,6 @@ class RemoteDirectory:
 
 
 
-#: Bytes of a data object fetched when it is opened: its start (format sniffing, headers)
-#: and its end (footers and indexes), two ranged GETs side by side.
-OPEN_HEAD, OPEN_TAIL = 4096, 64 << 10
 _options: ContextVar[_urls.StorageOptions | None] = ContextVar("ckpt_storage_options", default=None)
 _handed: ContextVar[RemoteFile | None] = ContextVar("ckpt_remote_file", default=None)
 
@@ -246,29 +279,28 @@ def directory(url: str) -> RemoteDirectory:
 class RemoteFile:
     """A committed checkpoint's data object opened for ranged reads: the
     :class:`ckpt.storage.ReadableBlob` formats read an object-store checkpoint through. The
-    first and last bytes are fetched on open, so sniffing, headers, footers and small indexes
-    cost no further request."""
+    first and last bytes are known on open (copied in the commit record, or fetched side by side),
+    so sniffing, headers, footers and small indexes cost no further request."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         parent, name = _urls.split(url)
         self.directory = directory(parent)
-        self.data_url, self.size, first = self.directory.locate(name)
-        self._cache: list[tuple[int, bytes]] = []
-        if first:
-            self._cache.append((0, first))
+        self.data_url, self.size, self._cache = self.directory.locate(name)
+        first = next((len(data) for offset, data in self._cache if offset == 0), 0)
         wanted = []
-        if len(first) < min(OPEN_HEAD, self.size):
+        if first < min(OPEN_HEAD, self.size):
             wanted.append((0, min(OPEN_HEAD, self.size)))
-        tail = max(len(first), self.size - OPEN_TAIL)
+        tail = max(first, self.size - OPEN_TAIL)
         if wanted and tail <= OPEN_HEAD:
             wanted = [(0, self.size)]  # a small object: one GET for all of it
-        elif tail < self.size:
+        elif tail < self.size and self._cached(tail, self.size - tail) is None:
             wanted.append((tail, self.size - tail))
-        buffers = [bytearray(n) for _, n in wanted]
-        self.directory.store.read_into(self.data_url, [(o, memoryview(b)) for (o, _), b in zip(wanted, buffers)],
-                                       lambda i: "the checkpoint's header and index")
-        self._cache += [(o, bytes(b)) for (o, _), b in zip(wanted, buffers)]
+        if wanted:  # a plain object, or a commit record without copies (written before they existed)
+            buffers = [bytearray(n) for _, n in wanted]
+            self.directory.store.read_into(self.data_url, [(o, memoryview(b)) for (o, _), b in zip(wanted, buffers)],
+                                           lambda i: "the checkpoint's header and index")
+            self._cache += [(o, bytes(b)) for (o, _), b in zip(wanted, buffers)]
         self.head = next((data for offset, data in self._cache if offset == 0), b"")
 
     def _cached(self, offset: int, n: int) -> bytes | None:

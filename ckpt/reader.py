@@ -208,6 +208,8 @@ class CheckpointReader(Mapping[str, np.ndarray]):
 
 
 _BATCH_BYTES = 64 << 20  # small tensors are read in batches of about this size (few syscalls, bounded lists)
+# an object is read by a few large ranged GETs side by side: batches big enough to keep them all in flight
+_REMOTE_BATCH_BYTES = 1 << 30
 
 
 def read_in_batches(reader: Any, pairs: Iterable[tuple[Any, np.ndarray]],
@@ -219,10 +221,11 @@ def read_in_batches(reader: Any, pairs: Iterable[tuple[Any, np.ndarray]],
     read = read or reader.read_into_many
     batch: list[tuple[Any, np.ndarray]] = []
     size = 0
+    limit = _REMOTE_BATCH_BYTES if is_url(str(getattr(reader, "path", ""))) else _BATCH_BYTES
     for pair in pairs:
         batch.append(pair)
         size += pair[1].nbytes
-        if size >= _BATCH_BYTES:
+        if size >= limit:
             read(batch)
             batch, size = [], 0
     if batch:

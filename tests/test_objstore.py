@@ -13,7 +13,8 @@ import pytest
 
 import ckpt
 from ckpt import _remote, _urls
-from ckpt._objstore import PIECE, ObjectStore
+from ckpt import _objstore
+from ckpt._objstore import ObjectStore
 from ckpt._storefaults import store_error
 from ckpt.state import CheckpointEntry, CheckpointState
 
@@ -65,13 +66,15 @@ def test_store_put_create_only_and_compare_and_swap(s3_bucket):
         store.put(f"{s3_bucket}/c", b"y", create_only=True)
 
 
-def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_server):
+def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_server, monkeypatch):
+    monkeypatch.setattr(_objstore, "PART", 1 << 20)  # small parts, small chunks: the same code on less data
+    monkeypatch.setattr(_objstore, "CHUNK", 1000)
     store = ObjectStore(s3_bucket)
     url = f"{s3_bucket}/blob"
-    blob = bytes(range(256)) * (PIECE // 256 * 2 + 3)
+    blob = bytes(range(256)) * ((1 << 20) // 256 * 4 + 3)
     store.put(url, blob, create_only=True)
     s3_server.traffic.clear()
-    a, b = bytearray(10), bytearray(PIECE + 100)  # b spans two pieces: two GETs side by side
+    a, b = bytearray(10), bytearray(2 * _objstore.PART + 100)  # b is cut in two parts: two GETs side by side
     store.read_into(url, [(5, memoryview(a)), (1 << 20, memoryview(b))])
     assert bytes(a) == blob[5:15] and bytes(b) == blob[1 << 20:(1 << 20) + len(b)]
     gets = s3_server.traffic.gets()
@@ -85,6 +88,45 @@ def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_serve
     with pytest.raises(ckpt.CorruptCheckpointError, match="truncated"):
         store.read_into(url, [(len(blob) - 4, memoryview(bytearray(8)))], lambda i: "tensor 'w'")
     assert store.read_small_or_head(url, 64, "x") == (blob[:64], len(blob))
+
+
+def test_a_connection_dropped_mid_body_is_resumed_where_it_stopped(s3_bucket, s3_server, monkeypatch):
+    import aiohttp
+
+    monkeypatch.setattr(_objstore, "CHUNK", 4096)
+    store = ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/blob"
+    blob = bytes(range(256)) * 4096  # 1 MiB
+    store.put(url, blob, create_only=True)
+    call_s3, drops = store.fs._call_s3, []
+
+    class Dropping:  # the body of the first GET breaks after two chunks
+        def __init__(self, body):
+            self.body, self.reads = body, 0
+
+        async def read(self, n):
+            self.reads += 1
+            if self.reads == 3:
+                drops.append(n)
+                raise aiohttp.ClientPayloadError("Response payload is not completed")
+            return await self.body.read(n)
+
+        def close(self):
+            self.body.close()
+
+    async def flaky(method, **kwargs):
+        resp = await call_s3(method, **kwargs)
+        if method == "get_object" and not drops:
+            resp["Body"] = Dropping(resp["Body"])
+        return resp
+
+    monkeypatch.setattr(store.fs, "_call_s3", flaky)
+    s3_server.traffic.clear()
+    out = bytearray(len(blob) - 100)
+    store.read_into(url, [(100, memoryview(out))])
+    assert bytes(out) == blob[100:] and drops
+    assert [g[2] for g in s3_server.traffic.gets()] == [f"bytes=100-{len(blob) - 1}",
+                                                        f"bytes={100 + 2 * 4096}-{len(blob) - 1}"]
 
 
 # -- the state file under racing writers ---------------------------------------------------------

@@ -14,9 +14,11 @@ Atomicity comes from the store's conditional writes:
   completing the multipart upload, GCS ``ifGenerationMatch=0``; fsspec spells both
   ``mode="create"``. ``memory://`` does it under a process lock.
 * compare-and-swap (``get_versioned`` / ``put_if``): S3 ``If-Match: <ETag>`` (and
-  ``If-None-Match: *`` for the first version); ``memory://`` compares under the lock.
-  Other stores compare the bytes just before writing, which narrows the race window
-  but cannot close it (``atomic_swap`` says which).
+  ``If-None-Match: *`` for the first version); GCS ``ifGenerationMatch=<generation>`` (0 for
+  the first version) on a media upload, the generation read from the ``x-goog-generation``
+  header of the GET that read the bytes; ``memory://`` compares under the lock. Other stores
+  compare the bytes just before writing, which narrows the race window but cannot close it
+  (``atomic_swap`` says which).
 
 Example:
     >>> from ckpt._objstore import ObjectStore
@@ -170,7 +172,8 @@ class ObjectStore:
         self.protocol = _urls.protocol(url)
         self.fs = _urls.filesystem(url, storage_options)
         self._s3 = self.protocol in ("s3", "s3a")
-        self.atomic_swap = self._s3 or self.protocol == "memory"
+        self._gcs = self.protocol in ("gs", "gcs")
+        self.atomic_swap = self._s3 or self._gcs or self.protocol == "memory"
 
     def _path(self, url: str) -> str:
         return str(self.fs._strip_protocol(url))
@@ -361,6 +364,8 @@ class ObjectStore:
 
     def get_versioned(self, url: str, limit: int = 16 << 20) -> tuple[bytes | None, Any]:
         """A small object's bytes and a version token for ``put_if`` (None, None: no object)."""
+        if self._gcs:
+            return self._gcs_get_versioned(url, limit)
         if not self._s3:
             data = self.read_small(url, limit, "the state file")
             return data, data
@@ -386,9 +391,56 @@ class ObjectStore:
             raise CorruptCheckpointError(f"{url}: the state file is over {limit} bytes")
         return bytes(data), etag
 
+    def _gcs_get_versioned(self, url: str, limit: int) -> tuple[bytes | None, Any]:
+        """GCS: one media GET; its ``x-goog-generation`` header is the version of those bytes."""
+        path = self._path(url)
+
+        async def get() -> tuple[bytes, str | None]:
+            headers, data = await self.fs._call("GET", self.fs.url(path), headers={"Range": f"bytes=0-{limit}"})
+            return data, headers.get("x-goog-generation")
+
+        from fsspec.asyn import sync
+
+        with translating(url, "reading the state file"):
+            try:
+                data, generation = sync(self.fs.loop, get)
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise
+                return None, None
+        if len(data) > limit:
+            raise CorruptCheckpointError(f"{url}: the state file is over {limit} bytes")
+        if not generation:
+            raise CorruptCheckpointError(f"{url}: the store sent no x-goog-generation for the state file")
+        return bytes(data), generation
+
+    def _gcs_put_if(self, url: str, data: bytes, version: Any) -> bool:
+        """GCS: a media upload with ``ifGenerationMatch`` (0: only if there is no object yet);
+        gcsfs raises FileExistsError for the 412 a changed generation gets."""
+        from urllib.parse import quote
+
+        bucket, key = self._bucket_key(url)
+
+        async def post() -> None:
+            await self.fs._call("POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+                                uploadType="media", name=key, ifGenerationMatch=str(version or 0), data=data,
+                                headers={"Content-Type": "application/json"}, json_out=True)
+
+        from fsspec.asyn import sync
+
+        with translating(url, "writing the state file", writing=True):
+            try:
+                sync(self.fs.loop, post)
+            except FileExistsError:
+                return False  # another writer changed (or created) it first
+            self.fs.invalidate_cache(self._path(url))
+        return True
+
     def put_if(self, url: str, data: bytes, version: Any) -> bool:
         """Write ``data`` only if the object is still at ``version`` (from ``get_versioned``);
         False when another writer changed it first."""
+        if self._gcs:
+            return self._gcs_put_if(url, data, version)
         if self._s3:
             bucket, key = self._bucket_key(url)
             cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}

@@ -16,7 +16,7 @@ from ckpt import _remote, _urls
 from ckpt import _objstore
 from ckpt._objstore import ObjectStore
 from ckpt._storefaults import store_error
-from ckpt.state import CheckpointEntry, CheckpointState
+from ckpt.state import CheckpointEntry, CheckpointState, parse_state
 
 pytest.importorskip("s3fs")
 
@@ -150,6 +150,73 @@ def test_racing_state_updates_lose_no_entry(where, s3_bucket):
     for t in threads:
         t.join()
     assert sorted(e.path for e in directory.read_state().checkpoints) == sorted(names)
+
+
+class _FakeGCS:
+    """The few calls of gcsfs's GCSFileSystem the state file's compare-and-swap makes, with GCS's
+    generation semantics as documented (no GCS server here to test against): a media GET answers
+    ``x-goog-generation``; an upload with ``ifGenerationMatch`` other than the object's current
+    generation (0: none yet) gets 412, which gcsfs raises as FileExistsError."""
+
+    _location = "https://storage.googleapis.com"
+
+    def __init__(self) -> None:
+        from fsspec.asyn import get_loop
+
+        self.loop, self.objects, self.calls = get_loop(), {}, []  # key -> (generation, bytes)
+
+    def _strip_protocol(self, url):
+        return url.split("://", 1)[1]
+
+    def split_path(self, path):
+        bucket, _, key = path.partition("/")
+        return bucket, key, None
+
+    def url(self, path):
+        return "media:" + path.partition("/")[2]
+
+    def invalidate_cache(self, path=None):
+        pass
+
+    async def _call(self, method, path, headers=None, data=None, json_out=False, **params):
+        self.calls.append((method, params.get("ifGenerationMatch")))
+        if method == "GET":
+            key = path[len("media:"):]
+            if key not in self.objects:
+                raise FileNotFoundError(key)
+            generation, raw = self.objects[key]
+            return {"x-goog-generation": str(generation)}, raw
+        assert params["uploadType"] == "media" and path.endswith("/upload/storage/v1/b/bkt/o")
+        current = self.objects.get(params["name"], (0, b""))[0]
+        if str(current) != params["ifGenerationMatch"]:
+            raise FileExistsError(params["name"])  # 412 Precondition Failed
+        self.objects[params["name"]] = (current + 1000, bytes(data))  # generations grow, not by one
+        return {}
+
+
+def test_gcs_state_updates_use_generation_preconditions(monkeypatch):
+    fake = _FakeGCS()
+    monkeypatch.setattr(_urls, "filesystem", lambda url, options=None: fake)
+    directory = _remote.RemoteDirectory("gs://bkt/run")
+    assert directory.store.atomic_swap
+    names = [f"m-{i}" for i in range(12)]
+
+    def add(name: str) -> None:
+        def change(state):
+            state = state or CheckpointState()
+            state.checkpoints.append(CheckpointEntry(name, time.time()))
+            return state, None
+        directory.update_state(change)
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    state = parse_state(fake.objects["run/checkpoint"][1], "gs://bkt/run/checkpoint")
+    assert sorted(e.path for e in state.checkpoints) == sorted(names)
+    posts = [generation for method, generation in fake.calls if method == "POST"]
+    assert posts[0] == "0" and all(g is not None for g in posts)  # created only if absent, then matched
 
 
 # -- commits and orphans ---------------------------------------------------------------------

@@ -206,6 +206,13 @@ def main(args: Any) -> None:
             print(distributed.plan_case(directory, args.reps) + "\n")
     if "sharded" in cases:
         print(distributed.sharded_case(directories, args.size_gib, args.reps) + "\n")
+    if "s3" in cases:
+        try:
+            from . import s3
+
+            print(s3.report(args.s3_model_mib, args.s3_big_mib, args.reps) + "\n")
+        except ImportError as exc:  # the test extra (moto[server], s3fs) is not installed
+            print(f"**s3**: skipped ({exc}; pip install -e '.[test,bench]')\n")
     if not cases & {"a", "b", "c", "d", "e", "async", "checksum", "one", "cli"}:
         return
     model, variables = make_model(big_count, big_bytes)

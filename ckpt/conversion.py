@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import dtypes
-from ._chunks import paired_chunks, reusing_buffers, stored_crc32c
+from ._chunks import paired_chunks, reusing_buffers, stored_crc32c, tensor_chunks
 from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions, is_url
 from ._urls import split as split_url
@@ -149,6 +149,13 @@ class _Source:
                  scratch: list[np.ndarray]) -> None:
         self.dtype, self.shape = info.dtype, info.shape
         self._reader, self._info, self._progress, self._scratch = reader, info, progress, scratch
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The tensor's bytes in bounded chunks, each checked as it streams (writers that stream)."""
+        for chunk in tensor_chunks(self._reader, self._info.key):
+            yield chunk.view(np.uint8)
+            if self._progress is not None:
+                self._progress(chunk.nbytes)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         info = self._info
@@ -319,8 +326,9 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
 
         def write(tmp: str) -> None:
             scratch = [np.empty(0, dtype=np.uint8)]
-            fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress, scratch))
-                            for old, new in plan.items()], metadata)
+            with reusing_buffers():
+                fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress, scratch))
+                                for old, new in plan.items()], metadata)
             _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
 
         try:

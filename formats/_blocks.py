@@ -29,8 +29,8 @@ from ckpt.errors import CorruptCheckpointError
 from . import _io
 from ._io import crc32c
 
-__all__ = ["BLOCK_BYTES", "block_crcs", "checksums", "combine", "pack_crcs", "unpack_crcs", "read_part",
-           "BlockSlicing"]
+__all__ = ["BLOCK_BYTES", "block_crcs", "checksums", "RunningChecksums", "combine", "pack_crcs", "unpack_crcs",
+           "read_part", "BlockSlicing"]
 
 #: Bytes per checksum block: a partial read verifies (and so reads) whole blocks of this size.
 BLOCK_BYTES = 1 << 20
@@ -85,6 +85,42 @@ def checksums(view: memoryview, block_bytes: int = BLOCK_BYTES) -> Callable[[], 
         result = _both(view, block_bytes)
         return lambda: result
     return _io._workers().submit(_both, view, block_bytes).result
+
+
+class RunningChecksums:
+    """``checksums`` of bytes that arrive in pieces cut anywhere (a streamed tensor): the
+    block being filled keeps its crc32c register across pieces.
+
+    Example:
+        >>> data = memoryview(bytes(range(256)) * 9000).cast("B")
+        >>> running = RunningChecksums(block_bytes=1000)
+        >>> for start in range(0, len(data), 777):
+        ...     running.update(data[start:start + 777])
+        >>> running.result() == checksums(data, 1000)()
+        True
+    """
+
+    def __init__(self, block_bytes: int = BLOCK_BYTES) -> None:
+        self.block_bytes = block_bytes
+        self.nbytes = self._filled = self._register = 0
+        self._crcs: list[int] = []
+
+    def update(self, view: memoryview) -> None:
+        pos = 0
+        while pos < len(view):
+            take = min(self.block_bytes - self._filled, len(view) - pos)
+            self._register = crc32c(view[pos:pos + take], self._register)
+            self._filled += take
+            pos += take
+            if self._filled == self.block_bytes:
+                self._crcs.append(self._register)
+                self._register = self._filled = 0
+        self.nbytes += len(view)
+
+    def result(self) -> tuple[int, bytes | None]:
+        """The tensor's crc32c and its packed block crc32c values (None for one block)."""
+        crcs = self._crcs + ([self._register] if self._filled or not self._crcs else [])
+        return combine(crcs, self.nbytes, self.block_bytes), pack_crcs(crcs) if len(crcs) > 1 else None
 
 
 def pack_crcs(crcs: Sequence[int]) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -40,7 +40,8 @@ from ._io import LocalFile
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
            "unregister_format", "LazyFormat", "lazy_format",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
-           "key_problem", "normalize_metadata", "materialize", "check_tensors", "open_blob", "SNIFF_BYTES"]
+           "key_problem", "normalize_metadata", "materialize", "source_chunks", "check_tensors", "open_blob",
+           "SNIFF_BYTES"]
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -299,6 +300,8 @@ class WritableFormat(Format, Protocol):
         Each tensor is an ndarray or a lazy source with ``dtype``, ``shape`` and
         ``__array__()``; writers read a lazy source only when they write its bytes
         (``materialize``), one at a time, so converting a file needs memory for one tensor.
+        A lazy source may also stream (``source_chunks``): writers that can write a tensor in
+        pieces take its bytes chunk by chunk, and memory holds a chunk.
         """
 
 
@@ -501,6 +504,18 @@ def _open_url(url: str) -> Reader:
     known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty object" if not source.head else "not a checkpoint in a format ckpt reads from object stores"
     raise UnsupportedCheckpointError(f"{url}: {what}; supported formats: {known}")
+
+
+def source_chunks(source: Any) -> Iterator[memoryview] | None:
+    """A lazy numeric source's C-order bytes in pieces, or None when it does not stream.
+
+    A streaming source has ``chunks()``, yielding flat byte buffers in order, each valid until
+    the next is asked for; the writer checks that they add up to ``dtype`` x ``shape``.
+    """
+    if isinstance(source, np.ndarray) or dtypes.is_string(np.dtype(source.dtype)):
+        return None
+    chunks = getattr(source, "chunks", None)
+    return None if chunks is None else (memoryview(c).cast("B") for c in chunks())
 
 
 def materialize(source: Any) -> np.ndarray:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,6 +59,7 @@ from .base import (
     keys_plainly_valid,
     materialize,
     normalize_metadata,
+    source_chunks,
     validate_keys,
 )
 
@@ -135,6 +136,16 @@ class MsgpackFormat(WritableFormat):
             pos = DATA_START
             objects = 3  # the header, the index and the footer
             for key, source in tensors:
+                stream = source_chunks(source)
+                if stream is not None:  # a streaming source: its bytes pass through in chunks
+                    dtype, shape = np.dtype(source.dtype), tuple(source.shape)
+                    extents, checksum, packed, pos, written = _write_chunks(
+                        f, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, f"{path}: tensor {key!r}")
+                    objects += written
+                    if packed is not None:
+                        blocks[key] = packed
+                    entries[key] = [_dtype_name(dtype), list(shape), extents, checksum]
+                    continue
                 arr = _io.c_contiguous(materialize(source))  # a lazy source is read only now
                 if dtypes.is_string(arr.dtype):
                     view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
@@ -172,6 +183,49 @@ class MsgpackFormat(WritableFormat):
                                  _io.crc32c(index)))
             f.seek(1)
             f.write(objects.to_bytes(4, "big"))
+
+
+def _write_chunks(f: Any, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
+                  what: str) -> tuple[list[list[int]], int, bytes | None, int, int]:
+    """Write a streamed numeric tensor as ``write`` lays out an array (padding, bins of at most
+    MAX_BIN bytes); return its extents, crc32c, packed block checksums, the new position and
+    the number of msgpack objects written."""
+    objects = 0
+    if nbytes >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
+        padding = _padding(pos + len(_bin_header(min(nbytes, MAX_BIN))))
+        f.write(padding)
+        pos += len(padding)
+        objects += bool(padding)
+    running = _blocks.RunningChecksums(block_bytes)
+    extents: list[list[int]] = []
+    done = 0
+
+    def open_bin() -> None:  # the bin header of the bytes from `done` on
+        nonlocal pos, objects
+        header = _bin_header(min(MAX_BIN, nbytes - done))
+        f.write(header)
+        pos += len(header)
+        extents.append([pos, min(MAX_BIN, nbytes - done)])
+        objects += 1
+
+    if not nbytes:
+        open_bin()  # an empty tensor: one empty bin
+    for view in stream:
+        start = 0
+        while start < len(view):
+            if done >= nbytes:
+                raise ValueError(f"{what} gave more than the {nbytes} bytes its dtype and shape hold")
+            if done % MAX_BIN == 0:
+                open_bin()
+            take = min(len(view) - start, MAX_BIN - done % MAX_BIN, nbytes - done)
+            piece = view[start:start + take]
+            f.write(piece)
+            running.update(piece)
+            done, pos, start = done + take, pos + take, start + take
+    if done != nbytes:
+        raise ValueError(f"{what} gave {done} bytes; its dtype and shape hold {nbytes}")
+    checksum, packed = running.result()
+    return extents, checksum, packed, pos, objects
 
 
 class MsgpackLocation(NamedTuple):

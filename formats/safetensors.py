@@ -41,7 +41,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from .base import WritableFormat
-from .base import FileReader, TensorInfo, materialize, normalize_metadata, unique_pairs, validate_keys
+from .base import FileReader, TensorInfo, materialize, normalize_metadata, source_chunks, unique_pairs, validate_keys
 
 #: The reference implementation's limit on the header length.
 MAX_HEADER = 100_000_000
@@ -115,6 +115,17 @@ class SafetensorsFormat(WritableFormat):
         with open(path, "wb", buffering=1 << 20) as f:
             f.write(bytes(_N.size + size))  # the real header is written last, over these zeros
             for _, key, dtype, shape, source in plans:
+                stream = source_chunks(source)
+                if stream is not None:  # a streaming source: its bytes pass through in chunks
+                    crc = done = 0
+                    for view in stream:
+                        f.write(view)
+                        crc, done = _io.crc32c(view, crc), done + len(view)
+                    if done != _io.expected_nbytes(dtype, shape):
+                        raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
+                                         f"{_io.expected_nbytes(dtype, shape)}")
+                    crcs[key] = crc
+                    continue
                 arr = _io.c_contiguous(materialize(source))
                 if arr.dtype != dtype or arr.shape != shape:
                     raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "

@@ -106,3 +106,76 @@ def test_memory_is_bounded_by_chunks_not_by_the_tensor(tmp_path, monkeypatch, ex
             tracemalloc.stop()
         assert peak < 32 * MiB, peak / MiB  # whole tensors would take 64 MiB (128 MiB for two); chunks do not
     assert ckpt.compare(a, b).tensor("x").values.unequal == 1
+
+
+class Chunked:
+    """A lazy source that streams its bytes in pieces of ``step`` bytes (cut anywhere)."""
+
+    def __init__(self, value: np.ndarray, step: int, extra: bytes = b"") -> None:
+        self.dtype, self.shape, self._value, self._step, self._extra = value.dtype, value.shape, value, step, extra
+
+    def chunks(self):
+        raw = self._value.reshape(-1).view(np.uint8)
+        for start in range(0, raw.size, self._step):
+            yield raw[start:start + self._step]
+        if self._extra:
+            yield np.frombuffer(self._extra, np.uint8)
+
+    def __array__(self, dtype=None, copy=None):
+        return self._value
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".safetensors", ".h5"])
+def test_a_streamed_source_writes_the_same_file_as_its_array(tmp_path, ext, monkeypatch):
+    from ckpt.formats import _blocks, base
+
+    monkeypatch.setattr(_blocks, "BLOCK_BYTES", 4096)  # many blocks, cut across by the chunks
+    values = {"w": np.random.default_rng(3).standard_normal(50_001).astype(np.float32), "empty": np.zeros(0, np.int8),
+              "b": np.arange(7, dtype=ckpt.dtypes.bfloat16)}
+    fmt = base.format_for_path("x" + ext)
+    fmt.write(str(tmp_path / f"array{ext}"), list(values.items()), {"m": 1})
+    fmt.write(str(tmp_path / f"chunks{ext}"), [(k, Chunked(v, 999)) for k, v in values.items()], {"m": 1})
+    assert (tmp_path / f"array{ext}").read_bytes() == (tmp_path / f"chunks{ext}").read_bytes()
+    assert ckpt.verify(tmp_path / f"chunks{ext}").ok
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".safetensors"])
+def test_a_streamed_source_of_the_wrong_size_is_refused(tmp_path, ext):
+    from ckpt.formats import base
+
+    fmt = base.format_for_path("x" + ext)
+    with pytest.raises(ValueError, match="tensor 'w' gave"):
+        fmt.write(str(tmp_path / f"long{ext}"), [("w", Chunked(np.ones(10, np.float32), 7, b"x"))], {})
+    short = Chunked(np.ones(10, np.float32), 7)
+    short.shape = (11,)
+    with pytest.raises(ValueError, match="tensor 'w' gave 40 bytes"):
+        fmt.write(str(tmp_path / f"short{ext}"), [("w", short)], {})
+
+
+@pytest.mark.parametrize("src_ext, dst_ext", [(".h5", ".msgpack"), (".msgpack", ".safetensors")])
+def test_convert_streams_in_bounded_memory(tmp_path, monkeypatch, src_ext, dst_ext):
+    """A 64 MiB tensor goes through in 4 MiB chunks: the writer never holds the tensor."""
+    x = np.random.default_rng(4).standard_normal(16 * MiB).astype(np.float32)
+    src = str(tmp_path / f"src{src_ext}")
+    ckpt.save_file({"x": x}, src)
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
+    tracemalloc.start()
+    try:
+        done = ckpt.convert(src, tmp_path / f"dst{dst_ext}")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * MiB, peak / MiB
+    with ckpt.load_checkpoint(done.path) as reader:
+        assert np.array_equal(reader.get_tensor("x").view(np.uint32), x.view(np.uint32))
+
+
+def test_a_damaged_source_stops_a_streamed_convert(tmp_path, monkeypatch):
+    x = np.random.default_rng(6).standard_normal(3 * MiB).astype(np.float32)
+    src = str(tmp_path / "src.msgpack")
+    ckpt.save_file({"x": x}, src)
+    bad = damaged_copy(src, x[2 * MiB:2 * MiB + 4], tmp_path / "bad.msgpack")
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
+        ckpt.convert(bad, tmp_path / "out.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.msgpack", "src.msgpack"]

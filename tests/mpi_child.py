@@ -5,9 +5,8 @@
 Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on those files.
 Modes: save ROOT STEP N:KIND:EXT... (one launch of max N processes: the first N of them save into
 ROOT/n<N> through a sub-communicator, for each N) | restore M:KIND... -- DIR... (likewise: the
-first M ranks restore every DIR) | kill DIR PHASE | async DIR | disagree DIR | timeout DIR |
-async-world DIR (save(blocking=False), then change every variable and run MPI collectives on
-COMM_WORLD while the save's own collectives run in the background).
+first M ranks restore every DIR) | kill DIR PHASE | scenarios ROOT (async saves, async saves
+beside training's collectives on COMM_WORLD, ranks that disagree: see SCENARIOS) | timeout DIR.
 """
 
 from __future__ import annotations
@@ -107,6 +106,55 @@ class KillAt:
         return self
 
 
+def async_saves(comm: distributed.Communicator, directory: str) -> dict:
+    """A first save(blocking=False) that fails on rank 1 only, then one that succeeds while
+    training changes the variables and runs a collective on its own communicator."""
+    variables = make_variables(tensors(), "cols", comm.rank, comm.size)
+    saver = ckpt.Saver(variables, comm=comm, timeout=30)
+    # issue 14's bug: a first asynchronous save failing on one rank before the communicator's Dup
+    # (metadata only rank 1 cannot store) left the others in Dup for ever; now every rank raises
+    try:
+        saver.save(os.path.join(directory, "model.h5"), global_step=4, blocking=False,
+                   metadata={"bad": object()} if comm.rank == 1 else None).result(timeout=60)
+        first = None
+    except Exception as exc:
+        first = {"type": type(exc).__name__, "error": str(exc)}
+    future = saver.save(os.path.join(directory, "model.h5"), global_step=5, blocking=False)
+    for var in variables.values():  # training goes on while the background thread saves
+        if var.dtype.kind != "O":
+            var.assign(np.zeros(var.shape, var.dtype))
+    comm.barrier(30)  # the training communicator keeps working beside the save's own duplicate
+    return {"path": future.result(timeout=60), "first": first}
+
+
+def async_world(comm: distributed.Communicator, directory: str) -> dict:
+    """save(blocking=False), then training's own collectives on COMM_WORLD during the save."""
+    from mpi4py import MPI
+
+    variables = make_variables(tensors(), "rows", comm.rank, comm.size)
+    saver = ckpt.Saver(variables, comm=comm, timeout=30)
+    future = saver.save(os.path.join(directory, "model.h5"), global_step=3, blocking=False)
+    for var in variables.values():
+        var.assign(np.full(var.shape, b"x", dtype=object) if var.dtype.kind == "O" else np.ones(var.shape, var.dtype))
+    sums = [MPI.COMM_WORLD.allreduce(i + comm.rank) for i in range(50)]  # training's own collectives
+    return {"path": future.result(), "sums_ok": sums[-1] == 49 * comm.size + sum(range(comm.size))}
+
+
+def disagree(comm: distributed.Communicator, directory: str) -> dict:
+    """Rank 2 holds a float64 block of a float32 tensor: every rank raises before writing."""
+    v = ckpt.Variable(np.zeros(2, np.float64 if comm.rank == 2 else np.float32), name="w",
+                      shard=ckpt.Shard((2 * comm.size,), (2 * comm.rank,)))
+    try:
+        ckpt.Saver([v], comm=comm, timeout=30).save(os.path.join(directory, "model.h5"))
+        return {"error": None}
+    except ckpt.CheckpointError as exc:
+        return {"error": str(exc), "type": type(exc).__name__}
+
+
+#: Scenarios the "scenarios" mode runs one after another in one launch, each in ROOT/<name>.
+SCENARIOS = {"async": async_saves, "async-world": async_world, "disagree": disagree}
+
+
 def main() -> None:
     comm = distributed.mpi()
     if MODE == "save":
@@ -173,44 +221,16 @@ def main() -> None:
         ckpt.Saver(variables, comm=comm_used, timeout=5).save(os.path.join(directory, "model.msgpack"),
                                                               global_step=2)
         report(comm, {"saved": 2})
-    elif MODE == "async":
-        directory, = ARGS
-        variables = make_variables(tensors(), "cols", comm.rank, comm.size)
-        saver = ckpt.Saver(variables, comm=comm, timeout=30)
-        # issue 14's bug: a first asynchronous save failing on one rank before the communicator's Dup
-        # (metadata only rank 1 cannot store) left the others in Dup for ever; now every rank raises
-        try:
-            saver.save(os.path.join(directory, "model.h5"), global_step=4, blocking=False,
-                       metadata={"bad": object()} if comm.rank == 1 else None).result(timeout=60)
-            first = None
-        except Exception as exc:
-            first = {"type": type(exc).__name__, "error": str(exc)}
-        future = saver.save(os.path.join(directory, "model.h5"), global_step=5, blocking=False)
-        for var in variables.values():  # training goes on while the background thread saves
-            if var.dtype.kind != "O":
-                var.assign(np.zeros(var.shape, var.dtype))
-        comm.barrier(30)  # the training communicator keeps working beside the save's own duplicate
-        report(comm, {"path": future.result(timeout=60), "first": first})
-    elif MODE == "async-world":
-        from mpi4py import MPI
-
-        directory, = ARGS
-        variables = make_variables(tensors(), "rows", comm.rank, comm.size)
-        saver = ckpt.Saver(variables, comm=comm, timeout=30)
-        future = saver.save(os.path.join(directory, "model.h5"), global_step=3, blocking=False)
-        for var in variables.values():
-            var.assign(np.full(var.shape, b"x", dtype=object) if var.dtype.kind == "O" else np.ones(var.shape, var.dtype))
-        sums = [MPI.COMM_WORLD.allreduce(i + comm.rank) for i in range(50)]  # training's own collectives
-        report(comm, {"path": future.result(), "sums_ok": sums[-1] == 49 * comm.size + sum(range(comm.size))})
-    elif MODE == "disagree":
-        directory, = ARGS
-        v = ckpt.Variable(np.zeros(2, np.float64 if comm.rank == 2 else np.float32), name="w",
-                          shard=ckpt.Shard((2 * comm.size,), (2 * comm.rank,)))
-        try:
-            ckpt.Saver([v], comm=comm, timeout=30).save(os.path.join(directory, "model.h5"))
-            report(comm, {"error": None})
-        except ckpt.CheckpointError as exc:
-            report(comm, {"error": str(exc), "type": type(exc).__name__})
+    elif MODE == "scenarios":
+        root, = ARGS
+        results = {}
+        for name, scenario in SCENARIOS.items():
+            directory = os.path.join(root, name)
+            if comm.rank == 0:
+                os.makedirs(directory)
+            comm.barrier(30)
+            results[name] = scenario(comm, directory)
+        report(comm, results)
     elif MODE == "timeout":
         directory, = ARGS
         if comm.rank == comm.size - 1:

@@ -136,15 +136,15 @@ def test_a_rank_killed_at_each_phase_of_a_save(tmp_path, phase, steps):
 
 
 @pytest.fixture(scope="module")
-def async_saves(tmp_path_factory):
-    """One mpiexec of 3: a first asynchronous save that fails on rank 1, then one that succeeds."""
-    root = tmp_path_factory.mktemp("async")
-    return root, mpirun(3, "async", str(root / "out"), str(root))
+def scenarios(tmp_path_factory):
+    """One mpiexec of 3 running mpi_child.SCENARIOS one after another; (root, each rank's results)."""
+    root = tmp_path_factory.mktemp("scenarios")
+    return root, mpirun(3, "scenarios", str(root / "out"), str(root))
 
 
-def test_a_first_async_save_failing_on_one_rank_fails_on_every_rank(async_saves):
+def test_a_first_async_save_failing_on_one_rank_fails_on_every_rank(scenarios):
     """The failure comes before the communicator's (untimed) Dup: no rank waits in it for ever."""
-    root, results = async_saves
+    root, results = scenarios[0] / "async", [r["async"] for r in scenarios[1]]
     assert results[1]["first"]["type"] == "ValueError"  # rank 1's own error, as a blocking save raises it
     for report in (results[0], results[2]):
         assert report["first"]["type"] == "CheckpointWriteError"
@@ -152,8 +152,8 @@ def test_a_first_async_save_failing_on_one_rank_fails_on_every_rank(async_saves)
     assert not os.path.exists(root / "model-4.h5")
 
 
-def test_asynchronous_save_on_a_duplicated_communicator(async_saves):
-    _, results = async_saves
+def test_asynchronous_save_on_a_duplicated_communicator(scenarios):
+    results = [r["async"] for r in scenarios[1]]
     assert len({r["path"] for r in results}) == 1
     with ckpt.load_checkpoint(results[0]["path"]) as reader:  # the values of the save call, not the zeros
         for key, value in global_tensors().items():
@@ -161,12 +161,12 @@ def test_asynchronous_save_on_a_duplicated_communicator(async_saves):
         assert int(reader.get_tensor("step")) == 42
 
 
-def test_ranks_that_disagree_all_raise(tmp_path):
-    results = mpirun(3, "disagree", str(tmp_path / "out"), str(tmp_path))
+def test_ranks_that_disagree_all_raise(scenarios):
+    root, results = scenarios[0] / "disagree", [r["disagree"] for r in scenarios[1]]
     for report in results:
         assert report["type"] == "MismatchError"
         assert "float32 on ranks 0, 1; float64 on rank 2" in report["error"]
-    assert [n for n in os.listdir(tmp_path) if n != "out"] == []
+    assert os.listdir(root) == []
 
 
 def test_a_missing_rank_times_out(tmp_path):
@@ -179,12 +179,10 @@ def test_a_missing_rank_times_out(tmp_path):
 
 
 
-def test_async_save_runs_its_collectives_beside_the_training_loops(tmp_path):
+def test_async_save_runs_its_collectives_beside_the_training_loops(scenarios):
     """save(blocking=False) with comm=: every rank changes its variables and runs MPI collectives on
     COMM_WORLD while the save's collectives run in a thread on a duplicated communicator."""
-    directory = tmp_path / "run"
-    directory.mkdir()
-    results = mpirun(3, "async-world", str(tmp_path / "out"), str(directory))
+    directory, results = scenarios[0] / "async-world", [r["async-world"] for r in scenarios[1]]
     assert {r["path"] for r in results} == {str(directory / "model-3.h5")}
     assert all(r["sums_ok"] for r in results)
     expected = global_tensors()

@@ -246,6 +246,36 @@ def test_a_commit_record_without_copies_still_opens(s3_bucket, s3_server):
 
 # -- the command line --------------------------------------------------------------------------
 
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_an_index_larger_than_the_copied_tail_is_fetched(fmt, s3_bucket, s3_server):
+    """3,000 keys: the index is well over the commit record's 64 KiB copy of the data's tail."""
+    values = {f"block{i:04d}/weights_with_a_long_name": ckpt.Variable(np.full(3, i, np.int32)) for i in range(3000)}
+    url = ckpt.Saver(values, format=fmt).save(f"{s3_bucket}/run/many")
+    s3_server.traffic.clear()
+    with ckpt.load_checkpoint(url) as reader:
+        assert len(reader.keys()) == 3000
+        assert any("/.ckpt-data/" in g[1] for g in s3_server.traffic.gets())  # the rest of the index
+        assert reader.get_tensor("block2999/weights_with_a_long_name").tolist() == [2999] * 3
+    assert all(g[2].startswith("bytes=") for g in s3_server.traffic.gets())
+    for v in values.values():
+        v.assign(np.zeros(3, np.int32))
+    ckpt.Saver(values, format=fmt).restore(url)
+    assert values["block1234/weights_with_a_long_name"].numpy().tolist() == [1234] * 3
+
+
+def test_a_commit_record_longer_than_the_first_get_is_read_whole(s3_bucket):
+    import json
+
+    v = ckpt.Variable(np.arange(5, dtype=np.int64), name="w")
+    url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/m.msgpack")
+    store = _remote.RemoteDirectory(f"{s3_bucket}/run").store
+    doc = json.loads(store.read_small(url, 1 << 20, "x"))
+    doc["comment"] = "x" * (_remote.HEAD_BYTES + 10)  # unknown fields are ignored
+    store.delete([url])
+    store.put(url, json.dumps(doc).encode(), create_only=True)
+    assert ckpt.load_variable(url, "w").tolist() == [0, 1, 2, 3, 4]
+
+
 def test_cli_on_s3_urls(s3_bucket):
     from ckpt.cli import main
 

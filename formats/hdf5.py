@@ -49,9 +49,9 @@ from . import _blocks, _h5struct, _io, h5plain
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from .base import WritableFormat
-from .base import (_FILE_DTYPES, MAX_ELEMENTS, BaseReader, FileReader, TensorInfo, check_metadata, check_shape,
-                   check_version, dtype_or_raise, key_problem, keys_plainly_valid, materialize, normalize_metadata,
-                   validate_keys)
+from .base import (_FILE_DTYPES, MAX_ELEMENTS, BaseReader, FileReader, TensorInfo, all_exactly, all_lists,
+                   check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
+                   materialize, normalize_metadata, validate_keys)
 
 FORMAT_NAME = "ckpt-hdf5"
 VERSION = HDF5_VERSION
@@ -534,17 +534,17 @@ def _parse_plain_entries(entries: list[Any], data_start: int,
     per-entry loop, done with C string searches and numpy over whole columns. Returns None
     for anything else, or anything wrong: the loop then names the problem.
     """
-    if not entries or not all(type(e) is list and len(e) == 6 for e in entries):
+    if not entries or not all_lists(entries, 6):
         return None
     keys, names, shapes, offsets, sizes, crcs = zip(*entries)
-    if not keys_plainly_valid(keys) or not all(type(n) is str for n in names):
+    if not keys_plainly_valid(keys) or not all_exactly(names, str):
         return None
     found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or not all(type(s) is list and len(s) <= 64 for s in shapes):
+    if None in found or not all_lists(shapes) or max(map(len, shapes)) > 64:
         return None
     dims = list(itertools.chain.from_iterable(shapes))
     columns = (offsets, sizes, crcs, dims)
-    if not all(type(v) is int for column in columns for v in column):
+    if not all_exactly(itertools.chain(*columns), int):
         return None
     try:
         offset, n, crc, dim = (np.array(c, dtype=np.int64) for c in columns)

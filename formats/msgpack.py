@@ -50,6 +50,8 @@ from .base import (
     _FILE_DTYPES,
     MAX_ELEMENTS,
     FileReader,
+    all_exactly,
+    all_lists,
     TensorInfo,
     check_metadata,
     check_shape,
@@ -475,23 +477,21 @@ def _parse_plain_entries(tensors: dict[Any, Any], start: int,
     """
     keys = list(tensors)
     entries = list(tensors.values())
-    if not entries or not keys_plainly_valid(keys) or \
-            not all(type(e) is list and len(e) == 4 for e in entries):
+    if not entries or not keys_plainly_valid(keys) or not all_lists(entries, 4):
         return None
     names, shapes, extent_lists, crcs = zip(*entries)
-    if not all(type(n) is str for n in names):
+    if not all_exactly(names, str):
         return None
     found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or not all(type(x) is list and len(x) == 1 for x in extent_lists) or \
-            not all(type(s) is list and len(s) <= 64 for s in shapes):
+    if None in found or not all_lists(extent_lists, 1) or not all_lists(shapes) or max(map(len, shapes)) > 64:
         return None
     extents = [x[0] for x in extent_lists]
-    if not all(type(x) is list and len(x) == 2 for x in extents):
+    if not all_lists(extents, 2):
         return None
     offsets, sizes = zip(*extents)
     dims = list(itertools.chain.from_iterable(shapes))
     columns = (offsets, sizes, crcs, dims)
-    if not all(type(v) is int for column in columns for v in column):
+    if not all_exactly(itertools.chain(*columns), int):
         return None
     try:
         offset, n, crc, dim = (np.array(c, dtype=np.int64) for c in columns)

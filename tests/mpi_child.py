@@ -170,14 +170,15 @@ def main() -> None:
     elif MODE == "restore":
         split = ARGS.index("--")
         specs, directories = ARGS[:split], ARGS[split + 1:]
+        from ckpt.formats import hdf5, msgpack
+
         read: list[int] = []
-        close = sharded.ShardedReader.close
+        for cls in (sharded.ShardedReader, msgpack.MsgpackReader, hdf5.Hdf5Reader):  # single-file sources too
+            def counting_close(self: object, close: object = cls.close) -> None:
+                read.append(self.bytes_read)  # (a shard file's own reader reads nothing itself: 0)
+                close(self)
 
-        def counting_close(self: sharded.ShardedReader) -> None:
-            read.append(self.bytes_read)
-            close(self)
-
-        sharded.ShardedReader.close = counting_close  # type: ignore[method-assign]
+            cls.close = counting_close  # type: ignore[method-assign]
         by_m = {}
         for spec in specs:
             m, kind = spec.split(":")

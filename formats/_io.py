@@ -1,5 +1,6 @@
-"""Low-level file I/O shared by the built-in formats: positioned reads into existing buffers,
-writes of existing buffers, and crc32c checksums computed on the same bytes.
+"""Low-level file I/O shared by the built-in formats: the local implementations of the storage
+layer's blobs (``LocalFile`` reads, ``LocalSink`` writes; see ``ckpt.storage``), helpers that
+read or write any blob, and crc32c checksums computed on the same bytes.
 
 Tensors move as ``memoryview``s of the arrays that hold them: nothing here copies a tensor.
 Checksums of large tensors run on a worker thread (crc32c releases the GIL) while the main
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ckpt.errors import CorruptCheckpointError
-from ckpt.storage import ReadableBlob
+from ckpt.storage import Bytes, ReadableBlob, WritableBlob
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -386,6 +387,51 @@ def stream(source: ReadableBlob) -> io.BufferedReader:
     return io.BufferedReader(RangeFile(source, 0, source.size))
 
 
+class LocalSink:
+    """A local file being written: the :class:`ckpt.storage.WritableBlob` of ckpt's writers
+    for a path on disk (``pwrite``/``pwritev`` of the callers' buffers, no copies). The file is
+    created empty, or with ``create=False`` opened as it is (libhdf5 wrote its structure).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "f")
+        >>> with LocalSink(path) as out:
+        ...     out.write_pieces([b"ab", b"cd"], 0)
+        ...     out.size
+        4
+    """
+
+    def __init__(self, path: str, *, create: bool = True) -> None:
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT | os.O_TRUNC if create else 0)
+        self.fd = os.open(path, flags, 0o666)
+        self._name = path
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def write_at(self, data: Bytes, offset: int) -> None:
+        pwrite_all(self.fd, data, offset)
+
+    def write_pieces(self, pieces: Sequence[Bytes], offset: int) -> None:
+        pwritev_all(self.fd, pieces, offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> LocalSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
     """Write every byte of ``data`` at ``offset``."""
     view = memoryview(data).cast("B")
@@ -404,6 +450,48 @@ def pwritev_all(fd: int, pieces: Sequence[Any], offset: int) -> None:
         if done < total:  # a short write (a signal, a full quota): finish piece by piece
             pwrite_all(fd, b"".join(batch)[done:], offset + done)
         offset += total
+
+
+#: Bounds on the small pieces one ``write_pieces`` call (one pwritev) writes.
+RUN_PIECES, RUN_BYTES = 512, 8 << 20
+
+
+class Runs:
+    """Writes a blob front to back for a format: small pieces that follow each other are
+    gathered into runs written by one ``write_pieces`` call, big ones (BIG and up) alone.
+
+    A run holds its pieces (and so their arrays) until it is written: call ``flush()`` before
+    reading a lazy source, so a conversion holds one tensor at a time, and at the end.
+    """
+
+    __slots__ = ("_end", "_run", "_start", "blob")
+
+    def __init__(self, blob: WritableBlob) -> None:
+        self.blob = blob
+        self._run: list[Bytes] = []
+        self._start = self._end = 0
+
+    def write(self, data: Bytes, offset: int) -> None:
+        """Write ``data`` at ``offset`` now or with its run (empty data writes nothing)."""
+        n = len(data)
+        run = self._run
+        if run and (offset != self._end or len(run) >= RUN_PIECES or self._end - self._start + n > RUN_BYTES
+                    or n >= BIG):
+            self.flush()
+            run = self._run
+        if n >= BIG:
+            self.blob.write_at(data, offset)
+        elif n:
+            if not run:
+                self._start = offset
+            run.append(data)
+            self._end = offset + n
+
+    def flush(self) -> None:
+        """Write the pending run."""
+        if self._run:
+            run, self._run = self._run, []
+            self.blob.write_pieces(run, self._start)
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -60,7 +59,6 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # magic, layout version, user block size, index length, index crc32c, crc32c of the preceding 28 bytes
 _HEADER = struct.Struct("<8sIIQII")
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
-_RUN_PIECES, _RUN_BYTES = 512, 8 << 20  # bounds on small tensors written by one pwritev
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
 LIBVER = ("v110", "v110")
 
@@ -146,24 +144,20 @@ class Hdf5Format(WritableFormat):
         structure = _structure(plans, metadata, userblock)
         if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 does it
             offsets = self._write_structure(path, plans, metadata, userblock)
-            fd = os.open(path, os.O_RDWR)
         else:
             offsets = structure.offsets
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
+        # front to back (the WritableBlob contract): the structure's head, the data, the metadata
+        # after it, and last the user block before the head
+        with _io.LocalSink(path, create=structure is not None) as blob:
             if structure is not None:
-                _io.pwrite_all(fd, structure.head, userblock)
-                _io.pwritev_all(fd, structure.metadata, structure.metadata_offset)
+                blob.write_at(structure.head, userblock)
             extents = []
-            run: list[Any] = []  # small tensors back to back in the file: written by one pwritev
-            run_start = run_end = 0
+            runs = _io.Runs(blob)  # small tensors back to back in the file: written by one pwritev
             byte_view, crc32c = _io.byte_view, _io.crc32c
             for plan, offset, entry in zip(plans, offsets, entries):
                 data = plan.source
                 if type(data) is not np.ndarray:
-                    if run:
-                        _io.pwritev_all(fd, run, run_start)  # a lazy source's predecessors are written
-                        run = []  # before it is read (the Format contract: one source at a time)
+                    runs.flush()  # a lazy source's predecessors are written before it is read
                     data = materialize(data)
                 if not data.flags.c_contiguous:
                     data = _io.c_contiguous(data)
@@ -178,26 +172,17 @@ class Hdf5Format(WritableFormat):
                     pending, crc = checksums(view, block_bytes), 0
                 if n:
                     assert offset is not None  # every tensor with data has a place
-                    if run and (offset != run_end or len(run) >= _RUN_PIECES or
-                                run_end - run_start + n > _RUN_BYTES or n >= _io.BIG):
-                        _io.pwritev_all(fd, run, run_start)
-                        run = []
-                    if n >= _io.BIG:
-                        _io.pwrite_all(fd, view, offset)
-                    else:
-                        if not run:
-                            run_start = offset
-                        run.append(view)  # keeps its array alive until the run is written
-                        run_end = offset + n
+                    runs.write(view, offset)  # keeps its array alive until the run is written
                     extents.append((offset, n))
                 if pending is not None:
                     crc, packed = pending()
                     if packed is not None:
                         blocks[plan.key] = packed
                 entry[3], entry[5] = offset or 0, crc  # the real ones
-            if run:
-                _io.pwritev_all(fd, run, run_start)
-            size = os.fstat(fd).st_size
+            runs.flush()
+            if structure is not None:
+                blob.write_pieces(structure.metadata, structure.metadata_offset)
+            size = blob.size
             try:
                 with _io.LocalFile(path) as written:
                     meta_crc = _metadata_crc(written, userblock, size, extents)
@@ -206,9 +191,7 @@ class Hdf5Format(WritableFormat):
             index = _index_bytes(entries, metadata, size, meta_crc, blocks, block_bytes)
             head = _HEADER.pack(MAGIC, VERSION, userblock, len(index), _io.crc32c(index), 0)
             head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))
-            _io.pwrite_all(fd, head + index, 0)
-        finally:
-            os.close(fd)
+            blob.write_at(head + index, 0)
 
     def _write_structure(self, path: str, plans: list[Any], metadata: dict[str, Any],
                          userblock: int) -> list[int | None]:

@@ -41,6 +41,7 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CorruptCheckpointError
+from ckpt.storage import WritableBlob
 
 from . import _blocks, _io
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
@@ -133,27 +134,31 @@ class MsgpackFormat(WritableFormat):
         entries: dict[str, list[Any]] = {}
         blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
         block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
-        with open(path, "wb", buffering=1 << 20) as f:
-            f.write(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER)
+        with _io.LocalSink(path) as blob:
+            runs = _io.Runs(blob)  # small pieces back to back: one pwritev per run
+            runs.write(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER, 0)
             pos = DATA_START
             objects = 3  # the header, the index and the footer
             for key, source in tensors:
                 stream = source_chunks(source)
                 if stream is not None:  # a streaming source: its bytes pass through in chunks
+                    runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
                     dtype, shape = np.dtype(source.dtype), tuple(source.shape)
                     extents, checksum, packed, pos, written = _write_chunks(
-                        f, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, f"{path}: tensor {key!r}")
+                        blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, f"{path}: tensor {key!r}")
                     objects += written
                     if packed is not None:
                         blocks[key] = packed
                     entries[key] = [_dtype_name(dtype), list(shape), extents, checksum]
                     continue
-                arr = _io.c_contiguous(materialize(source))  # a lazy source is read only now
+                if not isinstance(source, np.ndarray):
+                    runs.flush()  # earlier tensors are written before a lazy source is read
+                arr = _io.c_contiguous(materialize(source))
                 if dtypes.is_string(arr.dtype):
                     view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
                     extents = [[pos, len(view)]]
                     objects += 1
-                    f.write(view)
+                    runs.write(view, pos)
                     pos += len(view)
                     checksum = _io.crc32c(view)
                 else:
@@ -162,32 +167,32 @@ class MsgpackFormat(WritableFormat):
                     crc = checksums(view, block_bytes)  # overlaps with the writes below
                     if len(view) >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
                         padding = _padding(pos + len(_bin_header(min(len(view), MAX_BIN))))
-                        f.write(padding)
+                        runs.write(padding, pos)
                         pos += len(padding)
                         objects += bool(padding)
                     for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
                         piece = view[start:start + MAX_BIN]
                         header = _bin_header(len(piece))
+                        runs.write(header, pos)
                         pos += len(header)
                         extents.append([pos, len(piece)])
                         objects += 1
+                        runs.write(piece, pos)
                         pos += len(piece)
-                        f.write(header)
-                        f.write(piece)
                     checksum, packed = crc()
                     if packed is not None:
                         blocks[key] = packed
                 entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
             index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
                            "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
-            f.write(index)
-            f.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
-                                 _io.crc32c(index)))
-            f.seek(1)
-            f.write(objects.to_bytes(4, "big"))
+            runs.write(index, pos)
+            runs.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
+                                    _io.crc32c(index)), pos + len(index))
+            runs.flush()
+            blob.write_at(objects.to_bytes(4, "big"), 1)  # in the head (the first write): allowed last
 
 
-def _write_chunks(f: Any, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
+def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
                   what: str) -> tuple[list[list[int]], int, bytes | None, int, int]:
     """Write a streamed numeric tensor as ``write`` lays out an array (padding, bins of at most
     MAX_BIN bytes); return its extents, crc32c, packed block checksums, the new position and
@@ -195,7 +200,7 @@ def _write_chunks(f: Any, stream: Iterator[memoryview], nbytes: int, pos: int, b
     objects = 0
     if nbytes >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
         padding = _padding(pos + len(_bin_header(min(nbytes, MAX_BIN))))
-        f.write(padding)
+        blob.write_at(padding, pos)
         pos += len(padding)
         objects += bool(padding)
     running = _blocks.RunningChecksums(block_bytes)
@@ -205,7 +210,7 @@ def _write_chunks(f: Any, stream: Iterator[memoryview], nbytes: int, pos: int, b
     def open_bin() -> None:  # the bin header of the bytes from `done` on
         nonlocal pos, objects
         header = _bin_header(min(MAX_BIN, nbytes - done))
-        f.write(header)
+        blob.write_at(header, pos)
         pos += len(header)
         extents.append([pos, min(MAX_BIN, nbytes - done)])
         objects += 1
@@ -221,7 +226,7 @@ def _write_chunks(f: Any, stream: Iterator[memoryview], nbytes: int, pos: int, b
                 open_bin()
             take = min(len(view) - start, MAX_BIN - done % MAX_BIN, nbytes - done)
             piece = view[start:start + take]
-            f.write(piece)
+            blob.write_at(piece, pos)
             running.update(piece)
             done, pos, start = done + take, pos + take, start + take
     if done != nbytes:

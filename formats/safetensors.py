@@ -112,30 +112,36 @@ class SafetensorsFormat(WritableFormat):
         size = len(header({key: _MAX_CRC for _, key, *_ in plans}, None))  # the widest checksums
         size += -(size + _N.size) % 8  # data starts 8-byte aligned
         crcs = {}
-        with open(path, "wb", buffering=1 << 20) as f:
-            f.write(bytes(_N.size + size))  # the real header is written last, over these zeros
+        with _io.LocalSink(path) as blob:
+            runs = _io.Runs(blob)  # small tensors back to back: one pwritev per run
+            pos = _N.size + size  # the header is written last, into the head the data leaves free
             for _, key, dtype, shape, source in plans:
                 stream = source_chunks(source)
                 if stream is not None:  # a streaming source: its bytes pass through in chunks
+                    runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
                     crc = done = 0
                     for view in stream:
-                        f.write(view)
+                        blob.write_at(view, pos + done)
                         crc, done = _io.crc32c(view, crc), done + len(view)
                     if done != _io.expected_nbytes(dtype, shape):
                         raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
                                          f"{_io.expected_nbytes(dtype, shape)}")
                     crcs[key] = crc
+                    pos += done
                     continue
+                if not isinstance(source, np.ndarray):
+                    runs.flush()  # earlier tensors are written before a lazy source is read
                 arr = _io.c_contiguous(materialize(source))
                 if arr.dtype != dtype or arr.shape != shape:
                     raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "
                                      f"{dtype} {shape}")
                 view = _io.byte_view(arr)
                 checksum = _io.checksum_async(view)  # overlaps with the write below
-                f.write(view)
+                runs.write(view, pos)
+                pos += len(view)
                 crcs[key] = checksum()
-            f.seek(0)
-            f.write(_N.pack(size) + header(crcs, size).ljust(size))  # safetensors pads headers with spaces
+            runs.flush()
+            blob.write_at(_N.pack(size) + header(crcs, size).ljust(size), 0)  # safetensors pads headers with spaces
 
 
 class SafetensorsReader(FileReader):

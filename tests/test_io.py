@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from typing import ClassVar
 
 import crc32c
 import numpy as np
@@ -51,3 +52,41 @@ def test_local_files_are_readable_blobs_named_in_errors(tmp_path):
         with _io.stream(source) as f:  # a buffered file object over the blob, for zipfile and pickles
             f.seek(2)
             assert f.read(3) == b"234" and f.read() == b"56789"
+
+
+class _Recording(_io.LocalSink):
+    """A LocalSink that records each write's (offset, length)."""
+
+    writes: ClassVar[list[tuple[int, int]]] = []
+
+    def write_at(self, data, offset):
+        _Recording.writes.append((offset, len(memoryview(data).cast("B"))))
+        super().write_at(data, offset)
+
+    def write_pieces(self, pieces, offset):
+        _Recording.writes.append((offset, sum(len(memoryview(p).cast("B")) for p in pieces)))
+        super().write_pieces(pieces, offset)
+
+
+@pytest.mark.parametrize("ext", [".h5", ".msgpack", ".safetensors"])
+def test_writers_keep_the_writable_blob_order_an_object_store_can_stream(tmp_path, monkeypatch, ext):
+    # the head (before the end of the first write) may be filled at any time; past it, writes go front to back
+    monkeypatch.setattr(_io, "LocalSink", _Recording)
+    _Recording.writes = []
+    rng = np.random.default_rng(1)
+    tensors = {f"small/{i}": rng.standard_normal(17).astype(np.float32) for i in range(700)}
+    tensors.update(big=rng.standard_normal(_io.BIG // 4 + 3).astype(np.float32), empty=np.zeros((0, 2), np.int8))
+    path = str(tmp_path / f"m{ext}")
+    ckpt.save_file(tensors, path)
+    writes = _Recording.writes
+    assert len(writes) >= 3
+    head_end = writes[0][0] + writes[0][1]
+    end = head_end
+    for offset, n in writes[1:]:
+        if offset + n <= head_end:
+            continue
+        assert offset >= end, (offset, end, writes)
+        end = offset + n
+    assert end == pathlib.Path(path).stat().st_size
+    loaded = ckpt.load_file(path)
+    assert all(np.array_equal(loaded[k], v) for k, v in tensors.items())

@@ -31,6 +31,7 @@ import os
 import random
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TypeVar
@@ -40,6 +41,7 @@ from . import _urls
 from ._objstore import ObjectStore
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
 from .state import STATE_FILE, CheckpointState, dump_state, parse_state
+from .storage import StateChange
 
 split_url = _urls.split
 
@@ -135,8 +137,19 @@ class RemoteDirectory:
         self.url = url.rstrip("/")
         self.store = ObjectStore(self.url, storage_options)
 
+    @property
+    def location(self) -> str:
+        return self.url
+
     def join(self, name: str) -> str:
         return _urls.join(self.url, name)
+
+    def open(self, name: str) -> RemoteFile:
+        return RemoteFile(self.join(name), self)
+
+    def list_names(self) -> list[str]:
+        names = (str(item["name"]) for item in self.store.list(self.url))
+        return sorted(n for n in names if "/" not in n and n != DATA_DIR)
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -190,7 +203,36 @@ class RemoteDirectory:
             self._delete_quietly([self.join(relative)])
             raise
 
-    def delete_checkpoints(self, names: list[str]) -> None:
+    def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
+        """Clean orphans, upload and commit ``name``, then record it (compare-and-swap) and delete
+        what ``change`` dropped. A checkpoint that cannot be recorded is deleted again."""
+        url = self.join(name)
+        self.clean_orphans()
+        self.write_checkpoint(name, write)
+        try:
+            state, doomed = self.update_state(lambda state: _pair(change(state)))
+        except CheckpointError as exc:
+            try:
+                self.delete_checkpoints([name])
+            except CheckpointError:
+                pass  # the store is failing: the next save's cleanup takes the data object
+            raise CheckpointWriteError(f"{url}: the checkpoint was written but could not be recorded in "
+                                       f"the state file ({exc}); it was removed, and the previous "
+                                       "checkpoint is still the latest") from exc
+        try:
+            self.delete_checkpoints(doomed)
+        except CheckpointError as exc:
+            warnings.warn(f"could not delete old checkpoints {doomed}: {exc}", stacklevel=4)
+        return state
+
+    def latest(self) -> str | None:
+        state = self.read_state()
+        for entry in reversed(state.all_entries() if state is not None else []):
+            if self.exists(entry.path):
+                return self.join(entry.path)
+        return None
+
+    def delete_checkpoints(self, names: Sequence[str]) -> None:
         """Delete each checkpoint: its commit record first (it stops existing), then its data."""
         for name in names:
             url = self.join(name)
@@ -282,10 +324,10 @@ class RemoteFile:
     first and last bytes are known on open (copied in the commit record, or fetched side by side),
     so sniffing, headers, footers and small indexes cost no further request."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, parent: RemoteDirectory | None = None) -> None:
         self.url = url
-        parent, name = _urls.split(url)
-        self.directory = directory(parent)
+        parent_url, name = _urls.split(url)
+        self.directory = parent if parent is not None else directory(parent_url)
         self.data_url, self.size, self._cache = self.directory.locate(name)
         first = next((len(data) for offset, data in self._cache if offset == 0), 0)
         wanted = []
@@ -365,12 +407,12 @@ def open_file(url: str) -> RemoteFile:
 
 def latest(url: str) -> str | None:
     """The URL of the newest existing checkpoint the directory's state file lists, or None."""
-    remote = directory(url)
-    state = remote.read_state()
-    for entry in reversed(state.all_entries() if state is not None else []):
-        if remote.exists(entry.path):
-            return remote.join(entry.path)
-    return None
+    return directory(url).latest()
+
+
+def _pair(change: tuple[CheckpointState, list[str]]) -> tuple[CheckpointState, tuple[CheckpointState, list[str]]]:
+    """``update_state``'s change result for a StateChange: the state to write, and both back."""
+    return change[0], change
 
 
 def resolve(url: str) -> str:

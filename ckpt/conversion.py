@@ -35,8 +35,8 @@ from . import dtypes
 from ._chunks import paired_chunks, reusing_buffers, stored_crc32c, tensor_chunks
 from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions, is_url
-from ._urls import split as split_url
-from .atomic import fsync_directory, replace_atomically, require_directory
+from ._localstore import store_of
+from .atomic import fsync_directory, require_directory
 from .reader import CheckpointReader
 from .errors import CheckpointError, CheckpointWriteError, KeyNotFoundError, UnsupportedCheckpointError, closest_hint
 
@@ -331,16 +331,8 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
                                 for old, new in plan.items()], metadata)
             _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
 
-        try:
-            if remote:  # checked locally, then uploaded and committed (docs/formats.md, object stores)
-                from . import _remote
-
-                parent, name = split_url(dst)
-                with _remote.using(storage_options):
-                    _remote.directory(parent).write_checkpoint(name, write)
-            else:
-                with replace_atomically(dst) as tmp:  # its errors name DST, never the temporary file
-                    write(tmp)
+        try:  # atomic (docs/storage.md); an object store's copy is checked locally, then uploaded and committed
+            store_of(dst, storage_options).write_checkpoint(os.path.basename(dst), write)
         except (ValueError, TypeError) as exc:  # a writer refusing a dtype or value it cannot store
             if isinstance(exc, CheckpointError):
                 raise

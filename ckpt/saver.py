@@ -20,29 +20,28 @@ from __future__ import annotations
 
 import operator
 import os
-import shutil
 import time
-import warnings
 from collections.abc import Iterable, Mapping
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from typing import Any, Literal, overload
 from collections.abc import Callable
 
-from . import _remote, _urls
+from . import _urls
 from .async_save import BackgroundSaves, SaveFuture
-from .atomic import replace_atomically, require_directory
+from ._localstore import LocalStore, store_of
+from .atomic import require_directory
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointWriteError,
-    ReplacedWriteError,
     StorageError,
     UninitializedVariableError,
 )
 from .gcpause import gc_paused
 from .module import Module
 from .restore import RestoreResult, restore_variables
-from .state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock, write_state
+from .state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock
+from .storage import StateChange, Store
 from .variables import Variable, global_variables
 
 __all__ = ["Saver"]
@@ -89,21 +88,6 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
         raise ValueError("there are no variables to save (empty var_list)")
     _registry().validate_keys(keys, "Saver")
     return keys
-
-
-def remove_checkpoint(path: str) -> None:
-    """Delete a checkpoint: a file, or a sharded checkpoint's directory (its commit record
-    first, so a deletion cut short leaves an uncommitted directory the next save removes)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        from .formats.ckpt_sharded import COMMIT
-
-        try:
-            os.unlink(os.path.join(path, COMMIT))
-        except FileNotFoundError:
-            pass
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        os.unlink(path)
 
 
 class Saver:
@@ -245,29 +229,14 @@ class Saver:
             except UninitializedVariableError as exc:
                 raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
         meta: dict[str, Any] = _registry().normalize_metadata(metadata, path)
-        if _urls.is_url(path):  # an object store: commit record written last, create-only (ckpt._remote)
-            if not blocking:
-                return self._background.submit(path, tensors, lambda sources: self._commit_remote(
-                    path, fmt, sources, meta, step))
-            return self._commit_remote(path, fmt, tensors, meta, step)
-        directory = os.path.dirname(os.path.abspath(path))
-        listed_before = False
-        if os.path.isdir(directory):
-            try:
-                state = self._check_state_owner(directory, path)
-            except OSError as exc:
-                if isinstance(exc, CheckpointError):
-                    raise
-                raise CheckpointWriteError(f"{path}: cannot read the state file of {directory}: "
-                                           f"{exc.strerror or exc}; nothing was written") from exc
-            listed_before = state is not None and any(
-                e.path == os.path.basename(path) for e in state.all_entries())
+        store = store_of(path, self._storage_options)
+        self._read_owner(store, path)  # found now, not later in the background
         if not blocking:
-            require_directory(path)  # found now, not later in the background
+            if not _urls.is_url(path):
+                require_directory(path)
             return self._background.submit(
-                path, tensors, lambda sources: self._commit(path, fmt, sources, meta, step, listed_before,
-                                                            background=True))
-        return self._commit(path, fmt, tensors, meta, step, listed_before)
+                path, tensors, lambda sources: self._commit(store, path, fmt, sources, meta, step, background=True))
+        return self._commit(store, path, fmt, tensors, meta, step)
 
     @staticmethod
     def _check_sharded_target(path: str) -> None:
@@ -328,66 +297,24 @@ class Saver:
             raise CheckpointWriteError(f"{path}: the asynchronous save did not start, it failed on " +
                                        "; ".join(failed) + "; nothing was written")
 
-    def _commit(self, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
-                listed_before: bool, background: bool = False) -> str:
-        """Write the file atomically, then record it in the state file; return its path."""
-        flush_error: ReplacedWriteError | None = None
-        directory = os.path.dirname(os.path.abspath(path))
-        with ExitStack() as commit:
-            # rename, record and max_to_keep's deletions happen under the directory's lock, so
-            # another saver's retention never deletes a file this save put in place
-            def lock() -> None:
-                try:
-                    commit.enter_context(state_lock(directory))
-                except CheckpointWriteError as exc:
-                    raise CheckpointWriteError(f"{path}: not saved, the state file cannot be locked: {exc}; "
-                                               "the previous checkpoint is still the latest") from exc
+    def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
+                background: bool = False) -> str:
+        """Write the checkpoint atomically and record it in the state file (``Store.commit``)."""
+        name = os.path.basename(path)
 
-            try:  # the GC switch is process-wide: a background save leaves it to the training loop
-                with replace_atomically(path, before_rename=lock) as tmp, \
-                        gc_paused() if not background else nullcontext():
-                    fmt.write(tmp, tensors, metadata)
-            except ReplacedWriteError as exc:
-                flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
-            self._record(path, step, listed_before, locked=True)
-        if flush_error is not None:
-            raise flush_error
-        return path
+        def write(tmp: str) -> None:
+            # the GC switch is process-wide: a background save leaves it to the training loop
+            with gc_paused() if not background else nullcontext():
+                fmt.write(tmp, tensors, metadata)
 
-    def _commit_remote(self, url: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None) -> str:
-        """Save to an object store: clean orphans, upload, commit, record, apply retention."""
         try:
-            return self._save_remote(url, fmt, tensors, metadata, step)
-        except CheckpointNotFoundError as exc:  # the bucket: as a missing directory is for files
-            raise CheckpointNotFoundError(f"{url}: cannot save: {exc}") from exc
+            state = store.commit(name, write, self._change(store, path, step))
+        except CheckpointNotFoundError as exc:  # a missing bucket: as a missing directory is for files
+            raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
         except StorageError as exc:  # store faults on the way (the state file, listing orphans)
-            raise CheckpointWriteError(f"{url}: cannot save: {exc}; nothing was committed") from exc
-
-    def _save_remote(self, url: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None) -> str:
-        with _remote.using(self._storage_options):
-            parent, name = _urls.split(url)
-            remote = _remote.directory(parent)
-            self._check_owner(remote.read_state(), parent, url)
-            remote.clean_orphans()
-            remote.write_checkpoint(name, lambda local: fmt.write(local, tensors, metadata))
-            try:
-                kept, doomed = remote.update_state(lambda state: self._retain(
-                    self._check_owner(state, parent, url) or CheckpointState(), name, step, remote.exists))
-            except CheckpointError as exc:
-                try:
-                    remote.delete_checkpoints([name])
-                except CheckpointError:
-                    pass  # the store is failing: the next save's cleanup takes the data object
-                raise CheckpointWriteError(f"{url}: the checkpoint was written but could not be recorded in "
-                                           f"the state file ({exc}); it was removed, and the previous "
-                                           "checkpoint is still the latest") from exc
-            try:
-                remote.delete_checkpoints(doomed)
-            except CheckpointError as exc:
-                warnings.warn(f"could not delete old checkpoints {doomed}: {exc}", stacklevel=3)
-            self._last_checkpoints = [remote.join(p) for p in kept]
-            self._saved = True
-        return url
+            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+        self._saved_to(path, state)
+        return path
 
     def wait(self) -> None:
         """Wait until this Saver's asynchronous save, if one is in flight, is committed.
@@ -404,6 +331,20 @@ class Saver:
         """
         self._background.wait()
 
+    def _read_owner(self, store: Store, path: str) -> None:
+        """Refuse, before anything is written, a directory whose state file another program owns."""
+        try:
+            self._check_owner(store.read_state(), store.location, path)
+        except CheckpointNotFoundError as exc:  # the bucket: as a missing directory is for files
+            raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
+        except StorageError as exc:
+            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+        except OSError as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointWriteError(f"{path}: cannot read the state file of {store.location}: "
+                                       f"{exc.strerror or exc}; nothing was written") from exc
+
     @staticmethod
     def _check_state_owner(directory: str, path: str) -> CheckpointState | None:
         """Read the directory's state; refuse to take over another program's state file."""
@@ -417,57 +358,28 @@ class Saver:
                 "checkpoints into another directory (ckpt will not rewrite it)")
         return state
 
-    def _record(self, path: str, step: int | None, listed_before: bool, locked: bool = False) -> None:
-        """Add the checkpoint to the state file and apply max_to_keep / keep-every-N-hours.
-
-        Both happen under the directory's state lock: ``locked`` when the caller already holds it
-        (a save takes it before its rename), else it is taken here.
-
-        If the state file cannot be updated, a new checkpoint file is removed again (no orphan
-        the size of a model stays on a full disk); one that replaced a listed file is kept.
-        """
-        directory = os.path.dirname(os.path.abspath(path))
-        with ExitStack() as held:
-            try:
-                if not locked:
-                    held.enter_context(state_lock(directory))
-                kept, doomed = self._update_state(directory, path, step)
-            except ReplacedWriteError:
-                raise  # the state file names the new checkpoint; only its durability is in doubt
-            except OSError as exc:  # CheckpointWriteError included
-                cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
-                if not listed_before:
-                    try:
-                        remove_checkpoint(path)
-                    except OSError:
-                        pass
-                raise CheckpointWriteError(
-                    f"{path}: the checkpoint was written but could not be recorded in the state file "
-                    f"{os.path.join(directory, STATE_FILE)} ({cause}); "
-                    f"{'it was removed, and ' if not listed_before else ''}the previous checkpoint is "
-                    "still the latest") from exc
-            for old in doomed:
-                try:
-                    remove_checkpoint(os.path.join(directory, old))
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    warnings.warn(f"could not delete old checkpoint {old}: {exc}", stacklevel=3)
-            self._last_checkpoints = [os.path.join(os.path.dirname(path), p) for p in kept]
-            self._saved = True
-
-    def _update_state(self, directory: str, path: str, step: int | None) -> tuple[list[str], list[str]]:
-        """Write the new state (the caller holds the lock); return (kept names, names to delete)."""
+    def _change(self, store: Store, path: str, step: int | None) -> StateChange:
+        """The state file's change for a save of ``path``: add it, apply retention."""
         name = os.path.basename(path)
-        state = self._check_state_owner(directory, path) or CheckpointState()
-        state, result = self._retain(state, name, step, lambda n: os.path.lexists(os.path.join(directory, n)))
-        write_state(directory, state)
-        return result
+        return lambda state: self._retain(self._check_owner(state, store.location, path) or CheckpointState(),
+                                          name, step, store.exists)
+
+    def _saved_to(self, path: str, state: CheckpointState) -> None:
+        self._last_checkpoints = [os.path.join(os.path.dirname(path), e.path) for e in state.checkpoints]
+        self._saved = True
+
+    def _record(self, path: str, step: int | None, listed_before: bool, locked: bool = False) -> None:
+        """Add a checkpoint put in place by the caller (a sharded save) to the state file and
+        apply retention (``LocalStore.record``); ``locked``: the caller holds the state lock."""
+        store = LocalStore(os.path.dirname(os.path.abspath(path)))
+        with state_lock(store.location) if not locked else nullcontext():
+            state = store.record(os.path.basename(path), self._change(store, path, step), listed_before)
+        self._saved_to(path, state)
 
     def _retain(self, state: CheckpointState, name: str, step: int | None,
-                exists: Callable[[str], bool]) -> tuple[CheckpointState, tuple[list[str], list[str]]]:
+                exists: Callable[[str], bool]) -> tuple[CheckpointState, list[str]]:
         """Add ``name`` to ``state`` and apply max_to_keep / keep-every-N-hours; return the new
-        state and (kept names, names to delete)."""
+        state and the names to delete."""
         now = time.time()
         doomed: list[str] = []
         state.checkpoints = [e for e in state.checkpoints if e.path != name]
@@ -486,7 +398,7 @@ class Saver:
         kept = {e.path for e in state.checkpoints + state.preserved}
         leftover = [n for n in state.deleting if exists(n)]
         state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
-        return state, ([e.path for e in state.checkpoints], list(state.deleting))
+        return state, list(state.deleting)
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True,
                 allow_cast: bool = False) -> RestoreResult:

@@ -213,22 +213,9 @@ def latest_checkpoint(directory: str | os.PathLike[str],
         >>> ckpt.latest_checkpoint(d) == path
         True
     """
-    directory = os.fspath(directory)
-    if is_url(directory):
-        from . import _remote
+    from ._localstore import open_store  # the stores build on this module
 
-        with _remote.using(storage_options):
-            return _remote.latest(directory)
-    state = read_state(directory)
-    if state is None:
-        return None
-    from .formats.base import checkpoint_exists
-
-    for entry in reversed(state.all_entries()):
-        candidate = os.path.join(directory, entry.path)  # TensorFlow may record absolute paths
-        if checkpoint_exists(candidate):
-            return candidate
-    return None
+    return open_store(os.fspath(directory), storage_options).latest()
 
 
 def _is_checkpoint_dir(path: str) -> bool:

@@ -4,9 +4,13 @@ A format never touches a file descriptor or an object store itself: it reads a
 :class:`ReadableBlob` (one file, or one object), which a local file
 (``ckpt.formats._io.LocalFile``: ``preadv`` runs, a checksum thread pool) and an object in a
 store (``ckpt._remote.RemoteFile``: concurrent ranged GETs) both implement, and it writes a
-:class:`WritableBlob` (``ckpt.formats._io.LocalSink``: ``pwrite``/``pwritev``). A new kind of
-storage (per-rank shard files, another object store) is a new implementation of these
-Protocols; no format module changes.
+:class:`WritableBlob` (``ckpt.formats._io.LocalSink``: ``pwrite``/``pwritev``). A directory of
+checkpoints is a :class:`Store` (``ckpt._localstore.LocalStore``: temporary file, fsync,
+rename, an ``flock``'d state file; ``ckpt._remote.RemoteDirectory``: a data object, then a
+create-only commit record, a compare-and-swap state file), which the Saver, retention and
+``latest_checkpoint`` use without asking which kind it is (``ckpt._localstore.open_store``).
+A new kind of storage (per-rank shard files, another object store) is a new implementation
+of these Protocols; no format module changes.
 
 Every method raises :class:`ckpt.CorruptCheckpointError` naming the blob (``name``) and
 ``what`` was being read when the bytes are not there (a truncated file, EIO, a short object).
@@ -31,9 +35,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["ReadableBlob", "WritableBlob", "Span", "Bytes"]
+if TYPE_CHECKING:
+    from .state import CheckpointState
+
+__all__ = ["ReadableBlob", "WritableBlob", "Store", "Span", "Bytes", "StateChange"]
+
+T = TypeVar("T")
 
 #: ``(offset in the blob, buffer to fill)``: one range of a multi-range read.
 Span = tuple[int, memoryview]
@@ -119,3 +128,67 @@ class WritableBlob(Protocol):
 
     def close(self) -> None:
         """Finish the blob: everything written is in the storage once this returns."""
+
+
+#: A change of a directory's state file: the state read (None: no state file yet) -> the
+#: state to write and the names of checkpoints to delete once it is written.
+StateChange = Callable[["CheckpointState | None"], "tuple[CheckpointState, list[str]]"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A directory-like location holding checkpoints and their state file ("checkpoint").
+
+    Names are plain names in the location ("model-1000.h5"); ``join`` makes the path or URL
+    users see. Every method raises a :class:`ckpt.CheckpointError` naming the location.
+
+    Example:
+        >>> import os, tempfile, ckpt
+        >>> from ckpt._localstore import open_store
+        >>> store = open_store(tempfile.mkdtemp())
+        >>> path = ckpt.Saver({"w": ckpt.Variable(1.0)}).save(store.join("m.h5"))
+        >>> isinstance(store, ckpt.storage.Store), store.exists("m.h5"), store.latest() == path
+        (True, True, True)
+    """
+
+    @property
+    def location(self) -> str:
+        """The directory's path or URL."""
+
+    def join(self, name: str) -> str:
+        """The path or URL of ``name`` in this location."""
+
+    def open(self, name: str) -> ReadableBlob:
+        """Open the checkpoint blob ``name`` for reading (CheckpointNotFoundError if absent)."""
+
+    def exists(self, name: str) -> bool:
+        """True when ``name`` exists in the location (a checkpoint, or something in its way)."""
+
+    def list_names(self) -> list[str]:
+        """The names of what the location holds, sorted, without the store's own bookkeeping
+        (temporary files, locks, uncommitted data)."""
+
+    def delete_checkpoints(self, names: Sequence[str]) -> None:
+        """Delete each named checkpoint if it exists (a sharded one's commit record first)."""
+
+    def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
+        """Create ``name`` atomically from ``write(local_path)``: whole or not at all, never
+        half-written (local: temporary file, fsync, rename, fsync of the directory; object
+        store: a data object under a unique name, then a create-only commit record)."""
+
+    def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
+        """``write_checkpoint``, then record it in the state file with ``change`` as one step
+        (no other save's retention can delete it in between), then delete what ``change``
+        dropped; return the state written. If the state file cannot be written, the new
+        checkpoint is removed again (unless it replaced one the state file lists) and a
+        CheckpointWriteError says that the previous checkpoint is still the latest."""
+
+    def read_state(self) -> CheckpointState | None:
+        """The parsed state file, or None when there is none."""
+
+    def update_state(self, change: Callable[[CheckpointState | None], tuple[CheckpointState, T]]) -> T:
+        """Read, change and write the state file with no other writer in between (local: under
+        its lock; object store: compare-and-swap, retried); return ``change``'s second item."""
+
+    def latest(self) -> str | None:
+        """The path or URL of the newest checkpoint the state file lists that exists, or None."""

@@ -77,8 +77,21 @@ def test_writers_keep_the_writable_blob_order_an_object_store_can_stream(tmp_pat
     tensors = {f"small/{i}": rng.standard_normal(17).astype(np.float32) for i in range(700)}
     tensors.update(big=rng.standard_normal(_io.BIG // 4 + 3).astype(np.float32), empty=np.zeros((0, 2), np.int8))
     path = str(tmp_path / f"m{ext}")
-    ckpt.save_file(tensors, path)
-    writes = _Recording.writes
+    source = str(tmp_path / "source.h5")
+    ckpt.save_file(tensors, source)
+    _Recording.writes = []
+    ckpt.convert(source, path)  # streaming sources: chunks of reused buffers, written as they come
+    assert_write_order(_Recording.writes, path)
+    loaded = ckpt.load_file(path)
+    assert all(np.array_equal(loaded[k], v) for k, v in tensors.items())
+    _Recording.writes = []
+    ckpt.save_file(tensors, path)  # arrays: small ones gathered into runs
+    assert_write_order(_Recording.writes, path)
+    loaded = ckpt.load_file(path)
+    assert all(np.array_equal(loaded[k], v) for k, v in tensors.items())
+
+
+def assert_write_order(writes, path):
     assert len(writes) >= 3
     head_end = writes[0][0] + writes[0][1]
     end = head_end
@@ -88,5 +101,3 @@ def test_writers_keep_the_writable_blob_order_an_object_store_can_stream(tmp_pat
         assert offset >= end, (offset, end, writes)
         end = offset + n
     assert end == pathlib.Path(path).stat().st_size
-    loaded = ckpt.load_file(path)
-    assert all(np.array_equal(loaded[k], v) for k, v in tensors.items())

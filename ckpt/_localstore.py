@@ -1,0 +1,196 @@
+"""A checkpoint directory on a local file system: the :class:`ckpt.storage.Store` of local paths
+(internal; ``open_store`` picks it or the object-store one).
+
+Atomic writes are ``ckpt.atomic``'s (temporary file, fsync, rename, fsync of the directory,
+with its locking and stale-temporary cleanup); the state file is ``ckpt.state``'s, read and
+rewritten under the directory's ``flock``. A commit renames the new checkpoint into place,
+records it and deletes what retention dropped under that one lock, so another saver's
+retention never deletes a file this save put in place.
+
+Example:
+    >>> import tempfile
+    >>> from ckpt._localstore import open_store
+    >>> store = open_store(tempfile.mkdtemp())
+    >>> store.write_checkpoint("notes.txt", lambda tmp: open(tmp, "w").close())
+    >>> store.list_names(), store.read_state() is None
+    (['notes.txt'], True)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import TypeVar
+
+from . import _urls
+from .atomic import is_temporary, replace_atomically
+from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError
+from .state import LOCK_FILE, STATE_FILE, CheckpointState, read_state, state_lock, write_state
+from .storage import ReadableBlob, StateChange, Store
+
+__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint"]
+
+T = TypeVar("T")
+
+
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint: a file, or a sharded checkpoint's directory (its commit record
+    first, so a deletion cut short leaves an uncommitted directory the next save removes)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        from .formats.ckpt_sharded import COMMIT
+
+        try:
+            os.unlink(os.path.join(path, COMMIT))
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
+
+
+class LocalStore:
+    """A local directory of checkpoints (it need not exist yet: writing creates it)."""
+
+    def __init__(self, directory: str) -> None:
+        self.location = directory
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.location, name)
+
+    def open(self, name: str) -> ReadableBlob:
+        from .formats._io import LocalFile
+
+        blob: ReadableBlob = LocalFile(self.join(name))
+        return blob
+
+    def exists(self, name: str) -> bool:
+        return os.path.lexists(self.join(name))
+
+    def list_names(self) -> list[str]:
+        try:
+            names = os.listdir(self.location)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(n for n in names if not is_temporary(n) and n != LOCK_FILE)
+
+    def delete_checkpoints(self, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                remove_checkpoint(self.join(name))
+            except FileNotFoundError:
+                pass
+
+    def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
+        with replace_atomically(self.join(name)) as tmp:
+            write(tmp)
+
+    def read_state(self) -> CheckpointState | None:
+        return read_state(self.location)
+
+    def update_state(self, change: Callable[[CheckpointState | None], tuple[CheckpointState, T]]) -> T:
+        with state_lock(self.location):
+            state, result = change(read_state(self.location))
+            write_state(self.location, state)
+            return result
+
+    def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
+        path = self.join(name)
+        flush_error: ReplacedWriteError | None = None
+        with ExitStack() as held:
+            # rename, record and retention's deletions happen under the directory's lock
+            def lock() -> None:
+                try:
+                    held.enter_context(state_lock(self.location))
+                except CheckpointWriteError as exc:
+                    raise CheckpointWriteError(f"{path}: not saved, the state file cannot be locked: {exc}; "
+                                               "the previous checkpoint is still the latest") from exc
+
+            try:
+                state = read_state(self.location) if os.path.isdir(self.location) else None
+            except OSError as exc:
+                if isinstance(exc, CheckpointError):
+                    raise
+                raise CheckpointWriteError(f"{path}: cannot read the state file of {self.location}: "
+                                           f"{exc.strerror or exc}; nothing was written") from exc
+            listed_before = state is not None and any(e.path == name for e in state.all_entries())
+            try:
+                with replace_atomically(path, before_rename=lock) as tmp:
+                    write(tmp)
+            except ReplacedWriteError as exc:
+                flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
+            written = self.record(name, change, listed_before)
+        if flush_error is not None:
+            raise flush_error
+        return written
+
+    def record(self, name: str, change: StateChange, listed_before: bool) -> CheckpointState:
+        """Write the state ``change`` gives and delete what it drops; the caller holds the lock.
+
+        If the state file cannot be written, a new checkpoint is removed again (no orphan the
+        size of a model stays on a full disk); one that replaced a listed file is kept.
+        """
+        path = self.join(name)
+        try:
+            state, doomed = change(read_state(self.location))
+            write_state(self.location, state)
+        except ReplacedWriteError:
+            raise  # the state file names the new checkpoint; only its durability is in doubt
+        except OSError as exc:  # CheckpointWriteError included
+            cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
+            if not listed_before:
+                try:
+                    remove_checkpoint(path)
+                except OSError:
+                    pass
+            raise CheckpointWriteError(
+                f"{path}: the checkpoint was written but could not be recorded in the state file "
+                f"{self.join(STATE_FILE)} ({cause}); "
+                f"{'it was removed, and ' if not listed_before else ''}the previous checkpoint is "
+                "still the latest") from exc
+        for old in doomed:
+            try:
+                remove_checkpoint(self.join(old))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                warnings.warn(f"could not delete old checkpoint {old}: {exc}", stacklevel=4)
+        return state
+
+    def latest(self) -> str | None:
+        from .formats.base import checkpoint_exists
+
+        state = read_state(self.location)
+        for entry in reversed(state.all_entries() if state is not None else []):
+            candidate = self.join(entry.path)  # TensorFlow may record absolute paths
+            if checkpoint_exists(candidate):
+                return candidate
+        return None
+
+
+def open_store(location: str, storage_options: _urls.StorageOptions | None = None) -> Store:
+    """The Store of a directory path or URL ("s3://bucket/run").
+
+    Example:
+        >>> open_store("/tmp/run").join("m.h5")
+        '/tmp/run/m.h5'
+    """
+    if _urls.is_url(location):
+        from ._remote import RemoteDirectory  # object-store support is imported only for URLs
+
+        return RemoteDirectory(location, storage_options)
+    return LocalStore(location)
+
+
+def store_of(path: str, storage_options: _urls.StorageOptions | None = None) -> Store:
+    """The Store of the directory a checkpoint path or URL is in.
+
+    Example:
+        >>> store_of("s3://bucket/run/m.h5").location
+        's3://bucket/run'
+    """
+    if _urls.is_url(path):
+        return open_store(_urls.split(path)[0], storage_options)
+    return open_store(os.path.dirname(os.path.abspath(path)))

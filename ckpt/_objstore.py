@@ -364,55 +364,39 @@ class ObjectStore:
 
     def get_versioned(self, url: str, limit: int = 16 << 20) -> tuple[bytes | None, Any]:
         """A small object's bytes and a version token for ``put_if`` (None, None: no object)."""
-        if self._gcs:
-            return self._gcs_get_versioned(url, limit)
-        if not self._s3:
+        if not self._s3 and not self._gcs:
             data = self.read_small(url, limit, "the state file")
             return data, data
-        bucket, key = self._bucket_key(url)
+        if self._s3:
+            bucket, key = self._bucket_key(url)
 
-        async def get() -> tuple[bytes, str]:
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
-            try:
-                return await resp["Body"].read(), resp["ETag"]
-            finally:
-                resp["Body"].close()
+            async def get() -> tuple[bytes, Any]:  # one ranged GET: the bytes and their ETag
+                resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
+                try:
+                    return await resp["Body"].read(), resp["ETag"]
+                finally:
+                    resp["Body"].close()
+        else:
+            path = self._path(url)
+
+            async def get() -> tuple[bytes, Any]:  # one media GET: its x-goog-generation is the version
+                headers, data = await self.fs._call("GET", self.fs.url(path), headers={"Range": f"bytes=0-{limit}"})
+                return data, headers.get("x-goog-generation")
 
         from fsspec.asyn import sync
 
         with translating(url, "reading the state file"):
             try:
-                data, etag = sync(self.fs.loop, get)
+                data, version = sync(self.fs.loop, get)
             except FileNotFoundError as exc:
                 if "bucket" in str(exc).lower():
                     raise
                 return None, None
         if len(data) > limit:
             raise CorruptCheckpointError(f"{url}: the state file is over {limit} bytes")
-        return bytes(data), etag
-
-    def _gcs_get_versioned(self, url: str, limit: int) -> tuple[bytes | None, Any]:
-        """GCS: one media GET; its ``x-goog-generation`` header is the version of those bytes."""
-        path = self._path(url)
-
-        async def get() -> tuple[bytes, str | None]:
-            headers, data = await self.fs._call("GET", self.fs.url(path), headers={"Range": f"bytes=0-{limit}"})
-            return data, headers.get("x-goog-generation")
-
-        from fsspec.asyn import sync
-
-        with translating(url, "reading the state file"):
-            try:
-                data, generation = sync(self.fs.loop, get)
-            except FileNotFoundError as exc:
-                if "bucket" in str(exc).lower():
-                    raise
-                return None, None
-        if len(data) > limit:
-            raise CorruptCheckpointError(f"{url}: the state file is over {limit} bytes")
-        if not generation:
-            raise CorruptCheckpointError(f"{url}: the store sent no x-goog-generation for the state file")
-        return bytes(data), generation
+        if not version:
+            raise CorruptCheckpointError(f"{url}: the store sent no version (ETag, generation) for the state file")
+        return bytes(data), version
 
     def _gcs_put_if(self, url: str, data: bytes, version: Any) -> bool:
         """GCS: a media upload with ``ifGenerationMatch`` (0: only if there is no object yet);

@@ -135,6 +135,12 @@ def test_a_connection_dropped_mid_body_is_resumed_where_it_stopped(s3_bucket, s3
 def test_racing_state_updates_lose_no_entry(where, s3_bucket):
     url = s3_bucket + "/run" if where == "s3" else f"memory://race-{time.time_ns()}"
     directory = _remote.RemoteDirectory(url)
+    names = _race(directory)
+    assert sorted(e.path for e in directory.read_state().checkpoints) == sorted(names)
+
+
+def _race(directory: _remote.RemoteDirectory) -> list[str]:
+    """12 threads add one entry each to the directory's state file at once; return the names."""
     names = [f"m-{i}" for i in range(12)]
 
     def add(name: str) -> None:
@@ -149,7 +155,7 @@ def test_racing_state_updates_lose_no_entry(where, s3_bucket):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(e.path for e in directory.read_state().checkpoints) == sorted(names)
+    return names
 
 
 class _FakeGCS:
@@ -199,20 +205,7 @@ def test_gcs_state_updates_use_generation_preconditions(monkeypatch):
     monkeypatch.setattr(_urls, "filesystem", lambda url, options=None: fake)
     directory = _remote.RemoteDirectory("gs://bkt/run")
     assert directory.store.atomic_swap
-    names = [f"m-{i}" for i in range(12)]
-
-    def add(name: str) -> None:
-        def change(state):
-            state = state or CheckpointState()
-            state.checkpoints.append(CheckpointEntry(name, time.time()))
-            return state, None
-        directory.update_state(change)
-
-    threads = [threading.Thread(target=add, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    names = _race(directory)
     state = parse_state(fake.objects["run/checkpoint"][1], "gs://bkt/run/checkpoint")
     assert sorted(e.path for e in state.checkpoints) == sorted(names)
     posts = [generation for method, generation in fake.calls if method == "POST"]

@@ -249,8 +249,13 @@ def test_retention_and_leftovers_of_killed_saves(tmp_path):
     # a stray shard file inside a committed checkpoint (a killed re-save of the same step)
     stray = tmp_path / "model-3.msgpack" / (("cd" * 8) + ".00001-of-00002.msgpack")
     stray.write_bytes(b"x")
+    # a failed save whose rank 0 removed its lock before any rank wrote: an empty checkpoint directory
+    empty, users = tmp_path / "model-6.msgpack", tmp_path / "logs"
+    os.makedirs(empty)
+    os.makedirs(users)
     _save(str(tmp_path), 2, "rows", step=5, max_to_keep=2)
-    assert not dead.exists()
+    assert not dead.exists() and not empty.exists()
+    assert users.is_dir()  # an empty directory without a checkpoint's name is not ours
     _save(str(tmp_path), 2, "rows", step=3, max_to_keep=2)  # saved again under the same name
     assert not stray.exists()
     names = os.listdir(tmp_path / "model-3.msgpack")

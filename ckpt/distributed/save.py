@@ -162,11 +162,17 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
         listed_before = state is not None and any(e.path == os.path.basename(path) for e in state.all_entries())
         clean_stale_temporaries(parent)
         remove_leftovers(parent)
-        if not os.path.isdir(path):
-            os.mkdir(path)
-            fsync_directory(parent)  # the checkpoint's directory entry is durable before its commit
         lock = os.path.join(path, f".{save_id}.saving")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        for attempt in (1, 2):  # another save's cleanup may remove the still-empty directory in between
+            if not os.path.isdir(path):
+                os.mkdir(path)
+                fsync_directory(parent)  # the checkpoint's directory entry is durable before its commit
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         _clean_inside(path, keep=save_id)
     except OSError as exc:
@@ -247,12 +253,28 @@ def remove_leftovers(parent: str) -> list[str]:
             if any(n.endswith(".saving") for n in inside):  # a save of it was killed: its stray files
                 _clean_inside(path)
             continue
-        if not inside or not all(_ours(n) for n in inside):
+        if not inside:
+            if _checkpoint_name(name):  # a failed save whose rank 0 unlocked it before any file was written
+                try:
+                    os.rmdir(path)  # refuses if a save has just put its lock in it
+                    removed.append(name)
+                except OSError:
+                    pass
+            continue
+        if not all(_ours(n) for n in inside):
             continue
         if all(_lock_free(os.path.join(path, n)) for n in inside if n.endswith(".saving")):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(name)
     return removed
+
+
+def _checkpoint_name(name: str) -> bool:
+    """True for a name a sharded save could have created: one whose extension a writable format claims."""
+    from ..formats.base import format_for_path
+
+    fmt = format_for_path(name)
+    return fmt is not None and fmt.can_write
 
 
 def _unlink(path: str) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -48,7 +47,7 @@ from . import _blocks, _h5struct, _io, h5plain
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from .base import WritableFormat
-from .base import (_FILE_DTYPES, MAX_ELEMENTS, BaseReader, FileReader, TensorInfo, all_exactly, all_lists,
+from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, all_exactly, all_lists, plain_extents,
                    check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
                    materialize, normalize_metadata, validate_keys)
 
@@ -523,25 +522,7 @@ def _parse_plain_entries(entries: list[Any], data_start: int,
     if not keys_plainly_valid(keys) or not all_exactly(names, str):
         return None
     found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or not all_lists(shapes) or max(map(len, shapes)) > 64:
-        return None
-    dims = list(itertools.chain.from_iterable(shapes))
-    columns = (offsets, sizes, crcs, dims)
-    if not all_exactly(itertools.chain(*columns), int):
-        return None
-    try:
-        offset, n, crc, dim = (np.array(c, dtype=np.int64) for c in columns)
-    except OverflowError:  # beyond 64 bits: the loop says which
-        return None
-    if len(dim) and (dim.min() < 1 or dim.max() > MAX_ELEMENTS):  # zero dimensions: the loop
-        return None
-    counts = list(map(math.prod, shapes))  # exact: Python ints
-    if max(counts) > MAX_ELEMENTS or any(d.kind == "O" for d in found):
-        return None
-    ends = offset + n
-    if offset[0] < data_start or ends.max() > size or (ends[:-1] > offset[1:]).any() or \
-            crc.min() < 0 or crc.max() > _MAX_U32 or \
-            not np.array_equal(np.array(counts, dtype=np.int64) * [d.itemsize for d in found], n):
+    if None in found or plain_extents(shapes, offsets, sizes, crcs, found, data_start, size) is None:
         return None
     new = tuple.__new__  # NamedTuples built without their Python-level __new__
     locations = map(new, itertools.repeat(Hdf5Location), zip(offsets, crcs, _NONES, _NONES))

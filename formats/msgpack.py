@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -49,10 +48,10 @@ from ._codec import packb, unpack
 from .base import WritableFormat
 from .base import (
     _FILE_DTYPES,
-    MAX_ELEMENTS,
     FileReader,
     all_exactly,
     all_lists,
+    plain_extents,
     TensorInfo,
     check_metadata,
     check_shape,
@@ -488,30 +487,17 @@ def _parse_plain_entries(tensors: dict[Any, Any], start: int,
     if not all_exactly(names, str):
         return None
     found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or not all_lists(extent_lists, 1) or not all_lists(shapes) or max(map(len, shapes)) > 64:
+    if None in found or not all_lists(extent_lists, 1):
         return None
     extents = [x[0] for x in extent_lists]
     if not all_lists(extents, 2):
         return None
     offsets, sizes = zip(*extents)
-    dims = list(itertools.chain.from_iterable(shapes))
-    columns = (offsets, sizes, crcs, dims)
-    if not all_exactly(itertools.chain(*columns), int):
+    columns = plain_extents(shapes, offsets, sizes, crcs, found, start, data_end)
+    if columns is None:
         return None
-    try:
-        offset, n, crc, dim = (np.array(c, dtype=np.int64) for c in columns)
-    except OverflowError:  # beyond 64 bits: the loop says which
-        return None
-    if len(dim) and (dim.min() < 1 or dim.max() > MAX_ELEMENTS):  # zero dimensions: the loop
-        return None
-    counts = list(map(math.prod, shapes))  # exact: Python ints
-    if max(counts) > MAX_ELEMENTS or any(d.kind == "O" for d in found):
-        return None
-    ends = offset + n
-    if offset[0] < start or n.min() < 0 or ends.max() > data_end or (ends[:-1] > offset[1:]).any() or \
-            crc.min() < 0 or crc.max() >= 2 ** 32 or \
-            not np.array_equal(np.array(counts, dtype=np.int64) * [d.itemsize for d in found], n):
-        return None
+    offset, ends = columns
+    n = ends - offset
     headers = np.where(n < 1 << 8, 2, np.where(n < 1 << 16, 3, 5))  # _header_len, vectorized
     gaps = offset - np.concatenate(([start], ends[:-1]))
     objects = 3 + len(n) + int(np.count_nonzero(gaps > headers))

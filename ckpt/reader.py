@@ -24,13 +24,14 @@ import numpy as np
 
 from ._urls import StorageOptions, is_url
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from .formats.base import Reader, open_reader  # the registry; importing it registers the built-ins
 from .state import resolve_checkpoint
 
 __all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable",
            "read_box_into"]
 
 
-def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Any:
+def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Reader:
     """Open a checkpoint file, or a directory's latest checkpoint, as a format Reader.
 
     A directory's latest checkpoint can be deleted by another process's ``max_to_keep``
@@ -42,7 +43,6 @@ def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOption
 
         with using(storage_options):
             return open_checkpoint(path)
-    from .formats.base import open_reader  # the registry; importing it registers the built-ins
 
     is_dir = os.path.isdir(path)
     for attempt in range(5):
@@ -81,7 +81,7 @@ class CheckpointReader(Mapping[str, np.ndarray]):
         (['w'], True, 1, array([1, 2], dtype=int32))
     """
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: Reader) -> None:
         self._reader = reader
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -142,7 +142,8 @@ class CheckpointReader(Mapping[str, np.ndarray]):
             KeyNotFoundError: no such key (the message lists the closest keys).
             CorruptCheckpointError: its data is damaged.
         """
-        return self._reader.read(key)  # type: ignore[no-any-return]
+        value: np.ndarray = self._reader.read(key)
+        return value
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Read one tensor into ``out`` (C-contiguous, writable, its exact dtype and shape),
@@ -212,7 +213,7 @@ _BATCH_BYTES = 64 << 20  # small tensors are read in batches of about this size 
 _REMOTE_BATCH_BYTES = 1 << 30
 
 
-def read_in_batches(reader: Any, pairs: Iterable[tuple[Any, np.ndarray]],
+def read_in_batches(reader: Reader, pairs: Iterable[tuple[Any, np.ndarray]],
                     read: Callable[[list[tuple[Any, np.ndarray]]], None] | None = None) -> None:
     """Read each ``(key, buffer)`` pair into its buffer, many small tensors per ``read_into_many`` call.
 
@@ -232,7 +233,7 @@ def read_in_batches(reader: Any, pairs: Iterable[tuple[Any, np.ndarray]],
         read(batch)
 
 
-def read_box_into(reader: Any, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:
+def read_box_into(reader: Reader, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:
     """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` from a format Reader.
 
     Readers that can read part of a tensor (sharded checkpoints, ckpt's own single files) do;

@@ -27,6 +27,7 @@ from typing import Any, Literal, overload
 from collections.abc import Callable
 
 from . import _urls
+from .formats import base as _formats  # the format registry; importing it registers the built-ins
 from .async_save import BackgroundSaves, SaveFuture
 from ._localstore import LocalStore, store_of
 from .atomic import require_directory
@@ -47,12 +48,6 @@ from .variables import Variable, global_variables
 __all__ = ["Saver"]
 
 VarList = None | Module | Mapping[str, Variable] | Iterable[Variable]
-
-
-def _registry() -> Any:
-    from .formats import base  # the format registry; importing it registers the built-ins
-
-    return base
 
 
 def _key_map(var_list: VarList) -> dict[str, Variable]:
@@ -86,7 +81,7 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
         owner[id(var)] = key
     if not keys:
         raise ValueError("there are no variables to save (empty var_list)")
-    _registry().validate_keys(keys, "Saver")
+    _formats.validate_keys(keys, "Saver")
     return keys
 
 
@@ -135,7 +130,7 @@ class Saver:
             raise ValueError(f"max_to_keep must be a positive int, or None or 0 (keep all), got {max_to_keep!r}")
         if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
             raise ValueError("keep_checkpoint_every_n_hours must be positive or None")
-        fmt = _registry().get_format(format)
+        fmt = _formats.get_format(format)
         if not fmt.can_write:
             raise ValueError(f"format {format!r} can be read but not written")
         self._format = fmt
@@ -163,7 +158,7 @@ class Saver:
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
         name = os.fspath(path)
-        fmt = _registry().format_for_path(name)
+        fmt = _formats.format_for_path(name)
         if fmt is None or not fmt.can_write:
             fmt = self._format
             name += fmt.extensions[0]
@@ -217,7 +212,7 @@ class Saver:
 
             self._check_sharded_target(path)
             return save_sharded(self, self._comm, self._timeout, path, fmt, step,
-                                _registry().normalize_metadata(metadata, path))
+                                _formats.normalize_metadata(metadata, path))
         sharded = [v.name for v in self._vars.values() if v.shard is not None]
         if sharded:
             raise ValueError(f"cannot save {path}: {sharded[0]} holds a block of a larger tensor (it has a "
@@ -228,7 +223,7 @@ class Saver:
                 tensors.append((key, var._read()))
             except UninitializedVariableError as exc:
                 raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
-        meta: dict[str, Any] = _registry().normalize_metadata(metadata, path)
+        meta: dict[str, Any] = _formats.normalize_metadata(metadata, path)
         store = store_of(path, self._storage_options)
         self._read_owner(store, path)  # found now, not later in the background
         if not blocking:
@@ -253,7 +248,7 @@ class Saver:
             path, fmt = self._target(path_arg, global_step)
             step = None if global_step is None else operator.index(global_step)
             self._check_sharded_target(path)
-            metadata = _registry().normalize_metadata(metadata, path)
+            metadata = _formats.normalize_metadata(metadata, path)
             tensors, missing = [], set()
             for key, var in self._vars.items():
                 if var.is_initialized():

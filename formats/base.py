@@ -83,6 +83,9 @@ class Reader(Protocol):
     @property
     def tensors(self) -> Mapping[str, TensorInfo]: ...
 
+    def info(self, key: str) -> TensorInfo:
+        """The TensorInfo of ``key``; KeyNotFoundError (naming the closest keys) if there is none."""
+
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Read one tensor into ``out`` (C-contiguous, its exact shape and dtype), verifying it."""
 
@@ -99,6 +102,10 @@ class Reader(Protocol):
         """
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Reader: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class BaseReader:

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import casting, dtypes
 from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
+from .formats.base import Reader
 from .gcpause import gc_paused
 from .module import Module
 from .reader import open_checkpoint, read_box_into, read_in_batches
@@ -75,7 +76,7 @@ def _global_shape(var: Variable) -> tuple[int, ...]:
     return var.shard.global_shape if var.shard is not None else var.shape
 
 
-def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
+def _plan(reader: Reader, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
           transposed: Collection[str] = (), allow_cast: bool = False,
           ) -> tuple[list[tuple[str, Variable]], list[str], set[str]]:
     """Return (pairs to read, missing keys, keys to cast); raise once listing every problem.
@@ -132,7 +133,7 @@ def _plan(reader: Any, wanted: Sequence[tuple[str, Variable]], allow_missing: bo
     return pairs, missing, cast
 
 
-def _read_cast(reader: Any, pairs: Sequence[tuple[str, Variable]], cast: Collection[str]) -> dict[str, Any]:
+def _read_cast(reader: Reader, pairs: Sequence[tuple[str, Variable]], cast: Collection[str]) -> dict[str, Any]:
     """Read the tensors to cast into temporary arrays and check their values fit, before any
     variable changes (an int64 value may not fit an int32 variable)."""
     staged, problems = {}, []
@@ -152,7 +153,7 @@ def _read_cast(reader: Any, pairs: Sequence[tuple[str, Variable]], cast: Collect
 
 
 
-def _read_into_variables(reader: Any, pairs: Sequence[tuple[str, Variable]],
+def _read_into_variables(reader: Reader, pairs: Sequence[tuple[str, Variable]],
                          transposed: Collection[str] = (), staged: Mapping[str, Any] | None = None) -> None:
     """Read each tensor into its variable's buffer; on failure, uninitialize what was touched.
 

@@ -47,8 +47,14 @@ __all__ = [
 _TRUNCATED_STD = 0.87962566103423978
 
 
-def _as_shape(shape: Any) -> tuple[int, ...]:
-    """Return ``shape`` (an int or a sequence of ints) as a tuple of non-negative ints."""
+def as_shape(shape: Any) -> tuple[int, ...]:
+    """Return ``shape`` (an int or a sequence of ints) as a tuple of non-negative ints: TypeError
+    for anything else, ValueError for a negative dimension (as numpy refuses shapes).
+
+    Example:
+        >>> as_shape(3), as_shape([2, np.int64(4)])
+        ((3,), (2, 4))
+    """
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
@@ -73,7 +79,7 @@ def compute_fans(shape: Any) -> tuple[int, int]:
         >>> compute_fans((3, 3, 64, 128))
         (576, 1152)
     """
-    dims = _as_shape(shape)
+    dims = as_shape(shape)
     if len(dims) == 0:
         return 1, 1
     if len(dims) == 1:
@@ -113,7 +119,7 @@ class Initializer:
             >>> Ones()((2, 3), dtype="bfloat16").dtype.name
             'bfloat16'
         """
-        dims = _as_shape(shape)
+        dims = as_shape(shape)
         dt = dtypes.as_dtype(dtype)
         # _generate returns a fresh array of that shape, so this cast copies at most once
         return np.asarray(self._generate(dims, dt), dtype=dt, order="C")

@@ -25,7 +25,7 @@ from . import casting, dtypes, random, scopes
 from .buffers import aligned_empty, is_aligned
 from .errors import UninitializedVariableError
 from .shard import Shard
-from .initializers import Initializer, RandomInitializer
+from .initializers import Initializer, RandomInitializer, as_shape
 
 __all__ = ["Variable", "global_variables", "trainable_variables", "initialize_variables",
            "initialize_all_variables", "report_uninitialized_variables"]
@@ -97,7 +97,7 @@ class Variable:
         self._trainable = bool(trainable)
         self._requested_device = scopes.current_device()
         target = None if dtype is None else dtypes.as_dtype(dtype)
-        want_shape = None if shape is None else _as_shape(shape)
+        want_shape = None if shape is None else as_shape(shape)
         self._value: np.ndarray | None = None
         self._initialized = False
         first: np.ndarray | None
@@ -364,13 +364,6 @@ class Variable:
 
     def __invert__(self) -> Any:
         return ~self._read()
-
-
-def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
-        raise ValueError(f"shape must be non-negative integers, got {shape!r}")
-    return tuple(int(d) for d in dims)
 
 
 def _pin_seed(init: Callable[..., Any]) -> Callable[..., Any]:

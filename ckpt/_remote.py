@@ -176,6 +176,11 @@ class RemoteDirectory:
     def exists(self, name: str) -> bool:
         return self.store.exists(self.join(name))
 
+    def new_data(self, name: str) -> str:
+        """A unique data-object name for a save of ``name``, relative to the directory (a sharded
+        save puts its shard files and their commit record under it, as a prefix)."""
+        return f"{DATA_DIR}/{name}/{_token()}"
+
     def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
         """Stage with ``write(local_path)``, upload, then commit ``name`` create-only.
 
@@ -183,8 +188,7 @@ class RemoteDirectory:
             CheckpointWriteError: the store refused or failed; nothing was committed (the
                 data object, if uploaded, is deleted again, or left to the next cleanup).
         """
-        url = self.join(name)
-        relative = f"{DATA_DIR}/{name}/{_token()}"
+        relative = self.new_data(name)
         fd, local = tempfile.mkstemp(prefix=".ckpt-upload-", suffix=os.path.splitext(name)[1])
         try:
             os.close(fd)
@@ -197,18 +201,27 @@ class RemoteDirectory:
             self.store.upload(local, self.join(relative), create_only=True)
         finally:
             os.unlink(local)
+        self.publish(name, relative, size, head, tail)
+
+    def publish(self, name: str, relative: str, size: int, head: bytes, tail: bytes) -> None:
+        """Write the commit record of ``name`` (create-only) naming the uploaded data object
+        ``relative`` (``size`` bytes, its first bytes ``head`` and last ``tail``); if that fails,
+        delete the data again (a sharded checkpoint's whole prefix) and raise."""
         try:
-            self.store.put(url, commit_record(relative, size, head, tail), create_only=True)
+            self.store.put(self.join(name), commit_record(relative, size, head, tail), create_only=True)
         except BaseException:
-            self._delete_quietly([self.join(relative)])
+            self._delete_data(self.join(relative), quietly=True)
             raise
 
     def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
-        """Clean orphans, upload and commit ``name``, then record it (compare-and-swap) and delete
-        what ``change`` dropped. A checkpoint that cannot be recorded is deleted again."""
-        url = self.join(name)
+        """Clean orphans, upload and commit ``name``, then record it (``record``)."""
         self.clean_orphans()
         self.write_checkpoint(name, write)
+        return self.record(name, change)
+
+    def record(self, name: str, change: StateChange) -> CheckpointState:
+        """Record the committed ``name`` in the state file (compare-and-swap) and delete what
+        ``change`` dropped. A checkpoint that cannot be recorded is deleted again."""
         try:
             state, doomed = self.update_state(lambda state: _pair(change(state)))
         except CheckpointError as exc:
@@ -216,8 +229,8 @@ class RemoteDirectory:
                 self.delete_checkpoints([name])
             except CheckpointError:
                 pass  # the store is failing: the next save's cleanup takes the data object
-            raise CheckpointWriteError(f"{url}: the checkpoint was written but could not be recorded in "
-                                       f"the state file ({exc}); it was removed, and the previous "
+            raise CheckpointWriteError(f"{self.join(name)}: the checkpoint was written but could not be recorded "
+                                       f"in the state file ({exc}); it was removed, and the previous "
                                        "checkpoint is still the latest") from exc
         try:
             self.delete_checkpoints(doomed)
@@ -242,7 +255,22 @@ class RemoteDirectory:
                 continue
             self.store.delete([url])
             if data != url:
-                self.store.delete([data])
+                self._delete_data(data)
+
+    def _delete_data(self, data_url: str, quietly: bool = False) -> None:
+        """Delete a data object; a sharded checkpoint's (its "COMMIT") with every object under its prefix."""
+        from .formats.ckpt_sharded import COMMIT
+
+        try:
+            prefix, _, last = data_url.rpartition("/")
+            urls = [data_url]
+            if last == COMMIT:  # the shard files first, the record naming them last
+                urls = [_urls.join(prefix, str(e["name"])) for e in self.store.list(prefix, recursive=True)
+                        if str(e["name"]) != COMMIT] + urls
+            self.store.delete(urls)
+        except CheckpointError:
+            if not quietly:
+                raise  # else: left for clean_orphans
 
     def clean_orphans(self) -> list[str]:
         """Delete data objects of saves that never committed (older than ORPHAN_GRACE_S); return
@@ -250,7 +278,9 @@ class RemoteDirectory:
         removed = []
         commits: dict[str, str | None] = {}
         for entry in self.store.list(self.join(DATA_DIR), recursive=True):
-            name, _, token = str(entry["name"]).rpartition("/")
+            # "<name>/<token>", or "<name>/<token>/<file>" under a sharded save's prefix
+            name, _, rest = str(entry["name"]).partition("/")
+            token = rest.partition("/")[0]
             age = _token_age(token)
             if not name or age is None or age < ORPHAN_GRACE_S:
                 continue
@@ -262,7 +292,8 @@ class RemoteDirectory:
                 except CorruptCheckpointError:
                     continue  # a damaged commit record: leave its data for a person to look at
             data_url = self.join(f"{DATA_DIR}/{entry['name']}")
-            if commits[name] != data_url:
+            committed = commits[name]
+            if committed != data_url and not (committed or "").startswith(self.join(f"{DATA_DIR}/{name}/{token}/")):
                 self._delete_quietly([data_url])
                 removed.append(str(entry["name"]))
         return removed

@@ -210,7 +210,6 @@ class Saver:
         if self._comm is not None:
             from .distributed.save import save_sharded
 
-            self._check_sharded_target(path)
             return save_sharded(self, self._comm, self._timeout, path, fmt, step,
                                 _formats.normalize_metadata(metadata, path))
         sharded = [v.name for v in self._vars.values() if v.shard is not None]
@@ -233,12 +232,6 @@ class Saver:
                 path, tensors, lambda sources: self._commit(store, path, fmt, sources, meta, step, background=True))
         return self._commit(store, path, fmt, tensors, meta, step)
 
-    @staticmethod
-    def _check_sharded_target(path: str) -> None:
-        if _urls.is_url(path):
-            raise ValueError(f"cannot save {path}: sharded checkpoints (comm=) are written to a file system "
-                             "only, not yet to object stores")
-
     def _save_sharded_async(self, path_arg: Any, global_step: Any, metadata: Any) -> SaveFuture:
         """Snapshot this rank's variables, then run the collective save in a background thread on a
         duplicate of the communicator (its collectives never meet training's own)."""
@@ -247,7 +240,6 @@ class Saver:
         try:
             path, fmt = self._target(path_arg, global_step)
             step = None if global_step is None else operator.index(global_step)
-            self._check_sharded_target(path)
             metadata = _formats.normalize_metadata(metadata, path)
             tensors, missing = [], set()
             for key, var in self._vars.items():

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -37,18 +38,21 @@ import numpy as np
 
 from ckpt import boxes, dtypes
 from ckpt.atomic import replace_atomically
-from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt import _urls
+from ckpt._urls import is_url
+from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._blocks import BLOCK_BYTES, read_part
 from .base import Format
 from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
-                   format_for_path, key_problem, normalize_metadata, validate_keys)
+                   format_for_path, open_blob, key_problem, normalize_metadata, validate_keys)
 from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
-           "stored_crcs", "LazyBlock", "write_commit", "write_single_process", "referenced_files", "BLOCK_BYTES"]
+           "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "referenced_files",
+           "BLOCK_BYTES"]
 
 #: The commit record's file name inside a sharded checkpoint directory.
 COMMIT = "COMMIT"
@@ -95,13 +99,18 @@ def stored_crcs(reader: Any, key: str) -> list[int] | None:
     return [int(c) for c in crcs]
 
 
-def write_commit(directory: str, record: Mapping[str, Any]) -> None:
-    """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory)."""
+def commit_bytes(record: Mapping[str, Any]) -> bytes:
+    """The bytes of a ``COMMIT`` holding ``record``."""
     body = packb({"format": FORMAT_NAME, "version": VERSION, **record})
     footer = _FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, len(HEADER), 0xCF, len(body), 0xCE,
                           _io.crc32c(body))
+    return HEADER + body + footer
+
+
+def write_commit(directory: str, record: Mapping[str, Any]) -> None:
+    """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory)."""
     with replace_atomically(os.path.join(directory, COMMIT)) as tmp, open(tmp, "wb") as f:
-        f.write(HEADER + body + footer)
+        f.write(commit_bytes(record))
 
 
 class LazyBlock:
@@ -179,16 +188,32 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
                              "files": files, "tensors": entries})
 
 
-def _read_record(directory: str) -> dict[str, Any]:
+def _read_commit(directory: str) -> tuple[bytes, str]:
+    """The bytes of a sharded checkpoint's ``COMMIT`` and where its shard files are: the
+    directory, or for a URL the data prefix its (object store) commit record names."""
     path = os.path.join(directory, COMMIT)
     try:
+        if is_url(directory):
+            with contextlib.closing(open_blob(directory)) as blob:
+                raw = bytearray(blob.size)
+                blob.read_into(memoryview(raw), 0, "the sharded commit record")
+                return bytes(raw), getattr(blob, "data_url", path).rpartition("/")[0]
         with open(path, "rb") as f:
-            raw = f.read()
+            return f.read(), directory
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{directory}: no commit record ({COMMIT}): not a checkpoint, or a "
                                       "sharded save that did not finish") from None
     except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _read_record(directory: str) -> dict[str, Any]:
+    return _parse_commit(_read_commit(directory)[0], os.path.join(directory, COMMIT))
+
+
+def _parse_commit(raw: bytes, path: str) -> dict[str, Any]:
     if raw.startswith(HEADER[:-1]):  # version 2 and later: one array
         start = len(HEADER)
     elif raw.startswith(_HEADER_PREFIX):  # version 1: three objects as a stream
@@ -339,8 +364,11 @@ class ShardedReader(BaseReader):
     format_name = "ckpt-sharded"
 
     def __init__(self, path: str) -> None:
+        if not is_url(path) and os.path.basename(path) == COMMIT and os.path.isfile(path):
+            path = os.path.dirname(path)  # the commit record itself, opened by its content
         self.path = path
-        record = _read_record(path)
+        raw, self._where = _read_commit(path)
+        record = _parse_commit(raw, os.path.join(path, COMMIT))
         self._metadata = check_metadata(record.get("metadata", {}), os.path.join(path, COMMIT))
         step = record.get("step")
         if step is not None and type(step) is not int:
@@ -355,21 +383,34 @@ class ShardedReader(BaseReader):
         reader = self._open.get(index)
         if reader is None:
             name, size = self.files[index]
-            target = os.path.join(self.path, name)
+            target = _urls.join(self._where, name) if is_url(self._where) else os.path.join(self._where, name)
             fmt = format_for_path(name)
             if fmt is None or not fmt.can_write:
                 raise UnsupportedCheckpointError(f"{target}: shard files are ckpt msgpack or HDF5 files")
             try:
-                found = os.path.getsize(target)
-            except FileNotFoundError:
+                blob = open_blob(target)
+            except (FileNotFoundError, CheckpointNotFoundError):
                 raise CorruptCheckpointError(f"{target}: a shard file named by the commit record is missing"
                                              ) from None
             except OSError as exc:
+                if isinstance(exc, CheckpointError):
+                    raise
                 raise CorruptCheckpointError(f"{target}: cannot read: {exc.strerror or exc}") from exc
-            if found != size:
-                raise CorruptCheckpointError(f"{target}: {found} bytes, the commit record says {size}: the "
-                                             "file was truncated or replaced")
-            reader = self._open[index] = fmt.open(target)
+            try:
+                if blob.size != size:
+                    raise CorruptCheckpointError(f"{target}: {blob.size} bytes, the commit record says {size}: the "
+                                                 "file was truncated or replaced")
+                if is_url(target):  # the reader takes the object already opened (no second request)
+                    from ckpt._remote import handing
+
+                    with handing(blob):  # type: ignore[arg-type]
+                        reader = self._open[index] = fmt.open(target)
+                else:
+                    blob.close()
+                    reader = self._open[index] = fmt.open(target)
+            except BaseException:
+                blob.close()
+                raise
         return reader
 
     def _shard_info(self, index: int, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[Any, TensorInfo]:
@@ -462,7 +503,7 @@ class CkptShardedFormat(Format):
     can_write = False
 
     def sniff(self, head: bytes) -> bool:
-        return False
+        return head.startswith(HEADER[:-1])  # a commit record: what an object-store URL of one leads to
 
     def claims(self, path: str) -> bool:
         return is_sharded(path)

@@ -342,11 +342,3 @@ def test_wrong_credentials_and_denied_access_name_the_url(s3_bucket, monkeypatch
         ckpt.Saver([v], storage_options=denied).save(f"{s3_bucket}/run/m2.msgpack")
     monkeypatch.undo()
     assert [k for k in _keys(s3_bucket) if "m2" in k] == []  # nothing committed
-
-
-def test_sharded_saves_to_urls_are_refused_clearly():
-    from ckpt import distributed
-
-    saver = ckpt.Saver({"w": ckpt.Variable([1.0])}, comm=distributed.local())
-    with pytest.raises(ValueError, match="s3://bkt/run/m.msgpack: .*not yet to object stores"):
-        saver.save("s3://bkt/run/m.msgpack")

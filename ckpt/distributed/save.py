@@ -27,13 +27,15 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import tempfile
 from contextlib import ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from .. import boxes, dtypes
+from .._urls import is_url
 from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, replace_atomically, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
@@ -43,6 +45,7 @@ from . import plan as planning
 from .comm import CollectiveTimeoutError, Communicator, decode, encode
 
 if TYPE_CHECKING:
+    from .._remote import RemoteDirectory
     from ..saver import Saver
 
 __all__ = ["save_sharded", "remove_leftovers", "build_record"]
@@ -116,9 +119,12 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
                                                     f"written:\n  " + problem.replace("\n", "\n  ")}
         else:
             try:
-                save_id = os.urandom(8).hex()
-                lock_fd, listed_before = _prepare(saver, path, save_id)
-                verdict = {"save_id": save_id}
+                save_id, data = os.urandom(8).hex(), None
+                if is_url(path):
+                    listed_before, data = _prepare_remote(saver, path)
+                else:
+                    lock_fd, listed_before = _prepare(saver, path, save_id)
+                verdict = {"save_id": save_id, "data": data}
             except Exception as exc:
                 kind = "notfound" if isinstance(exc, CheckpointNotFoundError) else "write"
                 verdict = {"kind": kind, "error": str(exc) if isinstance(exc, CheckpointError) else
@@ -127,15 +133,20 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
     else:
         verdict = decode(comm.broadcast(None, 0, timeout), path)
     _raise(verdict)
-    save_id = verdict["save_id"]
+    save_id, data = verdict["save_id"], verdict.get("data")
     try:
         lay = planning.layout(plans)
         writers = planning.replicated_writers(lay)
-        report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded, background=values is not None)
+        upload = None if data is None else _uploader(_remote_store(saver, path), data)
+        report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded, background=values is not None,
+                             upload=upload)
         reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         if rank == 0:
             try:
-                outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+                if data is None:
+                    outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+                else:
+                    outcome = _commit_remote(saver, path, data, build_record(lay, reports, step, metadata), reports)
             except Exception as exc:
                 outcome = {"kind": "write", "error": f"{path}: rank 0 could not commit: {type(exc).__name__}: {exc}"}
             outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
@@ -181,6 +192,70 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
         raise CheckpointWriteError(f"{path}: cannot prepare the checkpoint directory: {exc.strerror or exc}; "
                                    "nothing was written") from exc
     return fd, listed_before
+
+
+def _remote_store(saver: Saver, path: str) -> RemoteDirectory:
+    from .._localstore import store_of
+
+    from .._remote import RemoteDirectory  # object-store support is imported only for URLs
+
+    store = store_of(path, saver._storage_options)
+    assert isinstance(store, RemoteDirectory)
+    return store
+
+
+def _uploader(store: RemoteDirectory, data: str) -> Callable[[str, str], None]:
+    """Upload a shard file create-only under this save's unique prefix ``data`` (invisible until
+    rank 0 commits)."""
+    return lambda local, name: store.store.upload(local, store.join(f"{data}/{name}"), create_only=True)
+
+
+def _prepare_remote(saver: Saver, path: str) -> tuple[bool, str]:
+    """Rank 0, before anything is written to an object store: check the state file's owner,
+    delete orphaned data of killed saves, refuse a name already committed (commit records are
+    create-only); return whether the state file lists the name, and this save's data prefix."""
+    store = _remote_store(saver, path)
+    name = os.path.basename(path)
+    saver._read_owner(store, path)
+    state = store.read_state()
+    store.clean_orphans()
+    if store.exists(name):
+        raise CheckpointWriteError(f"{path}: a checkpoint of that name exists (object-store checkpoints are "
+                                   "committed create-only; save under another name); nothing was written")
+    return state is not None and any(e.path == name for e in state.all_entries()), store.new_data(name)
+
+
+def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
+                   reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0, once every rank uploaded its shard file under the prefix ``data``: upload the
+    sharded COMMIT there, then the checkpoint's commit record (create-only), then record it in
+    the state file (retention included); on a failure, delete this save's objects."""
+    from .._remote import OPEN_HEAD, OPEN_TAIL
+    from ..formats.ckpt_sharded import COMMIT, commit_bytes
+
+    store = _remote_store(saver, path)
+    failed = [r["error"] for r in reports if r["error"]]
+    try:
+        if failed:
+            raise CheckpointWriteError(f"{path}: the sharded save failed; nothing was committed and the previous "
+                                       "checkpoint is still the latest:\n  " + "\n  ".join(failed))
+        raw = commit_bytes(record)
+        relative = f"{data}/{COMMIT}"
+        store.store.put(store.join(relative), raw, create_only=True)
+        store.publish(os.path.basename(path), relative, len(raw), raw[:OPEN_HEAD],
+                      raw[max(OPEN_HEAD, len(raw) - OPEN_TAIL):] if len(raw) > OPEN_HEAD else b"")
+    except CheckpointError as exc:
+        urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
+        try:
+            store.store.delete(urls + [store.join(f"{data}/{COMMIT}")])
+        except CheckpointError:
+            pass  # the store is failing: the next save's clean_orphans takes them
+        return {"kind": "write", "error": str(exc)}
+    try:
+        saver._saved_to(path, store.record(os.path.basename(path), saver._change(store, path, record["step"])))
+    except CheckpointError as exc:
+        return {"kind": "write", "error": str(exc)}
+    return {"error": None, "kept": saver._last_checkpoints}
 
 
 def _unlock(path: str, save_id: str, fd: int) -> None:
@@ -285,8 +360,10 @@ def _unlink(path: str) -> None:
 
 
 def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
-                writers: dict[str, int], sharded: Any, background: bool = False) -> dict[str, Any]:
-    """Write this rank's blocks to its own file; return the report rank 0 commits from."""
+                writers: dict[str, int], sharded: Any, background: bool = False,
+                upload: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """Write this rank's blocks to its own file (``upload(local file, name)``: to an object
+    store, from a local temporary file); return the report rank 0 commits from."""
     mine = []
     for key, var, value in items:
         if (var.shard is not None or writers.get(key) == rank) and boxes.volume(var.shape):
@@ -296,7 +373,8 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
     if not mine:
         return {"error": None, "file": None, "blocks": []}
     name = sharded.shard_file_name(save_id, rank, size, fmt.extensions[0])
-    target = os.path.join(path, name)
+    # staged in a local temporary directory when ``upload`` sends it to an object store
+    target = os.path.join(path if upload is None else tempfile.mkdtemp(prefix=".ckpt-shard-"), name)
     try:
         with replace_atomically(target) as tmp, gc_paused() if not background else nullcontext():
             fmt.write(tmp, [(block.key, block) for block in mine], {})
@@ -305,9 +383,14 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
             for block in mine:
                 blocks.append([block.key, list(block.offset), list(block.shape), reader.tensors[block.key].nbytes,
                                sharded.stored_crcs(reader, block.key)])
+        if upload is not None:
+            upload(target, name)
         return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
     except Exception as exc:
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}
+    finally:
+        if upload is not None:
+            shutil.rmtree(os.path.dirname(target), ignore_errors=True)
 
 
 def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int | None,

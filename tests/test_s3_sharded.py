@@ -1,0 +1,135 @@
+"""Sharded checkpoints (``Saver(comm=)``) at s3:// URLs against moto's S3 server on 127.0.0.1:
+N -> M resharding restores, retention deleting every object, a rank failing mid-upload, the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import assert_bit_exact
+from distributed_support import global_tensors, layout, make_variables, run_ranks
+
+import ckpt
+from ckpt import _objstore, distributed
+
+pytest.importorskip("s3fs")
+
+
+def _keys(bucket_url: str, prefix: str = "") -> list[str]:
+    import boto3
+
+    resp = boto3.client("s3").list_objects_v2(Bucket=bucket_url[5:], Prefix=prefix)
+    return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+def _save(url: str, size: int, kind: str, step: int, **saver_args: object) -> list:
+    tensors = global_tensors()
+
+    def fn(comm: distributed.Communicator) -> str:
+        variables = make_variables(tensors, kind, comm.rank, size)
+        return ckpt.Saver(variables, comm=comm, timeout=30, **saver_args).save(f"{url}/model.msgpack",
+                                                                               global_step=step)
+
+    return run_ranks(size, fn)
+
+
+def _restore(url: str, size: int, kind: str) -> list:
+    tensors = global_tensors()
+
+    def fn(comm: distributed.Communicator) -> tuple[str, dict]:
+        variables = make_variables(tensors, kind, comm.rank, size, zero=True)
+        result = ckpt.Saver(variables, comm=comm, timeout=30).restore(url)
+        return result.path, {k: v.numpy() for k, v in variables.items()}
+
+    return run_ranks(size, fn)
+
+
+def _check(got: list, kind: str, size: int, path: str) -> None:
+    tensors = global_tensors()
+    for rank, item in enumerate(got):
+        assert not isinstance(item, BaseException), item
+        restored_from, values = item
+        assert restored_from == path
+        for key, value in tensors.items():
+            offset, block = layout(kind, value.shape, rank, size)
+            assert_bit_exact(np.asarray(value[tuple(slice(o, o + b) for o, b in zip(offset, block))]),
+                             np.asarray(values[key]).reshape(block))
+
+
+@pytest.mark.parametrize("n,m,kind_in,kind_out", [(2, 3, "rows", "cols"), (3, 2, "uneven", "rows")])
+def test_sharded_save_to_s3_restores_on_other_rank_counts(s3_bucket, n, m, kind_in, kind_out):
+    run = f"{s3_bucket}/run"
+    paths = _save(run, n, kind_in, step=5)
+    assert paths == [f"{run}/model-5.msgpack"] * n
+    assert ckpt.latest_checkpoint(run) == paths[0]
+    # the shard files and their COMMIT sit under one unique data prefix; the name is the commit record
+    keys = _keys(s3_bucket, "run/")
+    data = [k for k in keys if k.startswith("run/.ckpt-data/model-5.msgpack/")]
+    assert len({k.rsplit("/", 1)[0] for k in data}) == 1 and data[-1].endswith("/COMMIT")
+    assert len(data) == n + 1
+    assert [k for k in keys if not k.startswith("run/.ckpt-data/")] == ["run/checkpoint", "run/model-5.msgpack"]
+    _check(_restore(run, m, kind_out), kind_out, m, paths[0])
+    with ckpt.load_checkpoint(paths[0]) as reader:  # one plain process: global tensors, partial reads
+        assert reader.format == "ckpt-sharded" and reader.verify() == []
+        for key, value in global_tensors().items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        emb = global_tensors()["emb"]
+        assert_bit_exact(emb[3:9], reader.get_slice("emb", np.s_[3:9]))
+
+
+def test_retention_deletes_every_object_of_a_dropped_sharded_checkpoint(s3_bucket):
+    run = f"{s3_bucket}/run"
+    for step in (1, 2, 3):
+        assert all(isinstance(p, str) for p in _save(run, 2, "rows", step=step, max_to_keep=2))
+    keys = _keys(s3_bucket, "run/")
+    assert [k for k in keys if not k.startswith("run/.ckpt-data/")] == \
+        ["run/checkpoint", "run/model-2.msgpack", "run/model-3.msgpack"]
+    assert not [k for k in keys if "model-1.msgpack" in k]  # its commit record, shard files and COMMIT
+    assert sorted({k.split("/")[2] for k in keys if k.startswith("run/.ckpt-data/")}) == \
+        ["model-2.msgpack", "model-3.msgpack"]
+
+
+def test_a_rank_failing_mid_upload_commits_nothing(s3_bucket, monkeypatch):
+    run = f"{s3_bucket}/run"
+    _save(run, 2, "rows", step=1)
+    before = _keys(s3_bucket)
+    upload = _objstore.ObjectStore.upload
+
+    def failing(self, local, url, create_only):
+        if "00001-of-00003" in url:
+            raise ckpt.CheckpointWriteError(f"{url}: connection reset (injected)")
+        return upload(self, local, url, create_only)
+
+    monkeypatch.setattr(_objstore.ObjectStore, "upload", failing)
+    results = _save(run, 3, "rows", step=2)
+    for result in results:
+        assert isinstance(result, ckpt.CheckpointWriteError), result
+        assert "nothing was committed" in str(result) and "connection reset" in str(result)
+    monkeypatch.undo()
+    assert _keys(s3_bucket) == before  # the other ranks' uploads were deleted again
+    assert ckpt.latest_checkpoint(run) == f"{run}/model-1.msgpack"
+    _check(_restore(run, 3, "cols"), "cols", 3, f"{run}/model-1.msgpack")
+
+
+def test_saving_a_committed_name_again_is_refused_on_every_rank(s3_bucket):
+    run = f"{s3_bucket}/run"
+    _save(run, 2, "rows", step=1)
+    before = _keys(s3_bucket)
+    for result in _save(run, 2, "rows", step=1):
+        assert isinstance(result, ckpt.CheckpointWriteError) and "exists" in str(result), result
+    assert _keys(s3_bucket) == before
+
+
+def test_cli_on_a_sharded_checkpoint_in_s3(s3_bucket):
+    from ckpt.cli import main
+
+    run = f"{s3_bucket}/run"
+    path = _save(run, 3, "uneven", step=9)[0]
+    runner = CliRunner()
+    result = runner.invoke(main, ["inspect", path], catch_exceptions=False)
+    assert result.exit_code == 0 and "tensor: emb (float32) [37, 5]" in result.output, result.output
+    result = runner.invoke(main, ["inspect", run], catch_exceptions=False)
+    assert result.exit_code == 0 and "emb" in result.output
+    assert runner.invoke(main, ["verify", path], catch_exceptions=False).exit_code == 0
+    listing = runner.invoke(main, ["ls", run], catch_exceptions=False)
+    assert listing.exit_code == 0 and "model-9.msgpack" in listing.output and "latest" in listing.output

@@ -176,6 +176,17 @@ class RemoteDirectory:
     def exists(self, name: str) -> bool:
         return self.store.exists(self.join(name))
 
+    def size_of(self, name: str) -> int:
+        """The bytes of checkpoint ``name``'s data: its data object, or every object under a
+        sharded checkpoint's data prefix (its shard files and COMMIT; one LIST)."""
+        from .formats.ckpt_sharded import COMMIT
+
+        data, size, _ = self.locate(name)
+        prefix, _, last = data.rpartition("/")
+        if last != COMMIT or data == self.join(name):
+            return size
+        return sum(int(e.get("size") or 0) for e in self.store.list(prefix, recursive=True))
+
     def new_data(self, name: str) -> str:
         """A unique data-object name for a save of ``name``, relative to the directory (a sharded
         save puts its shard files and their commit record under it, as a prefix)."""
@@ -470,7 +481,8 @@ def resolve(url: str) -> str:
 def listing(url: str) -> list[tuple[str, int | None, float | None, int | None, str]]:
     """``(name, step, time, size, note)`` for each checkpoint of a directory URL: the state
     file's entries (note "latest", "preserved", "missing" or ""), then committed checkpoints
-    the state file does not list. Sizes come from the commit records."""
+    the state file does not list. Sizes come from the commit records (a sharded checkpoint's:
+    the objects under its data prefix)."""
     from .formats.base import format_for_path
 
     remote = directory(url)
@@ -481,7 +493,7 @@ def listing(url: str) -> list[tuple[str, int | None, float | None, int | None, s
     for entry in state.all_entries() if state is not None else []:
         known.add(entry.path)
         try:
-            size: int | None = remote.locate(entry.path)[1]
+            size: int | None = remote.size_of(entry.path)
         except CheckpointNotFoundError:
             size = None
         note = "latest" if remote.join(entry.path) == found else "missing" if size is None else \
@@ -490,5 +502,5 @@ def listing(url: str) -> list[tuple[str, int | None, float | None, int | None, s
     for item in remote.store.list(url):
         name = str(item["name"])
         if name not in known and "/" not in name and format_for_path(name) is not None:
-            rows.append((name, None, None, remote.locate(name)[1], f"not in the '{STATE_FILE}' state file"))
+            rows.append((name, None, None, remote.size_of(name), f"not in the '{STATE_FILE}' state file"))
     return rows

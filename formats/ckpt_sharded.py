@@ -401,9 +401,10 @@ class ShardedReader(BaseReader):
                     raise CorruptCheckpointError(f"{target}: {blob.size} bytes, the commit record says {size}: the "
                                                  "file was truncated or replaced")
                 if is_url(target):  # the reader takes the object already opened (no second request)
-                    from ckpt._remote import handing
+                    from ckpt._remote import RemoteFile, handing
 
-                    with handing(blob):  # type: ignore[arg-type]
+                    assert isinstance(blob, RemoteFile)
+                    with handing(blob):
                         reader = self._open[index] = fmt.open(target)
                 else:
                     blob.close()

@@ -472,3 +472,11 @@ def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if the mpi extra were not installed
     with pytest.raises(ImportError, match=r"pip install 'ckpt\[mpi\]'"):
         distributed.mpi()
+
+
+def test_a_commit_record_opened_by_its_own_path_opens_its_checkpoint(tmp_path):
+    # the sharded format recognises a COMMIT by its content (how an object-store URL finds it)
+    path = _save(str(tmp_path), 2, "rows")[0]
+    with ckpt.load_checkpoint(os.path.join(path, sharded.COMMIT)) as reader:
+        assert reader.format == "ckpt-sharded" and reader.path == path
+        assert_bit_exact(global_tensors()["emb"], reader.get_tensor("emb"))

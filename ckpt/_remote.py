@@ -133,9 +133,10 @@ def _token_age(token: str) -> float | None:
 class RemoteDirectory:
     """One checkpoint directory in an object store (``s3://bucket/run``)."""
 
-    def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None) -> None:
+    def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
+                 store: ObjectStore | None = None) -> None:
         self.url = url.rstrip("/")
-        self.store = ObjectStore(self.url, storage_options)
+        self.store = store if store is not None else ObjectStore(self.url, storage_options)
 
     @property
     def location(self) -> str:

@@ -410,7 +410,8 @@ class Saver:
         if self._comm is not None:
             from .distributed.restore import restore_collective
 
-            return restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast)
+            return restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast,
+                                      self._storage_options)
         result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast,
                                    storage_options=self._storage_options)
         self._restored_from = result.path

@@ -28,17 +28,16 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from typing import Any
+from contextlib import AbstractContextManager, closing, nullcontext
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ckpt import boxes, dtypes
 from ckpt.atomic import replace_atomically
-from ckpt import _urls
 from ckpt._urls import is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
@@ -49,6 +48,10 @@ from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check
                    format_for_path, open_blob, key_problem, normalize_metadata, validate_keys)
 from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
+
+if TYPE_CHECKING:
+    from ckpt._remote import RemoteDirectory
+    from ckpt.storage import ReadableBlob
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
            "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "referenced_files",
@@ -188,16 +191,21 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
                              "files": files, "tensors": entries})
 
 
-def _read_commit(directory: str) -> tuple[bytes, str]:
+def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
     """The bytes of a sharded checkpoint's ``COMMIT`` and where its shard files are: the
-    directory, or for a URL the data prefix its (object store) commit record names."""
+    directory, or for a URL the data prefix its (object store) commit record names, as a
+    ``RemoteDirectory`` holding the storage options in force now (shard files open later)."""
     path = os.path.join(directory, COMMIT)
     try:
         if is_url(directory):
-            with contextlib.closing(open_blob(directory)) as blob:
+            from ckpt._remote import RemoteFile
+
+            with closing(open_blob(directory)) as blob:
+                assert isinstance(blob, RemoteFile)
                 raw = bytearray(blob.size)
                 blob.read_into(memoryview(raw), 0, "the sharded commit record")
-                return bytes(raw), getattr(blob, "data_url", path).rpartition("/")[0]
+                prefix = blob.data_url.rpartition("/")[0]
+                return bytes(raw), type(blob.directory)(prefix, store=blob.directory.store)
         with open(path, "rb") as f:
             return f.read(), directory
     except FileNotFoundError:
@@ -355,6 +363,17 @@ def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], di
     return parsed_files, out, block_bytes
 
 
+def _open_shard(target: str, where: str | RemoteDirectory) -> tuple[ReadableBlob, AbstractContextManager[None]]:
+    """Open a shard file's blob, and the context in which its format's reader takes it (an
+    object, already opened: no second request) or opens the file itself (a local file)."""
+    if isinstance(where, str):
+        return open_blob(target), nullcontext()
+    from ckpt._remote import RemoteFile, handing
+
+    blob = RemoteFile(target, where)
+    return blob, handing(blob)
+
+
 class ShardedReader(BaseReader):
     """A sharded checkpoint seen as global tensors; each shard file is opened when first needed.
 
@@ -383,12 +402,12 @@ class ShardedReader(BaseReader):
         reader = self._open.get(index)
         if reader is None:
             name, size = self.files[index]
-            target = _urls.join(self._where, name) if is_url(self._where) else os.path.join(self._where, name)
+            target = os.path.join(self._where, name) if isinstance(self._where, str) else self._where.join(name)
             fmt = format_for_path(name)
             if fmt is None or not fmt.can_write:
                 raise UnsupportedCheckpointError(f"{target}: shard files are ckpt msgpack or HDF5 files")
             try:
-                blob = open_blob(target)
+                blob, handing = _open_shard(target, self._where)
             except (FileNotFoundError, CheckpointNotFoundError):
                 raise CorruptCheckpointError(f"{target}: a shard file named by the commit record is missing"
                                              ) from None
@@ -400,18 +419,11 @@ class ShardedReader(BaseReader):
                 if blob.size != size:
                     raise CorruptCheckpointError(f"{target}: {blob.size} bytes, the commit record says {size}: the "
                                                  "file was truncated or replaced")
-                if is_url(target):  # the reader takes the object already opened (no second request)
-                    from ckpt._remote import RemoteFile, handing
-
-                    assert isinstance(blob, RemoteFile)
-                    with handing(blob):
-                        reader = self._open[index] = fmt.open(target)
-                else:
-                    blob.close()
+                with handing:
                     reader = self._open[index] = fmt.open(target)
-            except BaseException:
-                blob.close()
-                raise
+            finally:
+                if isinstance(handing, nullcontext):
+                    blob.close()  # a local file: the reader opened its own
         return reader
 
     def _shard_info(self, index: int, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[Any, TensorInfo]:

@@ -174,3 +174,27 @@ def test_asynchronous_sharded_save_to_s3_and_listed_size(s3_bucket):
     objects = boto3.client("s3").list_objects_v2(Bucket=s3_bucket[5:], Prefix="run/.ckpt-data/")["Contents"]
     [listed] = ckpt.list_checkpoints(run)
     assert listed.latest and listed.size == sum(o["Size"] for o in objects)  # shard files and COMMIT
+
+
+def test_storage_options_reach_every_rank_and_every_shard_file(s3_bucket, monkeypatch):
+    import os
+
+    tensors = global_tensors()
+    run = f"{s3_bucket}/run"
+    options = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # without the options, nothing reaches the test server
+
+    def save(comm: distributed.Communicator) -> str:
+        variables = make_variables(tensors, "rows", comm.rank, 2)
+        return ckpt.Saver(variables, comm=comm, timeout=30, storage_options=options).save(
+            f"{run}/model.msgpack", global_step=2)
+
+    def restore(comm: distributed.Communicator) -> tuple[str, dict]:
+        variables = make_variables(tensors, "cols", comm.rank, 3, zero=True)
+        result = ckpt.Saver(variables, comm=comm, timeout=30, storage_options=options).restore(run)
+        return result.path, {k: v.numpy() for k, v in variables.items()}
+
+    assert run_ranks(2, save) == [f"{run}/model-2.msgpack"] * 2
+    _check(run_ranks(3, restore), "cols", 3, f"{run}/model-2.msgpack")
+    with ckpt.load_checkpoint(run, storage_options=options) as reader:  # shard files opened after open
+        assert_bit_exact(tensors["emb"], reader.get_tensor("emb"))

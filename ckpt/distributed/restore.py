@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from ..errors import CheckpointError
 from ..restore import RestoreResult, restore_variables
+from .._urls import StorageOptions, is_url
 from ..state import resolve_checkpoint
 from ..variables import Variable
 from .comm import Communicator, decode, encode
@@ -31,12 +32,20 @@ __all__ = ["restore_collective"]
 
 
 def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Variable], comm: Communicator,
-                       timeout: float, strict: bool = True, allow_cast: bool = False) -> RestoreResult:
-    """Restore ``variables`` on every rank of ``comm`` from one checkpoint."""
+                       timeout: float, strict: bool = True, allow_cast: bool = False,
+                       storage_options: StorageOptions | None = None) -> RestoreResult:
+    """Restore ``variables`` on every rank of ``comm`` from one checkpoint (``storage_options``:
+    for an object-store URL)."""
     where = os.fspath(path)
     if comm.rank == 0:
         try:
-            message: dict[str, Any] = {"path": resolve_checkpoint(where)}
+            if storage_options is not None and is_url(where):
+                from .._remote import using
+
+                with using(storage_options):
+                    message: dict[str, Any] = {"path": resolve_checkpoint(where)}
+            else:
+                message = {"path": resolve_checkpoint(where)}
         except (CheckpointError, OSError) as exc:
             message = {"error": str(exc), "type": type(exc).__name__}
         message = decode(comm.broadcast(encode(message), 0, timeout), where)
@@ -46,7 +55,8 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
         raise _error_type(message["type"])(message["error"])
     result, error = None, None
     try:
-        result = restore_variables(message["path"], variables, strict=strict, allow_cast=allow_cast)
+        result = restore_variables(message["path"], variables, strict=strict, allow_cast=allow_cast,
+                                   storage_options=storage_options)
     except Exception as exc:
         error = exc
     outcome = None if error is None else {"error": str(error), "type": type(error).__name__}

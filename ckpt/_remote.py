@@ -17,6 +17,10 @@ Data objects no commit record names (a save killed between 2 and 3) are deleted 
 save once they are older than ``ORPHAN_GRACE_S`` (their token starts with the save's start
 time); retention deletes a dropped checkpoint's commit record, then its data object.
 
+A sharded checkpoint (``Saver(comm=)``, ckpt/distributed/save.py) uses a data *prefix*
+``.ckpt-data/<name>/<token>/``: the ranks' shard files, then its ``COMMIT``, which the commit
+record names; deleting it (retention, a failed save, orphan cleanup) deletes the whole prefix.
+
 Example:
     >>> from ckpt import _remote
     >>> _remote.is_commit_record(_remote.commit_record(".ckpt-data/m.msgpack/abc", 10))
@@ -214,6 +218,12 @@ class RemoteDirectory:
         finally:
             os.unlink(local)
         self.publish(name, relative, size, head, tail)
+
+    def put_and_publish(self, name: str, relative: str, data: bytes) -> None:
+        """Write the small data object ``relative`` (create-only), then ``publish`` it as ``name``."""
+        self.store.put(self.join(relative), data, create_only=True)
+        head = data[:OPEN_HEAD]
+        self.publish(name, relative, len(data), head, data[max(len(head), len(data) - OPEN_TAIL):])
 
     def publish(self, name: str, relative: str, size: int, head: bytes, tail: bytes) -> None:
         """Write the commit record of ``name`` (create-only) naming the uploaded data object

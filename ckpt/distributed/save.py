@@ -9,6 +9,11 @@
 3. Rank 0 writes the commit record (atomically, last), records the checkpoint in the state
    file (retention included) and broadcasts the outcome.
 
+At an object-store URL there is no directory: rank 0 picks a unique data prefix instead
+(``_prepare_remote``), each rank uploads its file there create-only, and the commit is the
+sharded COMMIT object, then the checkpoint's create-only commit record (``_commit_remote``;
+ckpt/_remote.py).
+
 Each collective is bounded by the Saver's timeout: a rank that dies or never arrives makes
 the others raise CheckpointWriteError. Until the commit record exists the new checkpoint is
 invisible; the previous one stays the latest.
@@ -196,7 +201,6 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
 
 def _remote_store(saver: Saver, path: str) -> RemoteDirectory:
     from .._localstore import store_of
-
     from .._remote import RemoteDirectory  # object-store support is imported only for URLs
 
     store = store_of(path, saver._storage_options)
@@ -230,7 +234,6 @@ def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
     """Rank 0, once every rank uploaded its shard file under the prefix ``data``: upload the
     sharded COMMIT there, then the checkpoint's commit record (create-only), then record it in
     the state file (retention included); on a failure, delete this save's objects."""
-    from .._remote import OPEN_HEAD, OPEN_TAIL
     from ..formats.ckpt_sharded import COMMIT, commit_bytes
 
     store = _remote_store(saver, path)
@@ -239,11 +242,7 @@ def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
         if failed:
             raise CheckpointWriteError(f"{path}: the sharded save failed; nothing was committed and the previous "
                                        "checkpoint is still the latest:\n  " + "\n  ".join(failed))
-        raw = commit_bytes(record)
-        relative = f"{data}/{COMMIT}"
-        store.store.put(store.join(relative), raw, create_only=True)
-        store.publish(os.path.basename(path), relative, len(raw), raw[:OPEN_HEAD],
-                      raw[max(OPEN_HEAD, len(raw) - OPEN_TAIL):] if len(raw) > OPEN_HEAD else b"")
+        store.put_and_publish(os.path.basename(path), f"{data}/{COMMIT}", commit_bytes(record))
     except CheckpointError as exc:
         urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
         try:

@@ -100,26 +100,34 @@ def _decode(raw: bytes, magic: int, where: str) -> _Reader:
 _KIND = {_MANIFEST_MAGIC: "manifest", _VERSION_MAGIC: "version tree node", _BTREE_MAGIC: "B+tree node"}
 
 
+def _prefix_coded(r: _Reader, keep: list[int], sizes: list[int], what: str) -> list[bytes]:
+    """Strings stored as (bytes shared with the previous one, new suffix): ``keep`` holds the
+    shared lengths of strings 1.., ``sizes`` every suffix's length; the suffixes come next in ``r``."""
+    out, previous = [], b""
+    for i, size in enumerate(sizes):
+        k = keep[i - 1] if i else 0
+        if k > len(previous):
+            raise r.fail(f"{what}'s prefix is longer than the previous one")
+        previous = previous[:k] + r.take(size)
+        out.append(previous)
+    return out
+
+
 def _file_table(r: _Reader, transitive: str) -> list[tuple[str, str]]:
     """The data file table: each file's full path and the transitive path its children inherit."""
     n = r.count(1 << 20, "data files")
     prefix = r.varints(max(n - 1, 0))
     suffix = r.varints(n)
     base = r.varints(n)
-    out, previous = [], b""
-    for i in range(n):
-        keep = prefix[i - 1] if i else 0
-        if keep > len(previous):
-            raise r.fail("a data file path's prefix is longer than the previous path")
-        path = previous[:keep] + r.take(suffix[i])
-        if base[i] > len(path):
+    out = []
+    for path, base_length in zip(_prefix_coded(r, prefix, suffix, "a data file path"), base):
+        if base_length > len(path):
             raise r.fail("a data file's base path is longer than its path")
         try:
-            text, base_text = path.decode("utf-8"), path[:base[i]].decode("utf-8")
+            text, base_text = path.decode("utf-8"), path[:base_length].decode("utf-8")
         except UnicodeDecodeError:
             raise r.fail("a data file path that is not UTF-8") from None
         out.append((transitive + text, transitive + base_text))
-        previous = path
     return out
 
 
@@ -191,13 +199,7 @@ class Store:
         keep = r.varints(max(n - 1, 0))
         sizes = r.varints(n)
         common = r.varints(n) if height else []
-        keys, previous = [], b""
-        for i in range(n):
-            k = keep[i - 1] if i else 0
-            if k > len(previous):
-                raise r.fail("a key's prefix is longer than the previous key")
-            previous = previous[:k] + r.take(sizes[i])
-            keys.append(previous)
+        keys = _prefix_coded(r, keep, sizes, "a key")
         if height:
             ids, offs, lens = r.varints(n), r.varints(n), r.varints(n)
             r.varints(3 * n)  # statistics: keys, tree bytes, indirect value bytes

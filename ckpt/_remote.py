@@ -36,7 +36,7 @@ import random
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TypeVar
 from collections.abc import Callable, Iterator, Sequence
@@ -357,13 +357,18 @@ _handed: ContextVar[RemoteFile | None] = ContextVar("ckpt_remote_file", default=
 
 
 @contextmanager
-def using(storage_options: _urls.StorageOptions | None) -> Iterator[None]:
-    """Use ``storage_options`` for every URL opened inside the block (the public API's keyword)."""
-    token = _options.set(storage_options)
+def _setting(var: ContextVar[T], value: T) -> Iterator[None]:
+    """Give ``var`` the value ``value`` inside the block."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _options.reset(token)
+        var.reset(token)
+
+
+def using(storage_options: _urls.StorageOptions | None) -> AbstractContextManager[None]:
+    """Use ``storage_options`` for every URL opened inside the block (the public API's keyword)."""
+    return _setting(_options, storage_options)
 
 
 def directory(url: str) -> RemoteDirectory:
@@ -439,14 +444,9 @@ class RemoteFile:
         self._cache.clear()
 
 
-@contextmanager
-def handing(source: RemoteFile) -> Iterator[None]:
+def handing(source: RemoteFile) -> AbstractContextManager[None]:
     """Let the next ``open_file`` of the same URL inside the block take ``source`` (already open)."""
-    token = _handed.set(source)
-    try:
-        yield
-    finally:
-        _handed.reset(token)
+    return _setting(_handed, source)
 
 
 def open_file(url: str) -> RemoteFile:

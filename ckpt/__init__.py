@@ -38,6 +38,7 @@ _LAZY = {
     "WritableFormat": ".formats.base",
     "register_format": ".formats.base",
     "unregister_format": ".formats.base",
+    "decline": ".formats.base",
     "Comparison": ".comparison",
     "MetadataChange": ".comparison",
     "TensorChange": ".comparison",
@@ -118,6 +119,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .formats.base import WritableFormat as WritableFormat
     from .formats.base import register_format as register_format
     from .formats.base import unregister_format as unregister_format
+    from .formats.base import decline as decline
     from .files import save_file as save_file
     from .inspect import inspect_lines as inspect_lines
     from .inspect import inspect_report as inspect_report

@@ -9,9 +9,9 @@ format modules import h5py and msgpack only when a file is read or written.
 """
 
 import os
-from typing import Any
 
-from . import h5plain
+from . import _h5head
+from ._zip import ZIP_MAGIC
 from .base import lazy_format, register_format
 
 
@@ -34,19 +34,14 @@ for _name, _extensions, _writable, _target, _may_claim in [
         ("ckpt-sharded", (), False, "ckpt_sharded:CkptShardedFormat", _is_dir),
         ("safetensors", (".safetensors",), True, "safetensors:SafetensorsFormat", None),
         ("pytorch", (".pt", ".pth", ".bin"), False, "torch:TorchFormat", None),
-        ("keras", (".keras",), False, "keras:KerasFormat", None),
         ("flax", (".msgpack",), False, "flax:FlaxFormat", None),
         ("tensorflow", (".index",), False, "tensorflow:TensorFlowFormat", _tensorflow_may_claim),
         ("sharded", (".index.json", ".weights.json"), False, "sharded:ShardedFormat", _sharded_may_claim),
         ("orbax", (), False, "orbax:OrbaxFormat", _is_dir)]:
     register_format(lazy_format(_name, _extensions, _writable, f"{_PACKAGE}.{_target}", _may_claim))
 
-
-def _adopt_keras(reader: Any) -> Any:
-    """Keras's HDF5 files reach the reader through the hdf5 format (formats/keras.py's adopt)."""
-    from .keras import adopt
-
-    return adopt(reader)
-
-
-h5plain.LAYOUTS.append(_adopt_keras)
+# Keras's weights files are HDF5 files (or zips): the keras format is asked before hdf5 and declines an
+# HDF5 file without Keras's layout (base.decline), so hdf5 reads it; it loads only for a foreign HDF5
+# file or a zip (may_sniff), never for ckpt's own files.
+register_format(lazy_format("keras", (".keras",), False, f"{_PACKAGE}.keras:KerasFormat", None,
+                            lambda head: head.startswith(ZIP_MAGIC) or _h5head.foreign_hdf5(head)), before="hdf5")

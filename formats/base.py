@@ -18,7 +18,8 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from contextvars import ContextVar
+from typing import Any, NamedTuple, NoReturn, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from ckpt.storage import ReadableBlob
 from ._io import LocalFile
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
-           "unregister_format", "LazyFormat", "lazy_format",
+           "unregister_format", "LazyFormat", "lazy_format", "Declined", "decline", "handed",
            "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "check_tensors", "open_blob",
            "SNIFF_BYTES"]
@@ -268,9 +269,14 @@ class Format(Protocol):
     A format recognises its checkpoints in two ways, both declared here: ``claims(path)``,
     asked of every format for every path before any file is opened (for checkpoints that are
     not one file: TensorFlow's "model.ckpt-7" prefix, a directory of shards), then
-    ``sniff(head)`` on the first bytes of the file. Formats that also write implement
-    :class:`WritableFormat`. Built-in formats subclass these Protocols (inheriting
-    ``claims`` that returns False); a plugin may too, or just provide the members.
+    ``sniff(head)`` on the first bytes of the file; both are asked in registry order, and
+    the first format to say yes opens the file. A format whose files are some of another
+    format's (Keras's HDF5 files are HDF5 files) registers before it
+    (``register_format(fmt, before="hdf5")``) and, when a look inside the opened file shows
+    it is not its own after all, calls :func:`decline` in ``open``: the registry then asks the
+    next format. Formats that also write implement :class:`WritableFormat`. Built-in formats
+    subclass these Protocols (inheriting ``claims`` that returns False); a plugin may too, or
+    just provide the members.
     """
 
     @property
@@ -296,7 +302,88 @@ class Format(Protocol):
         """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format."""
 
     def open(self, path: str) -> Reader:
-        """Open ``path`` and read its index; raise a CheckpointError for a bad file."""
+        """Open ``path`` and read its index; raise a CheckpointError for a bad file, or
+        :func:`decline` (a CheckpointError too) for a file that is not this format's."""
+
+
+class Declined(UnsupportedCheckpointError):
+    """``Format.open``'s answer for a file its ``sniff`` accepted that a closer look shows is
+    not its own (raised by :func:`decline`): ``open_reader`` asks the next format whose
+    ``sniff`` accepts the file; anyone else sees an UnsupportedCheckpointError."""
+
+
+class _Offer:
+    """What a declining format opened on the way, offered to the next format open_reader asks."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.value: Any = None
+
+    def close(self) -> None:
+        value, self.value = self.value, None
+        if value is not None:
+            value.close()
+
+
+_offer: ContextVar[_Offer | None] = ContextVar("ckpt_declined_offer", default=None)
+T = TypeVar("T")
+
+
+def decline(path: str, why: str, opened: Any = None) -> NoReturn:
+    """Raise :class:`Declined` from ``Format.open``: ``path`` is not this format's (``why``).
+
+    ``opened`` (something with ``close()``, e.g. a reader of the container format) is what the
+    format opened on the way: the next format ``open_reader`` asks may take it with
+    :func:`handed` instead of opening the file again; it is closed when none does (at once
+    when ``open`` was not called by ``open_reader``).
+
+    Example:
+        >>> from ckpt.formats import base
+        >>> try:
+        ...     base.decline("w.h5", "no Keras layout")
+        ... except base.Declined as exc:
+        ...     print(exc)
+        w.h5: no Keras layout
+    """
+    offer = _offer.get()
+    if opened is not None:
+        if offer is not None and offer.path == path:
+            offer.close()
+            offer.value = opened
+        else:
+            opened.close()
+    raise Declined(f"{path}: {why}")
+
+
+def handed(path: str, kind: type[T]) -> T | None:
+    """What a format that declined ``path`` opened, when it is a ``kind``; else None.
+
+    Taken once: the caller owns it from then on (for example, h5plain's guarded open takes the
+    H5pyReader the Keras format opened before seeing no Keras layout, and libhdf5 opens the file once).
+    """
+    offer = _offer.get()
+    if offer is None or offer.value is None or offer.path != path or not isinstance(offer.value, kind):
+        return None
+    value: T = offer.value
+    offer.value = None
+    return value
+
+
+def _first_to_open(path: str, head: bytes) -> Reader | None:
+    """The reader of the first format whose ``sniff`` accepts ``head`` and does not decline."""
+    offer = _Offer(path)
+    token = _offer.set(offer)
+    try:
+        for fmt in formats():
+            if fmt.sniff(head):
+                try:
+                    return fmt.open(path)
+                except Declined:
+                    continue
+        return None
+    finally:
+        _offer.reset(token)
+        offer.close()  # nobody took it
 
 
 @runtime_checkable
@@ -321,7 +408,9 @@ class LazyFormat(Format):
     in turn: with lazy formats, recognising one of ckpt's own files imports that format's
     module only (``ckpt inspect`` starts faster). ``may_claim`` is a cheap test of a path
     that is True wherever the format's own ``claims`` may be (a directory, an extension);
-    without it the format claims nothing. Anything else asked of it goes to the real format.
+    without it the format claims nothing. Likewise ``may_sniff``, a cheap test of the first
+    bytes True wherever the format's ``sniff`` may be, lets a format asked early (before
+    "hdf5") say no without its module. Anything else asked of it goes to the real format.
 
     Example:
         >>> from ckpt.formats import base
@@ -331,9 +420,10 @@ class LazyFormat(Format):
     """
 
     def __init__(self, name: str, extensions: tuple[str, ...], can_write: bool, target: str,
-                 may_claim: Callable[[str], bool] | None = None) -> None:
+                 may_claim: Callable[[str], bool] | None = None,
+                 may_sniff: Callable[[bytes], bool] | None = None) -> None:
         self._name, self._extensions, self._can_write = name, extensions, can_write
-        self._target, self._may_claim = target, may_claim
+        self._target, self._may_claim, self._may_sniff = target, may_claim, may_sniff
         self._format: Format | None = None
 
     @property
@@ -364,7 +454,7 @@ class LazyFormat(Format):
         return self._may_claim is not None and self._may_claim(path) and self.load().claims(path)
 
     def sniff(self, head: bytes) -> bool:
-        return self.load().sniff(head)
+        return (self._may_sniff is None or self._may_sniff(head)) and self.load().sniff(head)
 
     def open(self, path: str) -> Reader:
         return self.load().open(path)
@@ -387,7 +477,8 @@ class _LazyWritableFormat(LazyFormat, WritableFormat):
 
 
 def lazy_format(name: str, extensions: tuple[str, ...], can_write: bool, target: str,
-                may_claim: Callable[[str], bool] | None = None) -> LazyFormat:
+                may_claim: Callable[[str], bool] | None = None,
+                may_sniff: Callable[[bytes], bool] | None = None) -> LazyFormat:
     """A :class:`LazyFormat` for the format class ``target`` ("package.module:Class"), to register.
 
     Example:
@@ -396,19 +487,27 @@ def lazy_format(name: str, extensions: tuple[str, ...], can_write: bool, target:
         True
     """
     cls = _LazyWritableFormat if can_write else LazyFormat
-    return cls(name, extensions, can_write, target, may_claim)
+    return cls(name, extensions, can_write, target, may_claim, may_sniff)
 
 
 _registry: dict[str, Format] = {}
 _lock = threading.Lock()
 
 
-def register_format(fmt: Format, *, replace: bool = False) -> None:
+def register_format(fmt: Format, *, replace: bool = False, before: str | None = None) -> None:
     """Make a format available to ``Saver``, ``load_checkpoint`` and the CLI.
+
+    The registry's order is the order in which formats are asked (``claims``, ``sniff``, an
+    extension in ``format_for_path``): a new format comes last unless ``before`` names a
+    registered format it must be asked before.
 
     Args:
         fmt: an object with the Format protocol's attributes and methods.
-        replace: allow replacing a registered format of the same name.
+        replace: allow replacing a registered format of the same name (it keeps its place
+            unless ``before`` is given).
+        before: the name of a registered format; ``fmt`` is asked before it. For a format
+            whose files are some of that format's (the built-in "keras" is registered before
+            "hdf5": Keras's weights files are HDF5 files with Keras's layout).
 
     Example:
         >>> from ckpt.formats import base
@@ -430,7 +529,16 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
     with _lock:
         if fmt.name in _registry and not replace:
             raise ValueError(f"a format named {fmt.name!r} is already registered")
-        _registry[fmt.name] = fmt
+        if before is None:
+            _registry[fmt.name] = fmt
+            return
+        if before not in _registry or before == fmt.name:
+            raise ValueError(f"cannot register {fmt.name!r} before {before!r}: no other format of that name "
+                             f"is registered (known: {', '.join(_registry)})")
+        order = [(name, f) for name, f in _registry.items() if name != fmt.name]
+        at = next(i for i, (name, _) in enumerate(order) if name == before)
+        _registry.clear()
+        _registry.update(order[:at] + [(fmt.name, fmt)] + order[at:])
 
 
 def unregister_format(name: str) -> None:
@@ -489,9 +597,9 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
         raise CheckpointError(f"{path}: cannot open: {exc.strerror or exc}") from exc
     except OSError as exc:  # EIO and friends: the storage under the file is failing
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    for fmt in formats():
-        if fmt.sniff(head):
-            return fmt.open(path)
+    reader = _first_to_open(path, head)
+    if reader is not None:
+        return reader
     known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty file" if not head else "not a checkpoint in any supported format"
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
@@ -503,13 +611,14 @@ def _open_url(url: str) -> Reader:
 
     source = open_file(url)
     try:
-        for fmt in formats():
-            if fmt.sniff(source.head):
-                with handing(source):
-                    return fmt.open(url)
+        with handing(source):
+            reader = _first_to_open(url, source.head)
     except BaseException:
         source.close()
         raise
+    if reader is not None:
+        return reader
+    source.close()
     known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty object" if not source.head else "not a checkpoint in a format ckpt reads from object stores"
     raise UnsupportedCheckpointError(f"{url}: {what}; supported formats: {known}")

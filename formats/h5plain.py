@@ -4,8 +4,9 @@ Every dataset becomes a tensor keyed by its path. libhdf5 is not safe on damaged
 files carry no checksums, so reading them is at the user's own risk; what can be checked is:
 external links, soft links, external storage and virtual datasets are refused, names must
 follow ckpt's key rules, HDF5 types no tensor can hold are refused, and every dataset's
-declared size must fit the file before anything is allocated. Other programs' layouts (Keras)
-take over a reader through ``LAYOUTS``.
+declared size must fit the file before anything is allocated. ``open_foreign`` is the one way
+formats open such a file (the keras format, registered before hdf5, opens it first and
+hands the reader on when the file has no Keras layout: see ``base.decline``).
 
 Example:
     >>> import h5py, numpy as np, tempfile, os
@@ -28,8 +29,10 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
-from . import _h5child
-from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, key_problem
+from ckpt._urls import is_url
+
+from . import _h5child, _h5head
+from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, handed, key_problem
 from ._codec import HDF5_VERSION as VERSION
 from ._codec import decode_strings
 
@@ -252,24 +255,27 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} {str(value)[:40]!r}"
 
 
-#: Other programs' HDF5 layouts (Keras registers one): each is called with the H5pyReader of
-#: a file without ckpt's index and returns a reader that takes it over, or None.
-LAYOUTS: list[Any] = []
+def open_foreign(path: str) -> H5pyReader:
+    """The one guarded way to open an HDF5 file ckpt did not write (used by hdf5 and keras).
 
-
-def adopt_layout(reader: H5pyReader) -> BaseReader:
-    """Let the first matching registered layout take over ``reader``; else return it unchanged."""
-    try:
-        adopted = next((r for r in (layout(reader) for layout in LAYOUTS) if r is not None), reader)
-        refuse_opaque(reader)
-    except BaseException:
-        reader.close()
-        raise
-    return adopted
+    Takes the H5pyReader a format that declined ``path`` opened (``base.handed``: libhdf5
+    opens the file once); else refuses what must never reach libhdf5 (a URL: libhdf5 reads
+    local files only; a ckpt file with a damaged header) and opens the file, which
+    ``_h5child`` first reads in a child process.
+    """
+    reader = handed(path, H5pyReader)
+    if reader is not None:
+        return reader
+    if is_url(path):
+        raise UnsupportedCheckpointError(f"{path}: an HDF5 file ckpt did not write cannot be read from an "
+                                         "object store; download it first")
+    _h5head.refuse_damaged_ckpt_file(path)
+    return H5pyReader(path)
 
 
 def refuse_opaque(reader: H5pyReader) -> None:
-    """Raise for a 2-byte opaque dataset no layout gave a type: its bytes would be read as a guess."""
+    """Raise for a 2-byte opaque dataset no layout gave a type: its bytes would be read as a guess
+    (the reader stays open: its caller closes it)."""
     if reader.opaque:
         key = next(iter(reader.opaque))
         raise UnsupportedCheckpointError(

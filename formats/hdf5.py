@@ -38,12 +38,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ckpt import dtypes
-from ckpt._urls import is_url
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
 from ckpt.storage import ReadableBlob
 
-from . import _blocks, _h5struct, _io, h5plain
+from . import _blocks, _h5head, _h5struct, _io, h5plain
+from ._h5head import FORMAT_NAME, MAGIC
+from ._h5head import HEADER as _HEADER
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from .base import WritableFormat
@@ -51,12 +52,7 @@ from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, all_exactly
                    check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
                    materialize, normalize_metadata, validate_keys)
 
-FORMAT_NAME = "ckpt-hdf5"
 VERSION = HDF5_VERSION
-MAGIC = b"\x89CKPTH5\n"
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-# magic, layout version, user block size, index length, index crc32c, crc32c of the preceding 28 bytes
-_HEADER = struct.Struct("<8sIIQII")
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
 #: HDF5 feature level: checksummed metadata, readable by HDF5 >= 1.10.
 LIBVER = ("v110", "v110")
@@ -84,32 +80,20 @@ class Hdf5Format(WritableFormat):
     can_write = True
 
     def sniff(self, head: bytes) -> bool:
-        if head.startswith(MAGIC) or _damaged_magic(head):
-            return True
-        # HDF5 looks for its signature at 0, 512, 1024, 2048, ... (after a user block)
-        offset = 0
-        while offset + 8 <= len(head):
-            if head[offset:offset + 8] == HDF5_SIGNATURE:
-                return True
-            offset = 512 if offset == 0 else offset * 2
-        return False
+        return _h5head.ckpt_head(head) or _h5head.hdf5_signature(head)
 
     def open(self, path: str) -> BaseReader:
         try:
             return Hdf5Reader(path)  # ckpt's own files: the reader opens the file once, checks the magic
-        except _NotCkptFile as exc:
-            head = exc.head
-        if _damaged_magic(head):  # ckpt's own file: do not hand its (damaged) bytes to libhdf5
-            raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
-        if is_url(path):  # libhdf5 reads local files only
-            raise UnsupportedCheckpointError(f"{path}: an HDF5 file ckpt did not write cannot be read from an "
-                                             "object store; download it first")
-        mark = _ckpt_mark(path)
-        if mark:  # ckpt wrote it and its index is gone: damaged, never an unchecksummed foreign file
-            raise CorruptCheckpointError(
-                f"{path}: ckpt wrote this HDF5 file ({mark}) but its user block holds no valid ckpt "
-                "header: the index is damaged, so no value can be checked")
-        return h5plain.adopt_layout(h5plain.H5pyReader(path))
+        except _NotCkptFile:
+            pass
+        reader = h5plain.open_foreign(path)  # the keras format (asked first) may have opened it already
+        try:
+            h5plain.refuse_opaque(reader)
+        except BaseException:
+            reader.close()
+            raise
+        return reader
 
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
         """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index.
@@ -232,35 +216,6 @@ class Hdf5Format(WritableFormat):
         return offsets
 
 
-#: Bytes only ckpt's HDF5 files hold near their start: its index's format name (user block),
-#: the names of its root and dataset attributes (HDF5 object headers).
-MARKS = (FORMAT_NAME.encode(), b"ckpt_format", b"ckpt_version", b"ckpt_metadata", b"ckpt_dtype", b"ckpt_lengths")
-#: How much of a file's start is searched for MARKS (a small file's whole HDF5 structure).
-MARK_WINDOW = 1 << 16
-
-
-def _ckpt_mark(path: str) -> str:
-    """Which of ckpt's marks a file with a user block but no ckpt header shows, or "".
-
-    A file rewritten without a user block (h5repack, an h5py copy) lost nothing by damage and
-    is read through h5py; one whose user block is there but holds no ckpt header was damaged.
-    Searched: the start of the user block and of the HDF5 structure after it.
-    """
-    with _io.LocalFile(path) as f:
-        size = f.size
-        offset = 512  # HDF5's signature sits at 0 or at a user block's end: 512, 1024, 2048, ...
-        while offset + 8 <= size and _io.pread(f, offset, 8, "the HDF5 signature") != HDF5_SIGNATURE:
-            offset *= 2
-        if offset + 8 > size or _io.pread(f, 0, 8, "the HDF5 signature") == HDF5_SIGNATURE:
-            return ""
-        for start in (0, offset):
-            window = _io.pread(f, start, min(MARK_WINDOW, size - start), "the user block")
-            for mark in MARKS:
-                if mark in window:
-                    return f"{mark.decode()!r} at byte {start + window.index(mark)}"
-    return ""
-
-
 _TYPE_MESSAGES: dict[np.dtype, bytes] = {}
 
 
@@ -283,12 +238,6 @@ def _structure(plans: list[_Plan], metadata: dict[str, Any], userblock: int) -> 
         return _h5struct.layout(datasets, root, userblock, ALIGN_MIN_BYTES if userblock >= PAGE else 1 << 62, PAGE)
     except ValueError:
         return None
-
-
-def _damaged_magic(head: bytes) -> bool:
-    """A ckpt header whose checksum holds once the expected magic is put back."""
-    return len(head) >= _HEADER.size and head[:8] != MAGIC and \
-        _io.crc32c(MAGIC + head[8:28]) == int.from_bytes(head[28:32], "little")
 
 
 class _Plan(NamedTuple):

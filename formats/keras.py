@@ -39,10 +39,9 @@ from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import ReadableBlob
 
-from . import _io, _zip
-from .base import Format
-from .base import BaseReader, TensorInfo
-from .h5plain import H5pyReader, refuse_opaque
+from . import _h5head, _io, _zip
+from .base import BaseReader, Format, TensorInfo, decline, open_blob
+from .h5plain import H5pyReader, open_foreign, refuse_opaque
 
 WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
@@ -51,23 +50,30 @@ _MAX_JSON = 16 << 20
 
 
 class KerasFormat(Format):
-    """The .keras zip (Keras 3). Keras HDF5 files are recognised by the hdf5 format, which
-    hands them to :func:`adopt` (see ``formats.h5plain.LAYOUTS``)."""
+    """Keras weights: the .keras zip, and HDF5 files with Keras's layout.
+
+    Registered before the hdf5 format: it sniffs every HDF5 file ckpt did not write, opens it
+    (``h5plain.open_foreign``) and, when the file has no Keras layout, declines, handing the
+    open reader on to the hdf5 format (``base.decline``), so libhdf5 opens the file once.
+    """
 
     name = "keras"
     extensions = (".keras",)
     can_write = False
 
     def sniff(self, head: bytes) -> bool:
-        return _zip.first_member_name(head) in _ZIP_MEMBERS
+        return _zip.first_member_name(head) in _ZIP_MEMBERS or _h5head.foreign_hdf5(head)
 
     def open(self, path: str) -> KerasReader:
-        source = _io.LocalFile(path)
+        source = open_blob(path)
         try:
-            return _open_zip(path, source)
+            if _io.pread(source, 0, min(source.size, len(_zip.ZIP_MAGIC)), "the first bytes") == _zip.ZIP_MAGIC:
+                return _open_zip(path, source)
         except BaseException:
             source.close()
             raise
+        source.close()
+        return _open_hdf5(path)
 
 
 class KerasReader(BaseReader):
@@ -99,9 +105,17 @@ class KerasReader(BaseReader):
             self._archive.close()
 
 
-def adopt(inner: H5pyReader) -> KerasReader | None:
-    """A KerasReader over ``inner`` if its HDF5 file has a Keras layout, else None."""
-    return _keras_reader(inner, {}, None, None, required=False)
+def _open_hdf5(path: str) -> KerasReader:
+    """A KerasReader for an HDF5 file with a Keras layout; else decline, handing the open file on."""
+    inner = open_foreign(path)
+    try:
+        reader = _keras_reader(inner, {}, None, None, required=False)
+    except BaseException:
+        inner.close()
+        raise
+    if reader is None:
+        decline(path, "an HDF5 file without Keras's layout (no layer_names, layers or vars)", inner)
+    return reader
 
 
 def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlob | None,
@@ -145,7 +159,7 @@ def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any) -> None:
     try:
         config = json.loads(_attr(h5.attrs["model_config"]))
     except (TypeError, ValueError, RecursionError):
-        return  # no usable config: the opaque datasets are refused by adopt_layout
+        return  # no usable config: refuse_opaque refuses the opaque datasets
     policies = _layer_policies(config)
     prefix = group.name.strip("/")
     for key in list(inner.opaque):

@@ -417,3 +417,74 @@ def test_register_format_is_one_public_contract(tmp_path):
     with pytest.raises(TypeError, match="can_write is True but it has no write method"):
         ckpt.register_format(Liar())
     assert "noclaims" not in {f.name for f in base.formats()} and "liar" not in {f.name for f in base.formats()}
+
+
+def test_a_format_registered_before_another_claims_some_of_its_files_and_declines_the_rest(tmp_path):
+    """register_format(before=) puts a format ahead of another; ckpt.decline hands a file it opened and
+    found not to be its own on to the next format that sniffs it (how "keras" sits before "hdf5")."""
+    opened = []
+
+    class Handle:
+        def __init__(self, path):
+            self.path, self.closed = path, False
+            opened.append(self)
+
+        def close(self):
+            self.closed = True
+
+    class Tagged(ckpt.Format):
+        name, extensions, can_write = "tagged", (".tagged",), False
+
+        def sniff(self, head: bytes) -> bool:
+            return h5plain._h5head.foreign_hdf5(head)
+
+        def open(self, path: str) -> base.Reader:
+            with h5py.File(path, "r") as f:
+                tagged = "tag" in f.attrs
+            if not tagged:
+                ckpt.decline(path, "no 'tag' attribute", Handle(path))
+            raise ckpt.UnsupportedCheckpointError(f"{path}: tagged, and nothing more")
+
+    plain, tagged = str(tmp_path / "plain.h5"), str(tmp_path / "tagged.h5")
+    for path in (plain, tagged):
+        with h5py.File(path, "w") as f:
+            f["w"] = np.arange(3.0)
+    with h5py.File(tagged, "a") as f:
+        f.attrs["tag"] = 1
+    with pytest.raises(ValueError, match="before 'nope'"):
+        ckpt.register_format(Tagged(), before="nope")
+    ckpt.register_format(Tagged(), before="keras")
+    try:
+        names = [f.name for f in base.formats()]
+        assert names.index("tagged") + 1 == names.index("keras") < names.index("hdf5")
+        with pytest.raises(ckpt.UnsupportedCheckpointError, match="tagged, and nothing more"):
+            ckpt.load_checkpoint(tagged)
+        with ckpt.load_checkpoint(plain) as reader:  # declined: hdf5 reads it (keras declines too)
+            assert reader.format == "hdf5" and reader.get_tensor("w").tolist() == [0.0, 1.0, 2.0]
+        assert [h.closed for h in opened] == [True]  # nobody took the handle: closed by the registry
+        with pytest.raises(ckpt.UnsupportedCheckpointError, match="plain.h5: no 'tag' attribute"):
+            base.get_format("tagged").open(plain)  # asked directly: an UnsupportedCheckpointError
+        assert opened[-1].closed
+    finally:
+        ckpt.unregister_format("tagged")
+
+
+def test_a_foreign_hdf5_file_is_opened_once_though_keras_declines_it(tmp_path, monkeypatch):
+    """keras is asked before hdf5; for a plain HDF5 file it hands its open reader on (base.decline):
+    libhdf5 opens the file once in this process, and the hdf5 format reads it."""
+    path = str(tmp_path / "plain.h5")
+    with h5py.File(path, "w") as f:
+        f["enc/w"] = np.arange(4.0)
+    inits = []
+    real_init = h5plain.H5pyReader.__init__
+
+    def counting(self, *args, **kwargs):
+        inits.append(args)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(h5plain.H5pyReader, "__init__", counting)
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.format == "hdf5" and reader.get_tensor("enc/w").tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert len(inits) == 1
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="without Keras's layout"):
+        base.get_format("keras").open(path)

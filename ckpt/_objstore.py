@@ -66,6 +66,12 @@ SINGLE_PUT_MAX = 512 << 20
 CHUNK = 1 << 20
 #: Spans at most this far apart are fetched by one ranged GET (the bytes between are dropped).
 GAP = 64 << 10
+#: S3 reads of an object up to this size that want all of it but at most WHOLE_SLACK bytes are
+#: one GET of the whole object (``bytes=0-<size - 1>``), as the objects went up in one PUT: one
+#: request, and a server that copies what it slices out of an object (moto) copies nothing.
+SINGLE_GET_MAX = SINGLE_PUT_MAX
+#: Bytes a whole-object GET may fetch that nobody asked for (the head and tail a RemoteFile has).
+WHOLE_SLACK = 1 << 20
 
 
 def piece_size(total: int) -> int:
@@ -154,6 +160,16 @@ def _invalid_range(exc: BaseException) -> bool:
 _RESUMES = 3
 
 
+async def _next_chunk(body: Any, limit: int) -> bytes:
+    """The next bytes of a GET's body: on aiohttp the next piece as it came off the socket (no
+    copy of it; often under ``limit``, never far over), else ``body.read(limit)``."""
+    readchunk = getattr(getattr(getattr(body, "raw_stream", None), "content", None), "readchunk", None)
+    if readchunk is None:  # aiobotocore's httpx backend, or a wrapped body
+        return await body.read(limit)  # type: ignore[no-any-return]
+    chunk, _ = await readchunk()
+    return chunk  # type: ignore[no-any-return]
+
+
 def _resumable(exc: BaseException) -> bool:
     """A connection fault mid-body (aiohttp payload/connection errors, timeouts), not an answer."""
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -186,18 +202,22 @@ class ObjectStore:
             return int(self.fs.size(self._path(url)))
 
     def read_into(self, url: str, spans: Sequence[tuple[int, memoryview]],
-                  name: Callable[[int], str] = lambda i: "data") -> None:
+                  name: Callable[[int], str] = lambda i: "data", size: int | None = None) -> None:
         """Fill each ``(offset, view)`` with the object's bytes there, many ranged GETs at once.
 
         Spans within GAP bytes of each other are fetched together, and what is fetched is cut
         into ranged GETs (``part_size`` on S3, streamed; ``piece_size`` elsewhere), up to
         CONCURRENCY in flight at once: many small tensors cost one request, a big read a few
-        side by side. A range the object does not fully hold is a CorruptCheckpointError naming
-        ``name(i)``.
+        side by side. On S3, when the object's ``size`` is known, at most SINGLE_GET_MAX and all
+        of it but WHOLE_SLACK bytes is wanted, it is one GET of the whole object instead. A range
+        the object does not fully hold is a CorruptCheckpointError naming ``name(i)``.
         """
         pieces = _pieces(spans, part_size if self._s3 else piece_size)
         if not pieces:
             return
+        if self._s3 and size is not None and size <= SINGLE_GET_MAX and \
+                sum(end - start for start, end, _ in pieces) >= size - WHOLE_SLACK:
+            pieces = [(0, max(size, pieces[-1][1]), sorted({i for _, _, members in pieces for i in members}))]
         path = self._path(url)
         with translating(url, f"reading {name(pieces[0][2][0])}"):
             if self._s3:
@@ -257,10 +277,10 @@ class ObjectStore:
             body = resp["Body"]
             try:
                 while sink.pos < end:
-                    chunk = await body.read(min(CHUNK, end - sink.pos))
+                    chunk = await _next_chunk(body, min(CHUNK, end - sink.pos))
                     if not chunk:
                         break
-                    sink.write(chunk[:end - sink.pos])
+                    sink.write(chunk if len(chunk) <= end - sink.pos else chunk[:end - sink.pos])
             except Exception as exc:  # aiohttp's payload and connection errors: resume, then give up
                 if attempt == _RESUMES or not _resumable(exc):
                     raise

@@ -421,7 +421,7 @@ class RemoteFile:
         if cached is not None:
             view[:] = cached
         else:
-            self.directory.store.read_into(self.data_url, [(offset, view)], lambda i: what)
+            self.directory.store.read_into(self.data_url, [(offset, view)], lambda i: what, self.size)
 
     def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
         """Fill every span (several ranged GETs in flight) and return each one's crc32c."""
@@ -437,7 +437,7 @@ class RemoteFile:
                                              "truncated")
             else:
                 fetch.append(i)
-        self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]))
+        self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]), self.size)
         return [_io.crc32c(view) for _, view in spans]
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import pathlib
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -90,7 +91,35 @@ def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_serve
     assert store.read_small_or_head(url, 64, "x") == (blob[:64], len(blob))
 
 
-def test_a_connection_dropped_mid_body_is_resumed_where_it_stopped(s3_bucket, s3_server, monkeypatch):
+def test_a_read_of_nearly_a_whole_object_is_one_get_of_all_of_it(s3_bucket, s3_server, monkeypatch):
+    monkeypatch.setattr(_objstore, "PART", 1 << 20)  # without the whole-object rule: several parts
+    monkeypatch.setattr(_objstore, "WHOLE_SLACK", 4096)
+    store = ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/blob"
+    blob = bytes(range(256)) * (5 << 12)  # 5 MiB
+    store.put(url, blob, create_only=True)
+    views = [(100 + i * (1 << 20), memoryview(bytearray(1 << 20))) for i in range(4)] + \
+        [(100 + (4 << 20), memoryview(bytearray(len(blob) - (4 << 20) - 2000)))]  # all but 2,100 bytes
+    s3_server.traffic.clear()
+    store.read_into(url, views, size=len(blob))
+    assert all(bytes(v) == blob[o:o + len(v)] for o, v in views)
+    assert [g[2] for g in s3_server.traffic.gets()] == [f"bytes=0-{len(blob) - 1}"]
+    s3_server.traffic.clear()  # the same without the size, or over SINGLE_GET_MAX: ranged parts
+    store.read_into(url, views)
+    assert len(s3_server.traffic.gets()) > 1 and not any(g[2].startswith("bytes=0-") for g in s3_server.traffic.gets())
+    monkeypatch.setattr(_objstore, "SINGLE_GET_MAX", len(blob) - 1)
+    s3_server.traffic.clear()
+    store.read_into(url, views, size=len(blob))
+    assert len(s3_server.traffic.gets()) > 1
+    s3_server.traffic.clear()  # more than WHOLE_SLACK bytes unasked: only what is asked
+    monkeypatch.setattr(_objstore, "SINGLE_GET_MAX", len(blob))
+    store.read_into(url, views[:4], size=len(blob))
+    assert s3_server.traffic.bytes_sent == 4 << 20
+
+
+@pytest.mark.parametrize("reader", ["readchunk", "read"])
+def test_a_connection_dropped_mid_body_is_resumed_where_it_stopped(s3_bucket, s3_server, monkeypatch, reader):
+    """Both ways a body is read: aiohttp's chunks as they arrive, and a body's read(n)."""
     import aiohttp
 
     monkeypatch.setattr(_objstore, "CHUNK", 4096)
@@ -98,35 +127,45 @@ def test_a_connection_dropped_mid_body_is_resumed_where_it_stopped(s3_bucket, s3
     url = f"{s3_bucket}/blob"
     blob = bytes(range(256)) * 4096  # 1 MiB
     store.put(url, blob, create_only=True)
-    call_s3, drops = store.fs._call_s3, []
+    call_s3, delivered = store.fs._call_s3, []
 
-    class Dropping:  # the body of the first GET breaks after two chunks
-        def __init__(self, body):
-            self.body, self.reads = body, 0
+    class Dropping:  # the first GET's connection breaks after two chunks
+        def __init__(self, read):
+            self.next, self.reads = read, 0
 
-        async def read(self, n):
+        async def __call__(self, *args):
             self.reads += 1
             if self.reads == 3:
-                drops.append(n)
                 raise aiohttp.ClientPayloadError("Response payload is not completed")
-            return await self.body.read(n)
+            got = await self.next(*args)
+            delivered.append(len(got[0] if reader == "readchunk" else got))
+            return got
+
+    class Body:  # aiohttp's stream behind raw_stream: readchunk() is used; else read(n)
+        def __init__(self, body):
+            self.body = body
+            if reader == "read":
+                self.read = Dropping(body.read)
+            else:
+                self.raw_stream = SimpleNamespace(content=SimpleNamespace(
+                    readchunk=Dropping(body.raw_stream.content.readchunk)))
 
         def close(self):
             self.body.close()
 
     async def flaky(method, **kwargs):
         resp = await call_s3(method, **kwargs)
-        if method == "get_object" and not drops:
-            resp["Body"] = Dropping(resp["Body"])
+        if method == "get_object" and not delivered:
+            resp["Body"] = Body(resp["Body"])
         return resp
 
     monkeypatch.setattr(store.fs, "_call_s3", flaky)
     s3_server.traffic.clear()
     out = bytearray(len(blob) - 100)
     store.read_into(url, [(100, memoryview(out))])
-    assert bytes(out) == blob[100:] and drops
+    assert bytes(out) == blob[100:]
     assert [g[2] for g in s3_server.traffic.gets()] == [f"bytes=100-{len(blob) - 1}",
-                                                        f"bytes={100 + 2 * 4096}-{len(blob) - 1}"]
+                                                        f"bytes={100 + sum(delivered[:2])}-{len(blob) - 1}"]
 
 
 # -- the state file under racing writers ---------------------------------------------------------

@@ -7,6 +7,7 @@ Modes: save ROOT STEP N:KIND:EXT... (one launch of max N processes: the first N 
 ROOT/n<N> through a sub-communicator, for each N) | restore M:KIND... -- DIR... (likewise: the
 first M ranks restore every DIR) | kill DIR PHASE | scenarios ROOT (async saves, async saves
 beside training's collectives on COMM_WORLD, ranks that disagree: see SCENARIOS) | timeout DIR.
+DIR and ROOT may be object-store URLs (s3://...; the store's settings come from the environment).
 """
 
 from __future__ import annotations
@@ -216,6 +217,13 @@ def main() -> None:
                 die()
 
             sharded.write_commit = write_commit  # type: ignore[assignment]
+        if phase == "before-record" and comm.rank == 0:  # an object store: the sharded COMMIT is up,
+            from ckpt import _remote  # the commit record naming it is not
+
+            def publish(*args: object) -> None:
+                die()
+
+            _remote.RemoteDirectory.publish = publish  # type: ignore[assignment, method-assign]
         comm_used = victim if (comm.rank == 1 and phase in ("plan", "verdict", "report", "outcome")) else comm
         # the survivors of a killed rank 0 wait out the timeout (mpiexec does not stop them): keep it short;
         # a save that times out before its kill still leaves model-1 the latest, as the test expects

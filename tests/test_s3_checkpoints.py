@@ -231,6 +231,34 @@ def test_a_one_tensor_read_fetches_the_index_and_that_tensor(s3_bucket, s3_serve
     assert [g[1] for g in s3_server.traffic.gets()] == [commit[0][1]]
 
 
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_restoring_many_small_tensors_costs_one_get_per_cluster(fmt, s3_bucket, s3_server):
+    """1,500 tensors of 2 KiB: beyond opening the checkpoint (the part of its index the commit
+    record's copy lacks), a restore of all of them is one GET; one of two groups of 50 that lie
+    far apart is two GETs holding little more than those tensors."""
+    values = {f"t{i:04d}": ckpt.Variable(np.full(512, i, np.float32)) for i in range(1500)}
+    url = ckpt.Saver(values, format=fmt).save(f"{s3_bucket}/run/small")
+    s3_server.traffic.clear()
+    with ckpt.load_checkpoint(url):
+        opening = [g for g in s3_server.traffic.gets() if "/.ckpt-data/" in g[1]]
+    for v in values.values():
+        v.assign(np.zeros(512, np.float32))
+    s3_server.traffic.clear()
+    ckpt.Saver(values).restore(url)
+    assert all(v.numpy()[0] == int(k[1:]) for k, v in values.items())
+    assert [g for g in s3_server.traffic.gets() if "/.ckpt-data/" in g[1]][:len(opening)] == opening
+    assert sum("/.ckpt-data/" in g[1] for g in s3_server.traffic.gets()) == len(opening) + 1
+    wanted = {k: v for k, v in values.items() if int(k[1:]) < 50 or 1000 <= int(k[1:]) < 1050}
+    for v in wanted.values():
+        v.assign(np.zeros(512, np.float32))
+    s3_server.traffic.clear()
+    ckpt.Saver(wanted).restore(url)
+    assert all(v.numpy()[0] == int(k[1:]) for k, v in wanted.items())
+    data = [g for g in s3_server.traffic.gets() if "/.ckpt-data/" in g[1]][len(opening):]
+    assert len(data) == 2 and all(g[2].startswith("bytes=") for g in data)
+    assert sum(g[3] for g in data) < 2 * 100 * 2048  # the 100 tensors' 200 KiB and what lies between them
+
+
 def test_a_commit_record_without_copies_still_opens(s3_bucket, s3_server):
     """Records written before they carried the data's head and tail: two more ranged GETs."""
     v = ckpt.Variable(np.arange(70000, dtype=np.float32), name="w")

@@ -4,8 +4,10 @@ objects, create-only writes, compare-and-swap writes, uploads, listings, deletes
 Every operation names the URL in its errors (``_storefaults``). Neighbouring spans are
 fetched by one request, and large ranges are cut into parts fetched concurrently. On S3 each
 part is one ranged GET whose body is streamed straight into the caller's buffers as it
-arrives (no copy of the part is held), so parts can be large (``PART``: fewer requests, each
-cheap per byte) and memory stays bounded by ``CONCURRENCY * CHUNK`` whatever the size. Other
+arrives (each piece aiohttp received copied once into place; no copy of the part is held), so
+parts can be large (``PART``: fewer requests, each cheap per byte) and memory stays bounded
+whatever the size; a read of nearly all of an object up to ``SINGLE_GET_MAX`` is one GET of
+the whole object; a caller may start each span's checksum as soon as it is filled. Other
 async stores fetch pieces of at most ``MAX_PIECE`` bytes and copy each into place.
 
 Atomicity comes from the store's conditional writes:
@@ -123,12 +125,16 @@ def _scatter(data: bytes, start: int, end: int, spans: Sequence[tuple[int, memor
 
 class _Sink:
     """Copies the consecutive chunks of one ranged GET ``[start, end)`` into the spans it
-    covers (``members``, in offset order), remembering where it is in both."""
+    covers (``members``, in offset order), remembering where it is in both. With ``done``,
+    calls ``done(i)`` once span i is whole (``left``: its bytes still to come, shared by the
+    sinks of one read, as a span may be cut between two GETs)."""
 
-    def __init__(self, start: int, spans: Sequence[tuple[int, memoryview]], members: list[int]) -> None:
+    def __init__(self, start: int, spans: Sequence[tuple[int, memoryview]], members: list[int],
+                 left: dict[int, int] | None = None, done: Callable[[int], None] | None = None) -> None:
         self.pos, self.spans = start, spans
         self.members = sorted(members, key=lambda i: spans[i][0])
         self.first = 0  # members before this one end at or before pos
+        self.left, self.done = left, done
 
     def write(self, chunk: bytes) -> None:
         start, end = self.pos, self.pos + len(chunk)
@@ -136,13 +142,18 @@ class _Sink:
         while self.first < len(members) and spans[members[self.first]][0] + len(spans[members[self.first]][1]) \
                 <= start:
             self.first += 1
+        data = memoryview(chunk)  # slices of it are not copies
         for i in members[self.first:]:
             offset, view = spans[i]
             if offset >= end:
                 break
             lo, hi = max(start, offset), min(end, offset + len(view))
             if lo < hi:
-                view[lo - offset:hi - offset] = chunk[lo - start:hi - start]
+                view[lo - offset:hi - offset] = data[lo - start:hi - start]
+                if self.done is not None and self.left is not None:
+                    self.left[i] -= hi - lo
+                    if not self.left[i]:
+                        self.done(i)
         self.pos = end
 
     def missing(self) -> int:
@@ -202,7 +213,8 @@ class ObjectStore:
             return int(self.fs.size(self._path(url)))
 
     def read_into(self, url: str, spans: Sequence[tuple[int, memoryview]],
-                  name: Callable[[int], str] = lambda i: "data", size: int | None = None) -> None:
+                  name: Callable[[int], str] = lambda i: "data", size: int | None = None,
+                  done: Callable[[int], None] | None = None) -> None:
         """Fill each ``(offset, view)`` with the object's bytes there, many ranged GETs at once.
 
         Spans within GAP bytes of each other are fetched together, and what is fetched is cut
@@ -210,7 +222,9 @@ class ObjectStore:
         CONCURRENCY in flight at once: many small tensors cost one request, a big read a few
         side by side. On S3, when the object's ``size`` is known, at most SINGLE_GET_MAX and all
         of it but WHOLE_SLACK bytes is wanted, it is one GET of the whole object instead. A range
-        the object does not fully hold is a CorruptCheckpointError naming ``name(i)``.
+        the object does not fully hold is a CorruptCheckpointError naming ``name(i)``. On S3,
+        ``done(i)`` is called (on the event loop's thread: it must be quick) as soon as span i is
+        filled, while the rest is still arriving (its checksum can start).
         """
         pieces = _pieces(spans, part_size if self._s3 else piece_size)
         if not pieces:
@@ -223,7 +237,7 @@ class ObjectStore:
             if self._s3:
                 from fsspec.asyn import sync
 
-                sync(self.fs.loop, self._stream_all, url, spans, pieces, name)
+                sync(self.fs.loop, self._stream_all, url, spans, pieces, name, done)
             elif getattr(self.fs, "async_impl", False):
                 from fsspec.asyn import sync
 
@@ -249,13 +263,15 @@ class ObjectStore:
                 raise result
 
     async def _stream_all(self, url: str, spans: Sequence[tuple[int, memoryview]],
-                          pieces: list[tuple[int, int, list[int]]], name: Callable[[int], str]) -> None:
+                          pieces: list[tuple[int, int, list[int]]], name: Callable[[int], str],
+                          done: Callable[[int], None] | None) -> None:
         bucket, key = self._bucket_key(url)
         gate = asyncio.Semaphore(CONCURRENCY)
+        left = {i: len(spans[i][1]) for _, _, members in pieces for i in members} if done is not None else None
 
         async def fetch(start: int, end: int, members: list[int]) -> None:
             async with gate:
-                await self._stream(bucket, key, start, end, _Sink(start, spans, members), url, name)
+                await self._stream(bucket, key, start, end, _Sink(start, spans, members, left, done), url, name)
 
         results = await asyncio.gather(*(fetch(*piece) for piece in pieces), return_exceptions=True)
         for result in results:  # every request has finished (none writes into a buffer later)

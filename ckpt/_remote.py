@@ -424,7 +424,8 @@ class RemoteFile:
             self.directory.store.read_into(self.data_url, [(offset, view)], lambda i: what, self.size)
 
     def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
-        """Fill every span (several ranged GETs in flight) and return each one's crc32c."""
+        """Fill every span (several ranged GETs in flight) and return each one's crc32c (a big
+        span's computed on the I/O pool as soon as it is filled, while the next ones arrive)."""
         from .formats import _io
 
         fetch = []
@@ -437,8 +438,14 @@ class RemoteFile:
                                              "truncated")
             else:
                 fetch.append(i)
-        self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]), self.size)
-        return [_io.crc32c(view) for _, view in spans]
+        started: dict[int, Callable[[], int]] = {}  # checksums begun while later bytes still arrive
+
+        def done(j: int) -> None:
+            started[fetch[j]] = _io.checksum_async(spans[fetch[j]][1])
+
+        self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]), self.size,
+                                       done)
+        return [started[i]() if i in started else _io.crc32c(view) for i, (_, view) in enumerate(spans)]
 
     def close(self) -> None:
         self._cache.clear()

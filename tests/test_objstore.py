@@ -4,6 +4,7 @@ and every store fault as a CheckpointError naming the URL."""
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import socket
 import threading
@@ -89,6 +90,32 @@ def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_serve
     with pytest.raises(ckpt.CorruptCheckpointError, match="truncated"):
         store.read_into(url, [(len(blob) - 4, memoryview(bytearray(8)))], lambda i: "tensor 'w'")
     assert store.read_small_or_head(url, 64, "x") == (blob[:64], len(blob))
+
+
+def test_each_span_is_reported_once_as_soon_as_it_is_whole(s3_bucket, monkeypatch):
+    """``done(i)`` (where RemoteFile starts span i's checksum) comes once per span, when all of its
+    bytes are in place: also for a span cut between two GETs, and before the read ends."""
+    monkeypatch.setattr(_objstore, "PART", 1 << 20)
+    monkeypatch.setattr(_objstore, "CHUNK", 4096)
+    store = ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/blob"
+    blob = bytes(range(251)) * ((3 << 20) // 251)
+    store.put(url, blob, create_only=True)
+    cuts = [0, 10, 5000, (1 << 20) + 7, (2 << 20) + 3, len(blob) - 9]  # one span crosses parts' edges
+    spans = [(a, memoryview(bytearray(b - a))) for a, b in itertools.pairwise(cuts)]
+    for part in (1 << 20, 64 << 20):  # three GETs side by side; one GET (filling the spans in order)
+        monkeypatch.setattr(_objstore, "PART", part)
+        for _, view in spans:
+            view[:] = bytes(len(view))
+        seen: list[tuple[int, bool, bool]] = []  # (span, it is whole, the last span is whole)
+
+        def done(i: int, seen: list[tuple[int, bool, bool]] = seen) -> None:
+            whole = [bytes(spans[j][1]) == blob[cuts[j]:cuts[j + 1]] for j in (i, len(spans) - 1)]
+            seen.append((i, *whole))
+
+        store.read_into(url, spans, done=done)
+        assert sorted(i for i, _, _ in seen) == list(range(len(spans))) and all(whole for _, whole, _ in seen)
+    assert seen[0][0] == 0 and not seen[0][2]  # one GET: the first span was reported before the last had come
 
 
 def test_a_read_of_nearly_a_whole_object_is_one_get_of_all_of_it(s3_bucket, s3_server, monkeypatch):

@@ -41,9 +41,11 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def throughput(client, bucket: str, total: int, reps: int) -> list[tuple[str, float, float]]:
+def throughput(client, bucket: str, total: int, reps: int,
+               server: S3Server | None = None) -> tuple[list[tuple[str, float, float]], dict[str, list]]:
     """[(system, save seconds, restore seconds)] for ``total`` bytes in 4 MiB tensors; the systems
-    take turns within each repetition (a loaded machine slows them alike), medians reported."""
+    take turns within each repetition (a loaded machine slows them alike), medians reported. With
+    ``server``, also {system: [(method, Range, bytes sent)]}: the requests of its last restore."""
     variables = _variables(total // (4 * MiB), 4 * MiB)
     payload = b"".join(v.numpy().tobytes() for v in variables.values())
     saver = ckpt.Saver(variables, max_to_keep=1, format="msgpack")
@@ -65,13 +67,18 @@ def throughput(client, bucket: str, total: int, reps: int) -> list[tuple[str, fl
             lambda: client.upload_fileobj(io.BytesIO(payload), bucket, "plain/managed"), managed_get),
     }
     times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in systems}
+    requests: dict[str, list] = {}
     for _ in range(reps):
         for name, (save, _restore) in systems.items():
             times[name][0].append(_timed(save))
         for name, (_save, restore) in systems.items():
+            if server is not None:
+                server.traffic.clear()
             times[name][1].append(_timed(restore))
+            if server is not None:
+                requests[name] = [(method, rng, sent) for method, _, rng, sent in server.traffic.requests]
     return [(name, statistics.median(saves), statistics.median(restores))
-            for name, (saves, restores) in times.items()]
+            for name, (saves, restores) in times.items()], requests
 
 
 def one_tensor(server: S3Server, bucket: str, total: int) -> dict[str, int]:
@@ -104,7 +111,7 @@ def report(model_mib: int = 256, big_mib: int = 1024, reps: int = 3) -> str:
     try:
         client = boto3.client("s3")
         client.create_bucket(Bucket="bench")
-        rows = throughput(client, "bench", model_mib * MiB, reps)
+        rows, requests = throughput(client, "bench", model_mib * MiB, reps, server)
         lines += [f"## S3 (moto's server on 127.0.0.1): a {model_mib} MiB model, median of {reps}", "",
                   "| system | save s | save MiB/s | restore s | restore MiB/s |", "|---|---:|---:|---:|---:|"]
         for name, save, restore in rows:
@@ -113,7 +120,11 @@ def report(model_mib: int = 256, big_mib: int = 1024, reps: int = 3) -> str:
         best_save = min(r[1] for r in rows[1:])
         best_restore = min(r[2] for r in rows[1:])
         lines += ["", f"ckpt vs the faster boto3 way: save {best_save / rows[0][1]:.2f}x, "
-                      f"restore {best_restore / rows[0][2]:.2f}x (target >= 0.8x)", ""]
+                      f"restore {best_restore / rows[0][2]:.2f}x (target >= 0.8x)", "",
+                  "Requests of one restore (method, Range, bytes the server sent):", ""]
+        for name, seen in requests.items():
+            lines.append(f"- {name}: " + ", ".join(f"{m} {r or '(whole)'} {n:,}" for m, r, n in seen))
+        lines.append("")
         counts = one_tensor(server, "bench", big_mib * MiB)
         extra = counts["bytes"] - counts["tensor"] - counts["record"]
         lines += [f"## S3: one 4 MiB tensor of a {big_mib} MiB checkpoint", "",

@@ -68,9 +68,10 @@ SINGLE_PUT_MAX = 512 << 20
 CHUNK = 1 << 20
 #: Spans at most this far apart are fetched by one ranged GET (the bytes between are dropped).
 GAP = 64 << 10
-#: S3 reads of an object up to this size that want all of it but at most WHOLE_SLACK bytes are
-#: one GET of the whole object (``bytes=0-<size - 1>``), as the objects went up in one PUT: one
-#: request, and a server that copies what it slices out of an object (moto) copies nothing.
+#: S3 reads of an object up to this size that want all of it but at most WHOLE_SLACK bytes (and
+#: 1/16 of it) are one GET of the whole object (``bytes=0-<size - 1>``), as the objects went up
+#: in one PUT: one request, and a server that copies what it slices out of an object (moto)
+#: copies nothing.
 SINGLE_GET_MAX = SINGLE_PUT_MAX
 #: Bytes a whole-object GET may fetch that nobody asked for (the head and tail a RemoteFile has).
 WHOLE_SLACK = 1 << 20
@@ -221,7 +222,7 @@ class ObjectStore:
         into ranged GETs (``part_size`` on S3, streamed; ``piece_size`` elsewhere), up to
         CONCURRENCY in flight at once: many small tensors cost one request, a big read a few
         side by side. On S3, when the object's ``size`` is known, at most SINGLE_GET_MAX and all
-        of it but WHOLE_SLACK bytes is wanted, it is one GET of the whole object instead. A range
+        of it but WHOLE_SLACK bytes (and 1/16 of it) is wanted, it is one GET of the whole object. A range
         the object does not fully hold is a CorruptCheckpointError naming ``name(i)``. On S3,
         ``done(i)`` is called (on the event loop's thread: it must be quick) as soon as span i is
         filled, while the rest is still arriving (its checksum can start).
@@ -230,7 +231,7 @@ class ObjectStore:
         if not pieces:
             return
         if self._s3 and size is not None and size <= SINGLE_GET_MAX and \
-                sum(end - start for start, end, _ in pieces) >= size - WHOLE_SLACK:
+                sum(end - start for start, end, _ in pieces) >= size - min(WHOLE_SLACK, size // 16):
             pieces = [(0, max(size, pieces[-1][1]), sorted({i for _, _, members in pieces for i in members}))]
         path = self._path(url)
         with translating(url, f"reading {name(pieces[0][2][0])}"):

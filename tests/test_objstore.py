@@ -142,6 +142,11 @@ def test_a_read_of_nearly_a_whole_object_is_one_get_of_all_of_it(s3_bucket, s3_s
     monkeypatch.setattr(_objstore, "SINGLE_GET_MAX", len(blob))
     store.read_into(url, views[:4], size=len(blob))
     assert s3_server.traffic.bytes_sent == 4 << 20
+    monkeypatch.setattr(_objstore, "WHOLE_SLACK", 1 << 20)  # nor when over 1/16 of the object is unasked
+    s3_server.traffic.clear()
+    most = [(100, memoryview(bytearray(len(blob) - (400 << 10))))]
+    store.read_into(url, most, size=len(blob))
+    assert s3_server.traffic.bytes_sent == len(most[0][1])
 
 
 @pytest.mark.parametrize("reader", ["readchunk", "read"])

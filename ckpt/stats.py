@@ -4,13 +4,25 @@ What ``ckpt inspect --stats`` prints: min, max, mean, std, zeros, NaN and Inf co
 16-bin histogram between min and max. Checkpoint tensors are read in bounded chunks (memory
 holds a chunk, not a tensor), each checked against the tensor's checksum as it streams.
 
-The statistics are computed in one pass over the chunks, vectorized per piece of
-``PIECE`` elements (small enough to stay in the CPU cache across the few numpy reductions
-each piece needs). The histogram's bins depend on min and max, which are only known at the
-end, so a tensor larger than one chunk is read a second time for its histogram (bins
-between the exact min and max, as numpy's ``histogram`` draws them; a fixed-range histogram
-would have been one pass but would have changed what the command prints); a tensor that
-fits in one chunk is binned from memory.
+Pass 1 goes over the chunks once, vectorized per piece of ``PIECE`` elements (small enough to
+stay in the CPU cache across the few numpy calls each piece needs), the pieces of a chunk
+shared between this thread and a second one (numpy and BLAS release the GIL in their loops):
+min, max, zeros and NaN/Inf counts in the tensor's own dtype (or float32, exact for every
+16-bit and smaller dtype: numpy's float16 loops are slow, bfloat16/float8 have none); the
+sum and sum of squares of each piece in float64 from one matrix-vector product (its float64
+copy next to a row of ones), about a shift that keeps them free of cancellation (0, or the
+first piece's mean where it is far from 0 against the spread; a piece far from it is summed
+again about its own mean), merged in order with Chan et al.'s formula: the mean and std agree
+with exact arithmetic to about 1e-15 and 1e-12 relative, whatever the thread timing.
+
+The histogram's bins depend on min and max, which are only known at the end of pass 1, so a
+tensor larger than one chunk is read a second time (pass 2; no exact histogram between a min
+and a max that are not yet known can be built in one pass with memory bounded by a chunk); a
+tensor of one chunk is binned from memory. Pass 2 counts the values below each of the 15
+inner edges of ``np.histogram(values, 16, range=(min, max))`` (float64 edges; for float32
+values each edge rounded up to float32, which splits float32 values exactly as the float64
+edge does), skipping edges outside a piece's own range: the counts are numpy's, values on
+an edge included.
 
 Example:
     >>> import numpy as np
@@ -22,9 +34,12 @@ Example:
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,8 +51,9 @@ from ._urls import StorageOptions
 __all__ = ["TensorStats", "array_stats", "tensor_stats", "HISTOGRAM_BINS"]
 
 HISTOGRAM_BINS = 16
-#: Elements handled per vectorized step (a piece of a chunk: its float64 copy stays in cache).
+#: Elements handled per vectorized step (a piece of a chunk: its copies stay in cache).
 PIECE = 1 << 17
+T = TypeVar("T")
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -114,121 +130,279 @@ def _kind(dtype: np.dtype) -> str:
     return {"c": "complex", "b": "bool", "i": "int", "u": "int"}.get(dtype.kind, "float")
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _domain(dtype: np.dtype) -> np.dtype:
+    """The float dtype a tensor's values are compared and binned in: float32 where every value converts
+    to it exactly (and its comparisons against float32-rounded edges equal float64's), float64 otherwise."""
+    if dtype.kind == "c":
+        return _F32 if dtype.itemsize <= 8 else _F64  # magnitudes: abs of complex64 is float32
+    if dtype.kind == "O":
+        return _F64  # string lengths
+    return _F32 if dtype.itemsize <= 2 or dtype == _F32 else _F64
+
+
+def _inner_edges(lo: float, hi: float, domain: np.dtype) -> np.ndarray:
+    """The 15 inner edges numpy's ``histogram(x, 16, range=(lo, hi))`` draws, as ``domain`` values that
+    split ``domain`` values as the float64 edges split them (float32: each edge rounded up)."""
+    bins = HISTOGRAM_BINS
+    if math.isfinite(hi - lo):
+        edges = np.linspace(lo, hi, bins + 1)[1:-1]  # what np.histogram computes its edges with
+    else:  # a range like ±1e308: scaled first so nothing overflows
+        edges = np.array([lo / bins * (bins - k) + hi / bins * k for k in range(1, bins)])
+    if domain == _F64:
+        return edges
+    # x < e (float64) <=> x < the smallest float32 >= e, for every float32 x
+    rounded = edges.astype(np.float32)
+    return np.where(rounded.astype(np.float64) < edges, np.nextafter(rounded, np.float32(np.inf)), rounded)
+
+
+class _Scratch:
+    """One worker's reused buffers for a piece: its float64 copy (next to a row of ones, so one
+    matrix-vector product gives the sum and the sum of squares), a domain copy and a mask."""
+
+    def __init__(self) -> None:
+        self.rows = np.ones((2, PIECE), dtype=np.float64)
+        self.mask = np.empty(PIECE, dtype=bool)
+        self.values: dict[np.dtype, np.ndarray] = {}
+
+    def fit(self) -> None:
+        if self.rows.shape[1] != PIECE:  # PIECE was changed (tests): follow it
+            self.rows, self.mask = np.ones((2, PIECE), dtype=np.float64), np.empty(PIECE, dtype=bool)
+            self.values.clear()
+
+    def domain_copy(self, raw: np.ndarray, domain: np.dtype) -> np.ndarray:
+        """``raw`` as ``domain`` values (magnitudes for complex), in a reused buffer where one is needed."""
+        if raw.dtype == domain:
+            return raw
+        buffer = self.values.get(domain)
+        if buffer is None:
+            buffer = self.values[domain] = np.empty(PIECE, dtype=domain)
+        out = buffer[:raw.size]
+        if raw.dtype.kind == "c":
+            np.abs(raw, out=out)
+        else:
+            np.copyto(out, raw, casting="unsafe")
+        return out
+
+    def zeros(self, x: np.ndarray) -> int:
+        mask = self.mask[:x.size]
+        np.equal(x, 0, out=mask)
+        return int(np.count_nonzero(mask))
+
+    def moments(self, x: np.ndarray, shift: float) -> tuple[float, float]:
+        """Sum and sum of squares of ``x - shift``, in float64."""
+        n = x.size
+        row = self.rows[1, :n]
+        if shift:
+            np.subtract(x, np.float64(shift), out=row, casting="unsafe")
+        else:
+            np.copyto(row, x, casting="unsafe")
+        s1, s2 = np.dot(self.rows[:, :n], row)
+        return float(s1), float(s2)
+
+    def below(self, x: np.ndarray, edges: np.ndarray, known: tuple[float, float] | None,
+              counts: np.ndarray) -> None:
+        """Add to ``counts[k]`` how many of ``x`` are below ``edges[k]`` (``known``: all of x lie in it)."""
+        mask = self.mask[:x.size]
+        for k, edge in enumerate(edges):
+            if known is not None and edge <= known[0]:  # nothing of this piece is below the edge
+                continue
+            if known is not None and edge > known[1]:  # all of it is
+                counts[k] += x.size
+                continue
+            np.less(x, edge, out=mask)
+            counts[k] += int(np.count_nonzero(mask))
+
+
+class _Piece:
+    """One piece's figures from pass 1 (merged in order, so results do not depend on threads)."""
+
+    __slots__ = ("hi", "lo", "m2", "n", "nan", "neginf", "offset", "ranged", "shift", "zeros")
+
+    def __init__(self) -> None:
+        self.n = self.zeros = self.nan = self.neginf = 0
+        self.lo: Any = None
+        self.hi: Any = None
+        self.shift = self.offset = self.m2 = 0.0  # the mean is shift + offset (apart: no digits lost)
+        self.ranged = False  # every value is finite and in [lo, hi]: pass 2 may skip edges outside it
+
+
+def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: float) -> _Piece:
+    """A piece's count, range, zeros, NaN and -Inf counts, mean and sum of squared deviations."""
+    p = _Piece()
+    exact = raw.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
+    if raw.dtype.kind == "c":
+        x = scratch.domain_copy(raw, domain)
+        finite: np.ndarray | None = np.isfinite(raw)
+        p.nan = int(np.count_nonzero(np.isnan(raw)))
+    else:
+        x = raw if exact or raw.dtype in (_F32, _F64) else scratch.domain_copy(raw, domain)
+        lo, hi = np.minimum.reduce(x), np.maximum.reduce(x)  # NaN propagates: both finite means all are
+        finite = None if exact or (math.isfinite(lo) and math.isfinite(hi)) else np.isfinite(x)
+        if finite is None:
+            p.lo, p.hi = (int(lo), int(hi)) if exact else (float(lo), float(hi))
+            p.zeros = scratch.zeros(x) if p.lo <= 0 <= p.hi else 0
+            p.ranged = True
+        else:
+            p.nan = int(np.count_nonzero(np.isnan(x)))
+            p.neginf = int(np.count_nonzero(x == -np.inf))
+    if finite is not None:  # some values are not finite (or complex): leave them out
+        p.zeros = scratch.zeros(x)
+        if not finite.all():
+            x = x[finite]
+        if not x.size:
+            return p
+        p.lo, p.hi = float(x.min()), float(x.max())
+    p.n = x.size
+    s1, s2 = scratch.moments(x, shift)
+    m2 = s2 - s1 * s1 / p.n
+    if math.isfinite(s1) and math.isfinite(m2) and not s1 * s1 <= 16 * p.n * m2:
+        shift += s1 / p.n  # the mean is far from the shift (or all values are equal): again, about the mean
+        s1, s2 = scratch.moments(x, shift)
+        m2 = s2 - s1 * s1 / p.n
+    p.shift, p.offset, p.m2 = shift, s1 / p.n, max(m2, 0.0)
+    return p
+
+
+_helper: ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def _second_thread() -> ThreadPoolExecutor:
+    """The thread that takes half of each chunk's pieces (numpy and BLAS release the GIL in their loops)."""
+    global _helper
+    with _helper_lock:
+        if _helper is None:
+            _helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stats")
+        return _helper
+
+
+def _forget_helper() -> None:
+    global _helper, _helper_lock
+    _helper, _helper_lock = None, threading.Lock()  # a forked child has no such thread
+
+
+os.register_at_fork(after_in_child=_forget_helper)
+
+_local = threading.local()
+
+
+def _scratch() -> _Scratch:
+    scratch: _Scratch | None = getattr(_local, "scratch", None)
+    if scratch is None:
+        scratch = _local.scratch = _Scratch()
+    scratch.fit()
+    return scratch
+
+
+def _on_both(chunk: np.ndarray, work: Callable[[int, np.ndarray], T]) -> list[T]:
+    """``work(i, piece)`` on each piece of ``chunk``, results in order; the second half of the pieces
+    runs on the second thread meanwhile."""
+    pieces = [chunk[s:s + PIECE] for s in range(0, chunk.size, PIECE)]
+    half = (len(pieces) + 1) // 2
+    if len(pieces) < 2:
+        return [work(i, p) for i, p in enumerate(pieces)]
+    job = _second_thread().submit(lambda: [work(half + i, p) for i, p in enumerate(pieces[half:])])
+    try:
+        first = [work(i, p) for i, p in enumerate(pieces[:half])]
+    finally:
+        rest = job.result()  # the chunk's buffer must not be reused while the second thread reads it
+    return first + rest
+
+
 class _Accumulator:
     """Statistics of a tensor fed in flat chunks: ``add`` each chunk (pass 1), then, when
     ``binning`` says so, ``bin`` each chunk again (pass 2), then ``result``."""
 
-    def __init__(self, kind: str, count: int) -> None:
-        self.kind, self.count = kind, count
-        self.zeros = self.nan = self.n = 0
+    def __init__(self, kind: str, count: int, dtype: np.dtype) -> None:
+        self.kind, self.count, self.domain = kind, count, _domain(dtype)
+        self.zeros = self.nan = self.neginf = self.n = 0
         self.lo: Any = None
         self.hi: Any = None
+        self.ref: float | None = None  # the shift of the sums; self.mean is the mean minus it
         self.mean = self.m2 = 0.0
-        self.hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-        self._scratch = np.empty(0, dtype=np.float64)
-
-    def _floats(self, raw: np.ndarray) -> np.ndarray:
-        """``raw`` as float64 (magnitudes for complex), in a reused buffer."""
-        if raw.dtype.kind == "c":
-            magnitudes: np.ndarray = np.abs(raw).astype(np.float64, copy=False)
-            return magnitudes
-        if self._scratch.size < raw.size:
-            self._scratch = np.empty(max(raw.size, PIECE), dtype=np.float64)
-        out = self._scratch[:raw.size]
-        np.copyto(out, raw, casting="unsafe")
-        return out
+        self.ranges: list[tuple[float, float] | None] = []  # each piece's [lo, hi] when all its values are finite
+        self.below = np.zeros(HISTOGRAM_BINS - 1, dtype=np.int64)  # values below each inner edge
+        self._edges: np.ndarray | None = None
+        self._piece = 0
 
     def add(self, chunk: np.ndarray) -> None:
         """Pass 1 over one flat chunk (numbers; string tensors are fed their lengths)."""
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # huge values: inf std, no warning
-            for start in range(0, chunk.size, PIECE):
-                self._add_piece(chunk[start:start + PIECE])
+            if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
+                first = _first_pass(chunk[:PIECE], _scratch(), self.domain, 0.0)
+                self.ref = first.shift  # 0, or that piece's mean where 0 is far from it against the spread
+                self._merge(first)
+                chunk = chunk[PIECE:]
+            ref = self.ref
+            pieces = _on_both(chunk, lambda i, raw: _first_pass(raw, _scratch(), self.domain, ref or 0.0))
+        for p in pieces:
+            self._merge(p)
 
-    def _add_piece(self, raw: np.ndarray) -> None:
-        exact = raw.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
-        if raw.dtype.kind == "f" and not raw.dtype.isbuiltin:  # bfloat16, float8: numpy's loops are slow
-            raw = raw.astype(np.float32)
-        if exact or raw.dtype.kind == "f":
-            c_lo, c_hi = raw.min(), raw.max()  # NaN propagates: both finite means all are
-            if exact or (math.isfinite(c_lo) and math.isfinite(c_hi)):
-                self.zeros += raw.size - int(np.count_nonzero(raw))
-                x = self._floats(raw)
-                self._merge(x, int(c_lo) if exact else float(c_lo), int(c_hi) if exact else float(c_hi))
-                return
-        x = self._floats(raw)
-        self.zeros += int(np.count_nonzero(x == 0))
-        finite = np.isfinite(raw) if raw.dtype.kind == "c" else np.isfinite(x)
-        self.nan += int(np.count_nonzero(np.isnan(raw if raw.dtype.kind == "c" else x)))
-        if not finite.all():
-            x = x[finite]
-        if x.size:
-            self._merge(x, float(x.min()), float(x.max()))
-
-    def _merge(self, x: np.ndarray, c_lo: Any, c_hi: Any) -> None:
-        """Fold a piece's finite values (float64, overwritten) into the running figures."""
-        self.lo = c_lo if self.lo is None else min(self.lo, c_lo)
-        self.hi = c_hi if self.hi is None else max(self.hi, c_hi)
-        # merge this piece's mean and sum of squared deviations into the running ones (Chan et al.)
-        c_mean = float(x.sum()) / x.size
-        x -= c_mean
-        c_m2 = float(np.einsum("i,i->", x, x))
-        total = self.n + x.size
-        delta = c_mean - self.mean
-        self.mean += delta * x.size / total
-        self.m2 += c_m2 + delta * delta * self.n * x.size / total
+    def _merge(self, p: _Piece) -> None:
+        self.zeros += p.zeros
+        self.nan += p.nan
+        self.neginf += p.neginf
+        self.ranges.append((float(p.lo), float(p.hi)) if p.ranged else None)
+        if not p.n:
+            return
+        self.lo = p.lo if self.lo is None else min(self.lo, p.lo)
+        self.hi = p.hi if self.hi is None else max(self.hi, p.hi)
+        total = self.n + p.n  # Chan et al.'s merge of two means and sums of squared deviations
+        delta = (p.shift - (self.ref or 0.0)) + p.offset - self.mean  # means kept relative to ref
+        self.mean += delta * p.n / total
+        self.m2 += p.m2 + delta * delta * self.n * p.n / total
         self.n = total
 
     @property
     def binning(self) -> bool:
-        """Whether ``bin`` must see the values again (there are finite values to bin)."""
-        return self.lo is not None
+        """Whether ``bin`` must see the values again (there are finite values, not all equal)."""
+        return self.lo is not None and self.lo != self.hi
 
     def bin(self, chunk: np.ndarray) -> None:
-        """Pass 2 over one flat chunk: count its finite values into the histogram."""
-        lo, hi = float(self.lo), float(self.hi)
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            for start in range(0, chunk.size, PIECE):
-                raw = chunk[start:start + PIECE]
-                if raw.dtype.kind == "f" and not raw.dtype.isbuiltin:
-                    raw = raw.astype(np.float32)
-                x = self._floats(raw)
-                if self.nan or self.n != self.count:  # some values are not finite: leave them out
-                    x = x[np.isfinite(x)]
-                self.hist += _bin_counts(x, lo, hi)
+        """Pass 2 over one flat chunk: count its values below each inner bin edge."""
+        if self._edges is None:
+            self._edges = _inner_edges(float(self.lo), float(self.hi), self.domain)
+        edges, first = self._edges, self._piece
+        self._piece += -(-chunk.size // PIECE)
+
+        def count(i: int, raw: np.ndarray) -> np.ndarray:
+            scratch = _scratch()
+            x = scratch.domain_copy(raw, self.domain)
+            counts = np.zeros(len(edges), dtype=np.int64)
+            known = self.ranges[first + i] if first + i < len(self.ranges) else None
+            scratch.below(x, edges, known, counts)
+            return counts
+
+        with np.errstate(invalid="ignore"):
+            for counts in _on_both(chunk, count):
+                self.below += counts
 
     def result(self) -> TensorStats:
         inf = self.count - self.n - self.nan
         if self.lo is None:
             return TensorStats(self.kind, self.count, self.zeros, self.nan, inf, None, None, None, None, ())
-        return TensorStats(self.kind, self.count, self.zeros, self.nan, inf, self.lo, self.hi, self.mean,
-                           math.sqrt(self.m2 / self.n), tuple(int(c) for c in self.hist))
-
-
-def _bin_counts(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Histogram counts over [lo, hi]; values are scaled first so ranges like ±1e308 cannot overflow."""
-    bins = HISTOGRAM_BINS
-    if lo == hi:
-        counts = np.zeros(bins, dtype=np.int64)
-        counts[bins // 2] = x.size
-        return counts
-    if math.isfinite(hi - lo):  # x is a scratch copy: scaled in place, as numpy's histogram does
-        np.subtract(x, lo, out=x)
-        np.divide(x, hi - lo, out=x)
-        np.multiply(x, bins, out=x)
-    else:  # a range like ±1e308: scaled first so nothing overflows
-        x = (x / bins - lo / bins) / (hi / bins - lo / bins) * bins
-    np.minimum(x, bins - 1, out=x)  # hi itself lands in the last bin; nothing is below lo
-    return np.bincount(x.astype(np.intp), minlength=bins)
+        hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
+        if self.lo == self.hi:
+            hist[HISTOGRAM_BINS // 2] = self.n  # as numpy draws it: a range of one value is widened by 0.5 each side
+        else:
+            below = self.below - self.neginf  # -Inf is below every edge: it is no finite value
+            hist[0], hist[1:-1], hist[-1] = below[0], np.diff(below), self.n - below[-1]
+        return TensorStats(self.kind, self.count, self.zeros, self.nan, inf, self.lo, self.hi,
+                           (self.ref or 0.0) + self.mean, math.sqrt(self.m2 / self.n), tuple(int(c) for c in hist))
 
 
 def _string_lengths(flat: np.ndarray) -> np.ndarray:
     return np.fromiter((len(x) for x in flat), dtype=np.int64, count=flat.size)
 
 
-def _stats_of_chunks(kind: str, count: int, chunks: Callable[[], Iterable[np.ndarray]]) -> TensorStats:
+def _stats_of_chunks(kind: str, count: int, dtype: np.dtype,
+                     chunks: Callable[[], Iterable[np.ndarray]]) -> TensorStats:
     """Statistics from ``chunks()`` (flat chunks in order): one pass, and a second one for the
     histogram unless the values came in one chunk (binned from memory)."""
-    acc = _Accumulator(kind, count)
+    acc = _Accumulator(kind, count, dtype)
     only: np.ndarray | None = None
     n_chunks = 0
     for chunk in chunks():
@@ -254,7 +428,7 @@ def array_stats(arr: np.ndarray) -> TensorStats:
         ('int', 0, 3, 1.5, 1)
     """
     flat = arr.reshape(-1)
-    return _stats_of_chunks(_kind(arr.dtype), flat.size, lambda: [flat])
+    return _stats_of_chunks(_kind(arr.dtype), flat.size, arr.dtype, lambda: [flat])
 
 
 def stats_of(reader: Any, key: str) -> TensorStats:
@@ -262,7 +436,7 @@ def stats_of(reader: Any, key: str) -> TensorStats:
     from ._chunks import tensor_chunks
 
     info = reader.tensors[key]
-    return _stats_of_chunks(_kind(info.dtype), info.size, lambda: tensor_chunks(reader, key))
+    return _stats_of_chunks(_kind(info.dtype), info.size, info.dtype, lambda: tensor_chunks(reader, key))
 
 
 def tensor_stats(checkpoint: Checkpoint, keys: Keys = None, *, progress: Callable[[int], None] | None = None,

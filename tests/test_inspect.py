@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import fractions
 import json
 import math
 import warnings
@@ -102,6 +104,60 @@ def test_chunked_stats_match_numpy(monkeypatch, dtype):
     assert s.std == pytest.approx(as64.std(), rel=1e-9)
     assert list(s.histogram) == np.histogram(as64, bins=16, range=(as64.min(), as64.max()))[0].tolist()
     assert s.zeros == np.count_nonzero(as64 == 0)
+
+
+def _numpy_histogram(values: np.ndarray) -> list[int]:
+    as64 = values.astype(np.float64)
+    as64 = as64[np.isfinite(as64)]
+    return np.histogram(as64, bins=16, range=(as64.min(), as64.max()))[0].tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ckpt.dtypes.bfloat16, np.int32, np.int64,
+                                   np.uint16])
+def test_histogram_is_numpys_even_on_the_bin_edges(monkeypatch, dtype):
+    """Values on numpy's bin edges and on their neighbours land where np.histogram puts them."""
+    monkeypatch.setattr(stats, "PIECE", 5)  # many pieces: both threads, the pieces' own ranges
+    lo, hi = (-3.0, 7.1) if np.dtype(dtype).kind == "f" else (0, 4099)
+    edges = np.linspace(lo, hi, 17)
+    near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
+    as_dtype = near.astype(dtype)
+    if np.dtype(dtype).kind == "f" and np.dtype(dtype) != np.float64:  # this dtype's own neighbours of the edges
+        wide = near.astype(np.float32)
+        as_dtype = np.concatenate([as_dtype, np.nextafter(wide, -np.inf).astype(dtype),
+                                   np.nextafter(wide, np.inf).astype(dtype)])
+    values = np.clip(as_dtype.astype(np.float64), lo, hi).astype(dtype)
+    values = np.random.default_rng(3).permutation(values)
+    s = stats.array_stats(values)
+    assert list(s.histogram) == _numpy_histogram(values)
+
+
+def test_histogram_streams_in_two_passes_and_skips_non_finite_values(monkeypatch):
+    monkeypatch.setattr(stats, "PIECE", 64)
+    rng = np.random.default_rng(4)
+    values = (rng.standard_normal(5000) * 3).astype(np.float32)
+    values[[5, 700, 4000]] = [np.nan, -np.inf, np.inf]
+    chunks = [values[:1234], values[1234:3000], values[3000:]]
+    s = stats._stats_of_chunks("float", values.size, values.dtype, lambda: iter(chunks))
+    whole = stats.array_stats(values)
+    assert s.mean == pytest.approx(whole.mean, rel=1e-12) and s.std == pytest.approx(whole.std, rel=1e-12)
+    assert dataclasses.replace(s, mean=0, std=0) == dataclasses.replace(whole, mean=0, std=0)
+    assert list(s.histogram) == _numpy_histogram(values)
+    assert (s.nan, s.inf, s.count) == (1, 2, 5000)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e6, -3e9])
+def test_mean_and_std_far_from_zero_keep_their_digits(monkeypatch, offset):
+    """Sums are taken about the mean where it is far from 0: a spread of 1e-3 around 1e6 is not lost."""
+    monkeypatch.setattr(stats, "PIECE", 100)
+    values = offset + np.random.default_rng(6).standard_normal(5000) * 1e-3
+    s = stats.array_stats(values)
+    exact = [fractions.Fraction(x) for x in values.tolist()]  # the exact mean and std of these doubles
+    mean = sum(exact) / len(exact)
+    std = math.sqrt(sum((x - mean) ** 2 for x in exact) / len(exact))
+    assert s.mean == pytest.approx(float(mean), rel=1e-15, abs=1e-15)
+    assert s.std == pytest.approx(std, rel=1e-9)  # numpy's own np.std is 5e-9 off at -3e9
+    constant = stats.array_stats(np.full(1000, 0.1))
+    assert (constant.std, constant.mean, constant.histogram[8]) == (0.0, pytest.approx(0.1, rel=1e-15), 1000)
 
 
 def test_integer_extremes_are_exact():

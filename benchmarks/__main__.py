@@ -15,7 +15,7 @@ parser.add_argument("--reps", type=int, default=5, help="repetitions per system 
 parser.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs directory (CPU cost); '' to skip")
 parser.add_argument("--disk", default=tempfile.gettempdir(), help="a directory on disk; '' to skip")
 parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sharded,hdf5child,one,cli,s3",
-                    help="comma-separated: a b c d e async checksum import plan sharded hdf5child one cli s3 "
+                    help="comma-separated: a b c d e async checksum import plan sharded hdf5child one cli stats s3 "
                          "(docs/benchmarks.md)")
 parser.add_argument("--cli-gib", type=float, default=1.0, help="case cli: size of the 8-tensor checkpoint")
 parser.add_argument("--s3-model-mib", type=int, default=256, help="case s3: model saved and restored")

@@ -9,7 +9,8 @@ printed next to the ratio its target names, measured in the same run, systems in
 * **one**: one 8 MiB tensor of a 256 MiB checkpoint, opened and read by
   ``Saver({key: var}).restore``, against plain h5py (open, ``read_direct``) for HDF5 and a raw
   open-seek-readinto for msgpack (time ≤ 1.2x).
-* **cli**: a checkpoint of 8 float32 tensors (``--cli-gib``, 1 GiB by default) on tmpfs:
+* **cli** (**stats**: its ``inspect --stats`` row alone): a checkpoint of 8 float32 tensors
+  (``--cli-gib``, 1 GiB by default) on tmpfs:
   ``ckpt convert`` h5 → msgpack and msgpack → safetensors against a raw read plus a raw write of
   the same bytes (speed ≥ 0.7x), ``ckpt diff`` against a raw read of both files (≥ 0.5x),
   ``ckpt inspect --stats`` against a raw read (≥ 0.5x), each as a new process, as an
@@ -171,8 +172,8 @@ def _in_process(args: list[str]) -> None:
             pass
 
 
-def cli_case(label: str, directory: str, gib: float, reps: int) -> str:
-    """The command line on a big checkpoint, and its start-up."""
+def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str, ...] = ()) -> str:
+    """The command line on a big checkpoint, and its start-up (``only``: just these commands, no start-up)."""
     model, variables = make_model(8, int(gib * (1 << 30)) // 8, seed=4)
     total = sum(a.nbytes for a in model.values())
     h5, mp = os.path.join(directory, "cli.h5"), os.path.join(directory, "cli.msgpack")
@@ -195,6 +196,7 @@ def cli_case(label: str, directory: str, gib: float, reps: int) -> str:
         "inspect --stats": (["inspect", h5, "--stats"], lambda: ckpt.tensor_stats(h5), lambda: _raw_read(h5),
                             "raw read", 0.5),
     }
+    commands = {name: command for name, command in commands.items() if not only or name in only}
     rows = [f"**cli {label}: {total / (1 << 30):.2f} GiB in 8 float32 tensors, median of {reps}**", "",
             fmt_row(["command", "process s", "in-process s", "library call s", "reference s",
                      "speed vs reference (process)", "(in-process)", "(library)", "target", "", "peak RSS MiB"]),
@@ -219,6 +221,10 @@ def cli_case(label: str, directory: str, gib: float, reps: int) -> str:
                              f"{peak / MiB:.0f}"]))
     rows += ["", "(the verdict uses the in-process speed: a process adds Python's start and imports, "
              "reported below; the library call is ckpt.convert / compare / tensor_stats doing the same work)", ""]
+    if only:
+        for path in (h5, mp):
+            os.remove(path)
+        return "\n".join(rows)
     small = os.path.join(directory, "small.h5")
     ckpt.Saver({"w": ckpt.Variable(np.arange(10.0))}, max_to_keep=None).save(small)
     python = _median(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), reps)

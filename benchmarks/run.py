@@ -213,7 +213,7 @@ def main(args: Any) -> None:
             print(s3.report(args.s3_model_mib, args.s3_big_mib, args.reps) + "\n")
         except ImportError as exc:  # the test extra (moto[server], s3fs) is not installed
             print(f"**s3**: skipped ({exc}; pip install -e '.[test,bench]')\n")
-    if not cases & {"a", "b", "c", "d", "e", "async", "checksum", "one", "cli"}:
+    if not cases & {"a", "b", "c", "d", "e", "async", "checksum", "one", "cli", "stats"}:
         return
     model, variables = make_model(big_count, big_bytes)
     total = big_count * big_bytes
@@ -288,6 +288,8 @@ def main(args: Any) -> None:
                 print(round2.one_tensor_case(label, directory, args.reps) + "\n")
             if "cli" in cases and label == "tmpfs":
                 print(round2.cli_case(label, directory, args.cli_gib, args.reps) + "\n")
+            elif "stats" in cases and label == "tmpfs":  # the cli case's inspect --stats row alone
+                print(round2.cli_case(label, directory, args.cli_gib, args.reps, only=("inspect --stats",)) + "\n")
             if "checksum" in cases and label == "tmpfs":  # CPU cost: on disk, noise swamps it
                 shares = checksum_share(model, variables, directory, args.reps)
                 print(f"**checksum share of ckpt's save time ({label}, {total / GiB:.2f} GiB)**: " +

@@ -104,7 +104,8 @@ def _convert(name: str, text: str, default: Any) -> Any:
 @click.option("--printoptions", multiple=True, metavar="NAME=VALUE ...",
               help="numpy print options for values, e.g. --printoptions threshold=10000 precision=4.")
 @click.option("--stats", is_flag=True,
-              help="Per tensor: min, max, mean, std, NaN and Inf counts, zeros, a histogram.")
+              help="Per tensor: min, max, mean, std, NaN and Inf counts, zeros, and a 16-bin histogram "
+                   "from min to max (numpy's np.histogram counts).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @reports_errors()
 def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: bool, exclude: str,

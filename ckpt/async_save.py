@@ -168,6 +168,26 @@ class BackgroundSaves:
             _wait_uninterrupted(gate)
             return future
 
+    def take_part(self, path: str, collective: Callable[[], Any]) -> None:
+        """Run ``collective`` in a background thread as the save in flight, its outcome
+        ignored: a rank whose asynchronous save failed before it started (the caller raises that
+        error) still takes part in the save's collectives on the duplicated communicator, so
+        the other ranks' saves fail at once, naming it, and the ranks stay in step."""
+        def run() -> None:
+            try:
+                collective()
+            except Exception:
+                pass  # every rank's save failed with this rank's error, which its caller has
+
+        with self._lock:
+            thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}", daemon=False)
+            try:
+                thread.start()
+            except RuntimeError:  # no new threads (at interpreter shutdown): in this thread
+                run()
+                thread = None  # type: ignore[assignment]
+            self._thread, self._future = thread, None
+
 
 def _wait_uninterrupted(gate: Any) -> None:
     """Wait for the gate even through Ctrl-C: returning early would let training change variables

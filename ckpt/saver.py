@@ -202,9 +202,9 @@ class Saver:
                 file are untouched.
             UninitializedVariableError: a variable has no value yet.
         """
-        self._background.wait()
         if self._comm is not None and not blocking:
             return self._save_sharded_async(path, global_step, metadata)
+        self._background.wait()
         path, fmt = self._target(path, global_step)
         step = None if global_step is None else operator.index(global_step)
         if self._comm is not None:
@@ -238,6 +238,7 @@ class Saver:
         from .distributed.save import save_sharded
 
         try:
+            self._background.wait()  # the save in flight, and its error if nobody has seen it
             path, fmt = self._target(path_arg, global_step)
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
@@ -248,9 +249,14 @@ class Saver:
                 else:
                     missing.add(key)  # reported to every rank by the save's plan, not raised here alone
         except Exception as exc:
-            if self._async_comm is not None:
-                raise  # the save's own collectives (in the background) time out on the other ranks
-            self._agree_before_dup(os.fspath(path_arg), exc)
+            where = str(os.fspath(path_arg)) if isinstance(path_arg, (str, os.PathLike)) else repr(path_arg)
+            if self._async_comm is None:
+                self._agree_before_dup(where, exc)
+            else:  # the others' saves (in the background) hear of it now, not at their timeout
+                failure = f"{type(exc).__name__}: {exc}"
+                comm = self._async_comm
+                self._background.take_part(where, lambda: save_sharded(
+                    self, comm, self._timeout, where, None, None, {}, failure=failure))
             raise
         if self._async_comm is None:
             self._agree_before_dup(path, None)

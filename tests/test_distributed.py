@@ -456,6 +456,39 @@ def test_a_first_async_save_that_fails_or_is_missing_on_one_rank_fails_on_every_
     assert sorted(os.listdir(tmp_path)) == []
 
 
+def test_a_later_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_path):
+    """After the first asynchronous save (the communicator is duplicated), a save that fails on one
+    rank before it starts still takes part in the plan's exchange: the others' futures raise its
+    error at once (not "did not complete within 60 s"), and the ranks stay in step for the next save.
+    (Under mpiexec: test_mpi.py.)"""
+    def fn(comm: distributed.Communicator) -> list:
+        v = ckpt.Variable(np.arange(4.0) + comm.rank, name="v", shard=ckpt.Shard((12,), (4 * comm.rank,)))
+        saver = ckpt.Saver([v], comm=comm, timeout=60)
+        out: list = [saver.save(str(tmp_path / "m.msgpack"), global_step=1, blocking=False).result()]
+        try:
+            future = saver.save(str(tmp_path / "m.msgpack"), global_step=2, blocking=False,
+                                metadata={"bad": {1}} if comm.rank == 1 else None)
+            out.append(future.result())
+        except Exception as exc:
+            out.append(exc)
+        out.append(saver.save(str(tmp_path / "m.msgpack"), global_step=3, blocking=False).result())
+        return out
+
+    results = run_ranks(3, fn)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert isinstance(results[1][1], ValueError) and "metadata bad" in str(results[1][1])
+    for rank in (0, 2):
+        error = results[rank][1]
+        assert isinstance(error, ckpt.CheckpointWriteError), error
+        assert "the sharded save failed on rank 1: ValueError" in str(error), error
+        assert "nothing was written" in str(error)
+    assert {r[2] for r in results} == {str(tmp_path / "m-3.msgpack")}
+    assert ckpt.latest_checkpoint(str(tmp_path)) == str(tmp_path / "m-3.msgpack")
+    assert not (tmp_path / "m-2.msgpack").exists()
+    with ckpt.load_checkpoint(str(tmp_path / "m-3.msgpack")) as reader:
+        assert_bit_exact(np.concatenate([np.arange(4.0) + r for r in range(3)]), reader.get_tensor("v"))
+
+
 def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
     import subprocess
     import sys

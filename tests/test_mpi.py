@@ -161,6 +161,16 @@ def test_a_first_async_save_failing_on_one_rank_fails_on_every_rank(scenarios):
     assert not os.path.exists(root / "model-4.h5")
 
 
+def test_a_later_async_save_failing_on_one_rank_fails_on_every_rank_at_once(scenarios):
+    root, results = scenarios[0] / "async", [r["async"] for r in scenarios[1]]
+    assert results[1]["later"]["type"] == "ValueError"  # rank 1's own error, raised by its save call
+    for report in (results[0], results[2]):
+        assert report["later"]["type"] == "CheckpointWriteError"
+        assert "the sharded save failed on rank 1: ValueError" in report["later"]["error"]
+    assert not os.path.exists(root / "model-6.h5")
+    assert ckpt.latest_checkpoint(str(root)) == str(root / "model-5.h5")
+
+
 def test_asynchronous_save_on_a_duplicated_communicator(scenarios):
     results = [r["async"] for r in scenarios[1]]
     assert len({r["path"] for r in results}) == 1

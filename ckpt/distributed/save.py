@@ -96,30 +96,43 @@ def _raise(message: dict[str, Any]) -> None:
 
 
 def save_sharded(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-                 metadata: dict[str, Any], values: Mapping[str, Any] | None = None) -> str:
+                 metadata: dict[str, Any], values: Mapping[str, Any] | None = None, failure: str | None = None) -> str:
     """Run the collective save on every rank; return ``path`` (the checkpoint directory).
 
     ``values`` (key -> snapshot, for an asynchronous save) replaces reading the variables;
     then the save runs in a background thread and leaves the garbage collector alone.
+    ``failure`` (this rank's save failed before it started): the rank still takes part in the
+    plan's exchange with it, so every rank raises at once, naming this one, instead of the
+    others waiting out the timeout.
     """
     try:
-        return _save(saver, comm, timeout, path, fmt, step, metadata, values)
+        return _save(saver, comm, timeout, path, fmt, step, metadata, values, failure)
     except CollectiveTimeoutError as exc:
         raise CheckpointWriteError(f"{path}: the sharded save failed on rank {comm.rank} of {comm.size}: {exc}; "
                                    "the previous checkpoint is still the latest") from exc
 
 
 def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-          metadata: dict[str, Any], values: Mapping[str, Any] | None) -> str:
+          metadata: dict[str, Any], values: Mapping[str, Any] | None, failure: str | None) -> str:
     sharded = _sharded()
     rank, size = comm.rank, comm.size
-    mine, items = _local_plan(saver, path, step, values)
+    if failure is None:
+        try:
+            mine, items = _local_plan(saver, path, step, values)
+        except Exception as exc:  # told to the others in the plan, not raised here alone
+            failure = f"{type(exc).__name__}: {exc}"
+    if failure is not None:
+        mine, items = {**planning.local_plan(path, step, failure, []), "failed": True}, []
     plans = [decode(raw, path) for raw in comm.allgather(encode(mine), timeout)]
     lock_fd, listed_before = None, False
     if rank == 0:
         verdict: dict[str, Any]
-        problem = planning.problems(plans)
-        if problem:
+        failed = [f"rank {r}: {p['error']}" for r, p in enumerate(plans) if p.get("failed")]
+        problem = None if failed else planning.problems(plans)
+        if failed:
+            verdict = {"kind": "write", "error": f"{path}: the sharded save failed on " + "; ".join(failed) +
+                                                 "; nothing was written"}
+        elif problem:
             verdict = {"kind": "mismatch", "error": f"cannot save {path}: the ranks disagree; nothing was "
                                                     f"written:\n  " + problem.replace("\n", "\n  ")}
         else:
@@ -142,9 +155,14 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
     try:
         lay = planning.layout(plans)
         writers = planning.replicated_writers(lay)
-        upload = None if data is None else _uploader(_remote_store(saver, path), data)
-        report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded, background=values is not None,
-                             upload=upload)
+        report: dict[str, Any]
+        try:
+            upload = None if data is None else _uploader(_remote_store(saver, path), data)
+        except Exception as exc:  # reported, so every rank fails now rather than at the timeout
+            report = {"error": f"rank {rank}: {type(exc).__name__}: {exc}", "file": None, "blocks": []}
+        else:
+            report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded,
+                                 background=values is not None, upload=upload)
         reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         if rank == 0:
             try:

@@ -101,6 +101,29 @@ def one_tensor(server: S3Server, bucket: str, total: int) -> dict[str, int]:
     return out
 
 
+def save_memory(url: str, model_mib: int) -> int:
+    """Peak resident bytes a Saver.save of a ``model_mib`` MiB model to ``url`` adds beyond the
+    model itself, in this process (Linux VmHWM, reset before the save)."""
+    from .memory import _reset_peak, _status
+
+    saver = ckpt.Saver(_variables(model_mib // 4, 4 * MiB), format="msgpack")
+    saver.save(url, global_step=0)  # the first save: imports, connections, worker threads
+    base = _status("VmRSS")
+    _reset_peak()
+    saver.save(url, global_step=1)
+    return _status("VmHWM") - base
+
+
+def _memory_in_child(bucket: str, model_mib: int) -> int:
+    """``save_memory`` in a fresh process (the server's memory is not counted)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.s3", "--memory-of", f"s3://{bucket}/memory/model",
+                          "--model-mib", str(model_mib)], cwd=root, capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
 def report(model_mib: int = 256, big_mib: int = 1024, reps: int = 3) -> str:
     """The s3 case's markdown: throughput against boto3, then the one-tensor read's requests."""
     import boto3
@@ -125,6 +148,9 @@ def report(model_mib: int = 256, big_mib: int = 1024, reps: int = 3) -> str:
         for name, seen in requests.items():
             lines.append(f"- {name}: " + ", ".join(f"{m} {r or '(whole)'} {n:,}" for m, r, n in seen))
         lines.append("")
+        peak = _memory_in_child("bench", model_mib)
+        lines += [f"Peak memory of one Saver.save of the {model_mib} MiB model beyond the model itself: "
+                  f"{peak / MiB:.0f} MiB (a fresh process; VmHWM)", ""]
         counts = one_tensor(server, "bench", big_mib * MiB)
         extra = counts["bytes"] - counts["tensor"] - counts["record"]
         lines += [f"## S3: one 4 MiB tensor of a {big_mib} MiB checkpoint", "",
@@ -142,7 +168,11 @@ def main() -> None:
     parser.add_argument("--model-mib", type=int, default=256, help="save/restore model size")
     parser.add_argument("--big-mib", type=int, default=1024, help="checkpoint size for the one-tensor read")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
+    parser.add_argument("--memory-of", default="", help=argparse.SUPPRESS)  # the child of _memory_in_child
     args = parser.parse_args()
+    if args.memory_of:
+        print(save_memory(args.memory_of, args.model_mib))
+        return
     print(report(args.model_mib, args.big_mib, args.reps))
 
 

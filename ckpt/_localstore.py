@@ -11,7 +11,7 @@ Example:
     >>> import tempfile
     >>> from ckpt._localstore import open_store
     >>> store = open_store(tempfile.mkdtemp())
-    >>> store.write_checkpoint("notes.txt", lambda tmp: open(tmp, "w").close())
+    >>> store.write_checkpoint("notes.txt", lambda blob: blob.write_at(b"hello", 0))
     >>> store.list_names(), store.read_state() is None
     (['notes.txt'], True)
 """
@@ -29,11 +29,19 @@ from . import _urls
 from .atomic import is_temporary, replace_atomically
 from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError
 from .state import LOCK_FILE, STATE_FILE, CheckpointState, read_state, state_lock, write_state
-from .storage import ReadableBlob, StateChange, Store
+from .storage import ReadableBlob, StateChange, Store, WritableBlob
 
-__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint"]
+__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "write_file"]
 
 T = TypeVar("T")
+
+
+def write_file(path: str, write: Callable[[WritableBlob], None]) -> None:
+    """Run ``write`` on a :class:`ckpt.formats._io.LocalSink` over the (new, empty) file ``path``."""
+    from .formats._io import LocalSink
+
+    with LocalSink(path) as blob:
+        write(blob)
 
 
 def remove_checkpoint(path: str) -> None:
@@ -83,9 +91,12 @@ class LocalStore:
             except FileNotFoundError:
                 pass
 
-    def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
+    def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
+                         check: Callable[[str], None] | None = None) -> None:
         with replace_atomically(self.join(name)) as tmp:
-            write(tmp)
+            write_file(tmp, write)
+            if check is not None:
+                check(tmp)
 
     def read_state(self) -> CheckpointState | None:
         return read_state(self.location)
@@ -96,7 +107,7 @@ class LocalStore:
             write_state(self.location, state)
             return result
 
-    def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
         path = self.join(name)
         flush_error: ReplacedWriteError | None = None
         with ExitStack() as held:
@@ -118,7 +129,7 @@ class LocalStore:
             listed_before = state is not None and any(e.path == name for e in state.all_entries())
             try:
                 with replace_atomically(path, before_rename=lock) as tmp:
-                    write(tmp)
+                    write_file(tmp, write)
             except ReplacedWriteError as exc:
                 flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
             written = self.record(name, change, listed_before)

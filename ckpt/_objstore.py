@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import threading
 from contextlib import nullcontext
@@ -47,7 +48,8 @@ from . import _urls
 from ._storefaults import translating
 from .errors import CorruptCheckpointError
 
-__all__ = ["ObjectStore", "PIECE", "PART", "CONCURRENCY"]
+__all__ = ["ObjectStore", "S3Upload", "StagedUpload", "PIECE", "PART", "CONCURRENCY", "UPLOAD_PART",
+           "UPLOADS_IN_FLIGHT"]
 
 #: Uploads and (on stores other than S3) ranged reads move pieces of this many bytes or more.
 PIECE = 8 << 20
@@ -64,6 +66,13 @@ PART = 128 << 20
 #: one request, nothing held in memory, as fast as any single request. Larger ones are multipart
 #: uploads of CONCURRENCY parts in flight (moto, for one, spends about twice a PUT's time on them).
 SINGLE_PUT_MAX = 512 << 20
+#: Streamed S3 uploads (``S3Upload``) send parts of this many bytes (S3 wants 5 MiB or more,
+#: at most 10,000 parts: every 1,000 parts the size grows by this much, so objects up to
+#: 55,000 * UPLOAD_PART bytes fit), ...
+UPLOAD_PART = 8 << 20
+#: ... at most this many at once; memory holds at most UPLOADS_IN_FLIGHT + 2 parts (those in
+#: flight, the one being filled, and the first, patched last).
+UPLOADS_IN_FLIGHT = 8
 #: Bytes a streamed GET hands over at a time (what it holds in memory).
 CHUNK = 1 << 20
 #: Spans at most this far apart are fetched by one ranged GET (the bytes between are dropped).
@@ -399,6 +408,15 @@ class ObjectStore:
             else:
                 self.fs.put_file(local, path, mode="create" if create_only else "overwrite")
 
+    def open_upload(self, url: str, create_only: bool) -> StagedUpload | S3Upload:
+        """A :class:`ckpt.storage.WritableBlob` that becomes the object ``url`` on ``finish()``
+        (create-only when asked) and never before; ``abort()`` discards it. On S3 the bytes go
+        up in parts while they are written (``S3Upload``); other stores get a local file
+        uploaded on ``finish()`` (``StagedUpload``)."""
+        if self._s3:
+            return S3Upload(self, url, create_only)
+        return StagedUpload(self, url, create_only)
+
     def get_versioned(self, url: str, limit: int = 16 << 20) -> tuple[bytes | None, Any]:
         """A small object's bytes and a version token for ``put_if`` (None, None: no object)."""
         if not self._s3 and not self._gcs:
@@ -540,3 +558,231 @@ class ObjectStore:
                     self.fs.rm_file(self._path(url))
                 except FileNotFoundError:
                     pass
+
+
+class StagedUpload:
+    """A new object written to a local temporary file first, uploaded whole on ``finish()``
+    (stores without streamed uploads: memory://, gs://, other fsspec filesystems)."""
+
+    def __init__(self, store: ObjectStore, url: str, create_only: bool) -> None:
+        import tempfile
+
+        from .formats._io import LocalSink
+
+        self._store, self.url, self._create_only = store, url, create_only
+        fd, self._local = tempfile.mkstemp(prefix=".ckpt-upload-")
+        os.close(fd)
+        self._sink = LocalSink(self._local)
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    @property
+    def size(self) -> int:
+        return int(self._sink.size)
+
+    def write_at(self, data: Any, offset: int) -> None:
+        self._sink.write_at(data, offset)
+
+    def write_pieces(self, pieces: Sequence[Any], offset: int) -> None:
+        self._sink.write_pieces(pieces, offset)
+
+    def close(self) -> None:
+        self.finish()
+
+    def finish(self) -> tuple[int, bytes, bytes]:
+        """Upload the file; return ``(size, its first OPEN_HEAD bytes, its last OPEN_TAIL bytes)``
+        (the copies a commit record carries)."""
+        from ._remote import OPEN_HEAD, OPEN_TAIL
+
+        try:
+            size = self._sink.size
+            with open(self._local, "rb") as f:
+                head = f.read(min(OPEN_HEAD, size))
+                f.seek(max(len(head), size - OPEN_TAIL))
+                tail = f.read()
+            self._store.upload(self._local, self.url, self._create_only)
+        finally:
+            self.abort()
+        return size, head, tail
+
+    def abort(self) -> None:
+        """Discard what was written (nothing reaches the store)."""
+        self._sink.close()
+        try:
+            os.unlink(self._local)
+        except FileNotFoundError:
+            pass
+
+
+class S3Upload:
+    """A new S3 object streamed up in parts while it is written: the
+    :class:`ckpt.storage.WritableBlob` of saves to s3:// (no local copy, bounded memory).
+
+    It relies on the blob write order (``ckpt.storage.WritableBlob``): the first part, which
+    holds the head (patched last), stays in memory until ``finish()``; every later byte arrives
+    front to back and is cut into parts of UPLOAD_PART bytes, uploaded as they fill (a multipart
+    upload, UPLOADS_IN_FLIGHT parts at once). ``finish()`` sends the first part and completes
+    the upload (``If-None-Match: *`` when create-only), so the object appears whole or never;
+    an object no larger than its first part is one PUT. ``abort()`` cancels the parts.
+    """
+
+    def __init__(self, store: ObjectStore, url: str, create_only: bool, part: int = 0) -> None:
+        self._store, self.url = store, url
+        self._bucket, self._key = store._bucket_key(url)
+        self._cond = {"IfNoneMatch": "*"} if create_only else {}
+        self._part = part or UPLOAD_PART
+        self._first = bytearray()  # part 1: bytes [0, _first_end), kept until finish()
+        self._first_end = -1  # unknown until the first write
+        self._buf: io.BytesIO | None = None  # the part being filled, from _buf_start; _fill bytes so far
+        self._buf_start = self._fill = 0
+        self._upload_id: str | None = None
+        self._parts: list[tuple[int, Any]] = []  # (part number, future of its ETag)
+        self._in_flight: list[Any] = []  # futures of the parts on their way
+        self._tail = b""  # the last OPEN_TAIL bytes before _buf_start
+        self._end = 0
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    @property
+    def size(self) -> int:
+        return self._end
+
+    def write_pieces(self, pieces: Sequence[Any], offset: int) -> None:
+        for piece in pieces:
+            n = memoryview(piece).nbytes
+            self.write_at(piece, offset)
+            offset += n
+
+    def write_at(self, data: Any, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if not n:
+            return
+        if self._first_end < 0:  # the first write: its end closes the head
+            self._first_end = max(self._part, offset + n)
+            self._buf_start = self._first_end
+        if offset < self._first_end:  # the first part: in memory, writable at any time
+            take = min(n, self._first_end - offset)
+            if len(self._first) < offset + take:
+                self._first.extend(bytes(offset + take - len(self._first)))
+            self._first[offset:offset + take] = view[:take]
+            self._end = max(self._end, offset + take)
+            view, offset = view[take:], offset + take
+            if not view:
+                return
+        end = self._buf_start + self._fill
+        if offset < end:
+            raise ValueError(f"{self.url}: a write at offset {offset} goes back before {end}: writers keep "
+                             "the WritableBlob order (only the head is patched later)")
+        with translating(self.url, "uploading the checkpoint", writing=True):
+            self._append(bytes(offset - end) if offset > end else b"")  # a gap reads as zeros
+            self._append(view)
+        self._end = max(self._end, offset + len(view))
+
+    def _append(self, view: Any) -> None:
+        """Copy ``view`` into the part being filled, sending each part that fills up."""
+        view = memoryview(view).cast("B")
+        while len(view):
+            if self._buf is None:
+                self._buf = io.BytesIO()  # sent as it is: aiohttp streams a BytesIO without copying it
+            take = min(len(view), self._part_size() - self._fill)
+            self._buf.write(view[:take])
+            self._fill += take
+            view = view[take:]
+            if self._fill == self._part_size():
+                self._send()
+
+    def _part_size(self) -> int:
+        return self._part * (1 + len(self._parts) // 1000)  # within S3's 10,000 parts
+
+    def _send(self) -> None:
+        """Start uploading the part being filled (waiting while UPLOADS_IN_FLIGHT are on their way)."""
+        from fsspec.asyn import sync
+
+        from ._remote import OPEN_TAIL
+
+        body, n = self._buf, self._fill
+        assert body is not None
+        with body.getbuffer() as view:  # no copy of the part
+            self._tail = (self._tail + bytes(view[-OPEN_TAIL:]))[-OPEN_TAIL:]
+        body.seek(0)
+        if self._upload_id is None:
+            mpu = sync(self._store.fs.loop, self._store.fs._call_s3, "create_multipart_upload",
+                       Bucket=self._bucket, Key=self._key)
+            self._upload_id = str(mpu["UploadId"])
+        while len(self._in_flight) >= UPLOADS_IN_FLIGHT:
+            self._in_flight.pop(0).result()
+        number = len(self._parts) + 2  # part 1 is the first part, sent last
+        future = asyncio.run_coroutine_threadsafe(self._upload_part(number, body), self._store.fs.loop)
+        self._parts.append((number, future))
+        self._in_flight.append(future)
+        self._buf_start += n
+        self._buf, self._fill = None, 0
+
+    async def _upload_part(self, number: int, body: Any) -> str:
+        resp = await self._store.fs._call_s3("upload_part", Bucket=self._bucket, Key=self._key,
+                                             UploadId=self._upload_id, PartNumber=number, Body=body)
+        return str(resp["ETag"])
+
+    def close(self) -> None:
+        self.finish()
+
+    def finish(self) -> tuple[int, bytes, bytes]:
+        """Send what is left and complete the upload: the object now exists, whole. Return
+        ``(size, its first OPEN_HEAD bytes, its last OPEN_TAIL bytes)`` (the copies a commit
+        record carries). On failure nothing is left in the store (the upload is aborted)."""
+        from fsspec.asyn import sync
+
+        from ._remote import OPEN_HEAD, OPEN_TAIL
+
+        fs, size = self._store.fs, self._end
+        head = bytes(self._first[:OPEN_HEAD])
+        try:
+            with translating(self.url, "uploading the checkpoint", writing=True):
+                if self._upload_id is None and not self._fill:  # it fits in the first part: one PUT
+                    fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=io.BytesIO(self._first),
+                               **self._cond)
+                    tail = bytes(self._first[max(len(head), size - OPEN_TAIL):])
+                else:
+                    if self._fill:
+                        self._send()  # the last part may be short
+                    if len(self._first) < self._first_end:  # never written up to its end: zeros
+                        self._first.extend(bytes(self._first_end - len(self._first)))
+                    tail_start, sent_from = max(len(head), size - OPEN_TAIL), size - len(self._tail)
+                    tail = bytes(self._first[tail_start:sent_from]) + self._tail[max(0, tail_start - sent_from):]
+                    parts = [{"PartNumber": 1, "ETag": sync(fs.loop, self._upload_part, 1, io.BytesIO(self._first))}]
+                    while self._in_flight:
+                        self._in_flight.pop(0).result()
+                    parts += [{"PartNumber": n, "ETag": f.result()} for n, f in self._parts]
+                    fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key,
+                               UploadId=self._upload_id, MultipartUpload={"Parts": parts}, **self._cond)
+                    self._upload_id = None
+                fs.invalidate_cache(self._store._path(self.url))
+        finally:
+            self.abort()
+        return size, head, tail
+
+    def abort(self) -> None:
+        """Cancel the upload (parts sent so far are discarded by the store); idempotent."""
+        from fsspec.asyn import sync
+
+        for future in self._in_flight:
+            future.cancel()
+        for future in self._in_flight:
+            try:
+                future.exception()
+            except BaseException:  # cancelled, or failed: either way it is over
+                pass
+        self._in_flight.clear()
+        self._first, self._buf = bytearray(), None
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
+            try:
+                sync(self._store.fs.loop, self._store.fs._call_s3, "abort_multipart_upload",
+                     Bucket=self._bucket, Key=self._key, UploadId=upload_id)
+            except Exception:  # the store is failing: its lifecycle rules drop the parts
+                pass

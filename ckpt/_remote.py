@@ -4,9 +4,12 @@
 An object store has no rename, so a save to ``<dir>/<name>`` goes (docs/formats.md, "Object
 stores"):
 
-1. the format writes the checkpoint to a local temporary file (``$TMPDIR``);
-2. it is uploaded create-only to the data object ``<dir>/.ckpt-data/<name>/<token>`` (a
-   unique name: a multipart upload in parallel parts, invisible until complete);
+1. the format writes the checkpoint into a blob that streams it to the data object
+   ``<dir>/.ckpt-data/<name>/<token>`` (a unique name) as it is written: on S3 a multipart
+   upload whose parts go up while later ones are written (the first part, which holds the
+   head the format fills in last, goes last), completed create-only, invisible until complete
+   (``_objstore.S3Upload``; other stores: a local temporary file uploaded at the end);
+2. optionally the uploaded data object is read back and checked (``ckpt.convert``);
 3. the commit record ``<dir>/<name>`` (small JSON naming the data object) is written with a
    create-only conditional write: from this moment the checkpoint exists, whole; a late or
    duplicate writer of the same name is refused by the store;
@@ -33,7 +36,6 @@ import base64
 import json
 import os
 import random
-import tempfile
 import time
 import warnings
 from contextlib import AbstractContextManager, contextmanager
@@ -45,7 +47,7 @@ from . import _urls
 from ._objstore import ObjectStore
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
 from .state import STATE_FILE, CheckpointState, dump_state, parse_state
-from .storage import StateChange
+from .storage import StateChange, WritableBlob
 
 split_url = _urls.split
 
@@ -197,26 +199,32 @@ class RemoteDirectory:
         save puts its shard files and their commit record under it, as a prefix)."""
         return f"{DATA_DIR}/{name}/{_token()}"
 
-    def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
-        """Stage with ``write(local_path)``, upload, then commit ``name`` create-only.
+    def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
+                         check: Callable[[str], None] | None = None) -> None:
+        """Upload with ``write(blob)`` (streamed to the store in parts as it is written), ``check``
+        the uploaded data object (by its URL) if asked, then commit ``name`` create-only.
 
         Raises:
             CheckpointWriteError: the store refused or failed; nothing was committed (the
                 data object, if uploaded, is deleted again, or left to the next cleanup).
         """
         relative = self.new_data(name)
-        fd, local = tempfile.mkstemp(prefix=".ckpt-upload-", suffix=os.path.splitext(name)[1])
+        url = self.join(relative)
+        blob = self.store.open_upload(url, create_only=True)
         try:
-            os.close(fd)
-            write(local)
-            with open(local, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(min(OPEN_HEAD, size))
-                f.seek(max(len(head), size - OPEN_TAIL))
-                tail = f.read()
-            self.store.upload(local, self.join(relative), create_only=True)
-        finally:
-            os.unlink(local)
+            write(blob)
+        except BaseException:
+            blob.abort()
+            raise
+        size, head, tail = blob.finish()
+        if check is not None:
+            try:
+                parent, _ = _urls.split(url)
+                with handing(RemoteFile(url, RemoteDirectory(parent, store=self.store))):
+                    check(url)
+            except BaseException:
+                self._delete_data(url, quietly=True)
+                raise
         self.publish(name, relative, size, head, tail)
 
     def put_and_publish(self, name: str, relative: str, data: bytes) -> None:
@@ -235,7 +243,7 @@ class RemoteDirectory:
             self._delete_data(self.join(relative), quietly=True)
             raise
 
-    def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
         """Clean orphans, upload and commit ``name``, then record it (``record``)."""
         self.clean_orphans()
         self.write_checkpoint(name, write)

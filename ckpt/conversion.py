@@ -38,6 +38,7 @@ from ._urls import StorageOptions, is_url
 from ._localstore import store_of
 from .atomic import fsync_directory, require_directory
 from .reader import CheckpointReader
+from .storage import WritableBlob
 from .errors import CheckpointError, CheckpointWriteError, KeyNotFoundError, UnsupportedCheckpointError, closest_hint
 
 __all__ = ["Conversion", "convert", "writable_format", "scope_renames"]
@@ -290,7 +291,7 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         ValueError: ``renames`` give two keys one name or make invalid keys; ``overwrite`` or
             ``shards`` with a URL.
     """
-    from .formats.base import normalize_metadata, validate_keys
+    from .formats.base import normalize_metadata, validate_keys, write_into
 
     dst = os.fspath(dst)
     fmt = writable_format(dst, format)
@@ -324,15 +325,17 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
             _write_sharded(reader, plan, metadata, dst, shards, fmt)
             return done
 
-        def write(tmp: str) -> None:
+        def write(blob: WritableBlob) -> None:
             scratch = [np.empty(0, dtype=np.uint8)]
             with reusing_buffers():
-                fmt.write(tmp, [(new, _Source(reader, reader.tensors[old], progress, scratch))
-                                for old, new in plan.items()], metadata)
-            _check_written(fmt, tmp, dst, reader, plan, metadata, progress)
+                write_into(fmt, blob, [(new, _Source(reader, reader.tensors[old], progress, scratch))
+                                       for old, new in plan.items()], metadata)
 
-        try:  # atomic (docs/storage.md); an object store's copy is checked locally, then uploaded and committed
-            store_of(dst, storage_options).write_checkpoint(os.path.basename(dst), write)
+        def check(written: str) -> None:
+            _check_written(fmt, written, dst, reader, plan, metadata, progress)
+
+        try:  # atomic (docs/storage.md): written into the store's blob, read back and checked, then committed
+            store_of(dst, storage_options).write_checkpoint(os.path.basename(dst), write, check)
         except (ValueError, TypeError) as exc:  # a writer refusing a dtype or value it cannot store
             if isinstance(exc, CheckpointError):
                 raise

@@ -42,7 +42,7 @@ from .gcpause import gc_paused
 from .module import Module
 from .restore import RestoreResult, restore_variables
 from .state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock
-from .storage import StateChange, Store
+from .storage import StateChange, Store, WritableBlob
 from .variables import Variable, global_variables
 
 __all__ = ["Saver"]
@@ -295,10 +295,10 @@ class Saver:
         """Write the checkpoint atomically and record it in the state file (``Store.commit``)."""
         name = os.path.basename(path)
 
-        def write(tmp: str) -> None:
+        def write(blob: WritableBlob) -> None:
             # the GC switch is process-wide: a background save leaves it to the training loop
             with gc_paused() if not background else nullcontext():
-                fmt.write(tmp, tensors, metadata)
+                _formats.write_into(fmt, blob, tensors, metadata)
 
         try:
             state = store.commit(name, write, self._change(store, path, step))

@@ -97,7 +97,13 @@ class WritableBlob(Protocol):
     the blob's first write; writes into the head may come at any time (a header reserved at
     the start and filled in last: hdf5's user block, safetensors' header, msgpack's element
     count), while every write past the head starts at or after the end of the write before
-    it. Bytes never written (gaps between writes) read as zeros. ckpt's writers keep to this.
+    it. Bytes never written (gaps between writes) read as zeros. ckpt's writers keep to this,
+    and keep the head small (a header reserved by a first small write), because an object store
+    holds the part with the head in memory until the end.
+
+    A writer (``WritableFormat.write_blob``) is handed a blob by a :class:`Store` and never
+    closes it: the Store finishes it (the file is renamed into place, the upload completed and
+    committed) or discards it when the writer raised.
 
     Example:
         >>> import os, pathlib, tempfile
@@ -171,12 +177,17 @@ class Store(Protocol):
     def delete_checkpoints(self, names: Sequence[str]) -> None:
         """Delete each named checkpoint if it exists (a sharded one's commit record first)."""
 
-    def write_checkpoint(self, name: str, write: Callable[[str], None]) -> None:
-        """Create ``name`` atomically from ``write(local_path)``: whole or not at all, never
-        half-written (local: temporary file, fsync, rename, fsync of the directory; object
-        store: a data object under a unique name, then a create-only commit record)."""
+    def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
+                         check: Callable[[str], None] | None = None) -> None:
+        """Create ``name`` atomically from ``write(blob)``, which writes the checkpoint's bytes into
+        the :class:`WritableBlob` the store hands it (in the blob write order): whole or not at
+        all, never half-written (local: temporary file, fsync, rename, fsync of the directory;
+        object store: a data object under a unique name, uploaded as it is written, then a
+        create-only commit record). ``check(location)``, if given, is called with the path or URL
+        of the complete but not yet visible bytes (to read them back); if it raises, nothing is
+        created."""
 
-    def commit(self, name: str, write: Callable[[str], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
         """``write_checkpoint``, then record it in the state file with ``change`` as one step
         (no other save's retention can delete it in between), then delete what ``change``
         dropped; return the state written. If the state file cannot be written, the new

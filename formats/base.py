@@ -36,8 +36,9 @@ from ckpt.errors import (
     closest_hint,
 )
 from ckpt.gcpause import gc_paused
-from ckpt.storage import ReadableBlob
+from ckpt.storage import ReadableBlob, WritableBlob
 
+from . import _io
 from ._io import LocalFile
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
@@ -388,17 +389,102 @@ def _first_to_open(path: str, head: bytes) -> Reader | None:
 
 @runtime_checkable
 class WritableFormat(Format, Protocol):
-    """A Format that also writes checkpoints (``can_write`` is True)."""
+    """A Format that also writes checkpoints (``can_write`` is True).
 
-    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Write a complete checkpoint to ``path`` (an existing, empty temporary file).
+    A writer implements ``write_blob``: it writes into a :class:`ckpt.storage.WritableBlob` the
+    Store hands it (a local temporary file, an upload to an object store), so one writer saves
+    to every kind of storage. ``write(path, ...)`` is the path-taking convenience (a
+    :class:`~ckpt.formats._io.LocalSink` on ``path``). A format written before blobs existed,
+    which subclasses WritableFormat and overrides only ``write(path, ...)``, keeps working:
+    its inherited ``write_blob`` has ``write`` fill a local file and copies that into the blob
+    (``write_into`` picks whichever method the format's class overrides last).
+    """
+
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+                   metadata: Mapping[str, Any]) -> None:
+        """Write a complete checkpoint into ``blob`` (new and empty; ``blob.name`` names it in
+        errors), keeping the blob write order (the head first and small, patched at any time;
+        everything after it front to back). Do not close the blob: its Store does.
 
         Each tensor is an ndarray or a lazy source with ``dtype``, ``shape`` and
         ``__array__()``; writers read a lazy source only when they write its bytes
         (``materialize``), one at a time, so converting a file needs memory for one tensor.
         A lazy source may also stream (``source_chunks``): writers that can write a tensor in
         pieces take its bytes chunk by chunk, and memory holds a chunk.
+
+        The default (for formats that override only ``write``) stages through ``write(path)``.
         """
+        stage(self.write, blob, tensors, metadata)
+
+    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+        """Write a complete checkpoint to the local file ``path`` (created or emptied):
+        ``write_blob`` on a LocalSink over it."""
+        with _io.LocalSink(path) as blob:
+            self.write_blob(blob, tensors, metadata)
+
+
+def _writes_by_path(fmt: WritableFormat) -> bool:
+    """True when the most derived of ``fmt``'s classes defining ``write`` or ``write_blob``
+    defines ``write`` only (a format written against the path-taking contract)."""
+    for klass in type(fmt).__mro__:
+        if "write_blob" in vars(klass):
+            return False
+        if "write" in vars(klass):
+            return True
+    return False
+
+
+def write_into(fmt: WritableFormat, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+               metadata: Mapping[str, Any]) -> None:
+    """Have ``fmt`` write a checkpoint into ``blob``: its ``write_blob``, or, for a format whose
+    class overrides the path-taking ``write`` after ``write_blob`` (a subclass of a built-in
+    written before blobs), that ``write`` staged through a local file (``stage``).
+
+    Example:
+        >>> import numpy as np, os, tempfile
+        >>> from ckpt.formats import base, _io
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.msgpack")
+        >>> with _io.LocalSink(path) as blob:
+        ...     base.write_into(base.get_format("msgpack"), blob, [("w", np.ones(2))], {})
+        >>> base.open_reader(path).close()
+    """
+    if isinstance(fmt, LazyFormat):
+        fmt = fmt.load()  # type: ignore[assignment]
+    if _writes_by_path(fmt):
+        stage(fmt.write, blob, tensors, metadata)
+    else:
+        fmt.write_blob(blob, tensors, metadata)
+
+
+#: Bytes copied at a time from a staged file into its blob.
+_STAGE_CHUNK = 8 << 20
+
+
+def stage(write: Callable[[str, Sequence[tuple[str, Any]], Mapping[str, Any]], None], blob: WritableBlob,
+          tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+    """Run a path-taking ``write(path, tensors, metadata)`` for ``blob``: on the blob's own file
+    when it is a new local file (no copy), else on a local temporary file that is then copied
+    into the blob front to back in bounded chunks."""
+    if isinstance(blob, _io.LocalSink) and blob.size == 0:
+        write(blob.name, tensors, metadata)
+        return
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix=".ckpt-stage-")
+    try:
+        os.close(fd)
+        write(path, tensors, metadata)
+        with open(path, "rb", buffering=0) as f:
+            buf = memoryview(bytearray(_STAGE_CHUNK))
+            offset = 0
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                blob.write_at(buf[:n], offset)
+                offset += n
+    finally:
+        os.unlink(path)
 
 
 class LazyFormat(Format):
@@ -461,7 +547,7 @@ class LazyFormat(Format):
 
     def __getattr__(self, attr: str) -> Any:
         # the real format's other members; never the Protocol's (isinstance checks must not import)
-        if attr.startswith("_") or attr == "write":
+        if attr.startswith("_") or attr in ("write", "write_blob"):
             raise AttributeError(attr)
         return getattr(self.load(), attr)
 
@@ -470,6 +556,12 @@ class LazyFormat(Format):
 
 
 class _LazyWritableFormat(LazyFormat, WritableFormat):
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+                   metadata: Mapping[str, Any]) -> None:
+        fmt = self.load()
+        assert isinstance(fmt, WritableFormat)  # load() checked can_write
+        write_into(fmt, blob, tensors, metadata)
+
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
         fmt = self.load()
         assert isinstance(fmt, WritableFormat)  # load() checked can_write
@@ -523,9 +615,16 @@ def register_format(fmt: Format, *, replace: bool = False, before: str | None = 
     missing = [m for m in ("name", "extensions", "can_write", "claims", "sniff", "open") if not hasattr(fmt, m)]
     if missing:  # a plugin written against the Protocol without subclassing it
         raise TypeError(f"{fmt!r} is not a Format: it has no {', '.join(map(repr, missing))}")
+    if fmt.can_write and hasattr(fmt, "write") and not hasattr(fmt, "write_blob"):
+        raise TypeError(f"{fmt!r}: a writable format needs write_blob(blob, tensors, metadata): subclass "
+                        "ckpt.WritableFormat (its write_blob runs a path-taking write through a local file) "
+                        "or define write_blob (docs/storage.md)")
     if fmt.can_write != isinstance(fmt, WritableFormat):
         raise TypeError(f"{fmt!r}: can_write is {fmt.can_write} but it {'has no' if fmt.can_write else 'has a'} "
                         "write method")
+    if isinstance(fmt, WritableFormat) and not isinstance(fmt, LazyFormat) and not any(
+            "write" in vars(k) or "write_blob" in vars(k) for k in type(fmt).__mro__ if k is not WritableFormat):
+        raise TypeError(f"{fmt!r}: a writable format must define write_blob (or the older write(path, ...))")
     with _lock:
         if fmt.name in _registry and not replace:
             raise ValueError(f"a format named {fmt.name!r} is already registered")

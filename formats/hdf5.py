@@ -40,14 +40,14 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
 from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
-from ckpt.storage import ReadableBlob
+from ckpt.storage import ReadableBlob, WritableBlob
 
 from . import _blocks, _h5head, _h5struct, _io, h5plain
 from ._h5head import FORMAT_NAME, MAGIC
 from ._h5head import HEADER as _HEADER
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
-from .base import WritableFormat
+from .base import WritableFormat, stage
 from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, all_exactly, all_lists, plain_extents,
                    check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
                    materialize, normalize_metadata, validate_keys)
@@ -95,12 +95,15 @@ class Hdf5Format(WritableFormat):
             raise
         return reader
 
-    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index.
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+                   metadata: Mapping[str, Any]) -> None:
+        """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index
+        into ``blob`` (the index, in the user block at the start, last).
 
         Tensors may be lazy sources (see ``base.materialize``): each is read when its bytes
         are written, so memory stays bounded by the largest tensor.
         """
+        path = blob.name
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         plans: list[_Plan] = []
@@ -125,56 +128,34 @@ class Hdf5Format(WritableFormat):
         if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
             userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
         structure = _structure(plans, metadata, userblock)
-        if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 does it
-            offsets = self._write_structure(path, plans, metadata, userblock)
-        else:
-            offsets = structure.offsets
+        if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 lays out a local file
+            stage(lambda local, _t, _m: self._write_local(local, plans, metadata, userblock, entries, blocks,
+                                                          block_bytes), blob, tensors, metadata)
+            return
         # front to back (the WritableBlob contract): the structure's head, the data, the metadata
         # after it, and last the user block before the head
-        with _io.LocalSink(path, create=structure is not None) as blob:
-            if structure is not None:
-                blob.write_at(structure.head, userblock)
-            extents = []
-            runs = _io.Runs(blob)  # small tensors back to back in the file: written by one pwritev
-            byte_view, crc32c = _io.byte_view, _io.crc32c
-            for plan, offset, entry in zip(plans, offsets, entries):
-                data = plan.source
-                if type(data) is not np.ndarray:
-                    runs.flush()  # a lazy source's predecessors are written before it is read
-                    data = materialize(data)
-                if not data.flags.c_contiguous:
-                    data = _io.c_contiguous(data)
-                if data.dtype != plan.file_dtype or data.shape != plan.shape:
-                    raise ValueError(f"{path}: tensor {plan.key!r} gave {data.dtype} {data.shape}, it "
-                                     f"declared {plan.file_dtype} {plan.shape}")
-                view = byte_view(data)
-                n = len(view)
-                if n <= block_bytes or plan.file_dtype.kind == "S":  # one block, or strings: no block table
-                    pending, crc = None, crc32c(view)
-                else:  # a numeric tensor's crc32c and block checksums overlap with its write
-                    pending, crc = checksums(view, block_bytes), 0
-                if n:
-                    assert offset is not None  # every tensor with data has a place
-                    runs.write(view, offset)  # keeps its array alive until the run is written
-                    extents.append((offset, n))
-                if pending is not None:
-                    crc, packed = pending()
-                    if packed is not None:
-                        blocks[plan.key] = packed
-                entry[3], entry[5] = offset or 0, crc  # the real ones
-            runs.flush()
-            if structure is not None:
-                blob.write_pieces(structure.metadata, structure.metadata_offset)
+        blob.write_at(structure.head, userblock)
+        extents = _write_data(blob, plans, structure.offsets, entries, blocks, block_bytes)
+        blob.write_pieces(structure.metadata, structure.metadata_offset)
+        size = blob.size
+        known = [(userblock, structure.head), (structure.metadata_offset, b"".join(structure.metadata))]
+        meta_crc = _nondata_crc(userblock, size, extents, known)
+        _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
+
+    def _write_local(self, path: str, plans: list[_Plan], metadata: dict[str, Any], userblock: int,
+                     entries: list[Any], blocks: dict[str, bytes], block_bytes: int) -> None:
+        """Write the file at ``path`` with libhdf5 laying out its structure; the metadata checksum
+        is read back from the file (libhdf5 wrote those bytes)."""
+        offsets = self._write_structure(path, plans, metadata, userblock)
+        with _io.LocalSink(path, create=False) as blob:
+            extents = _write_data(blob, plans, offsets, entries, blocks, block_bytes)
             size = blob.size
             try:
                 with _io.LocalFile(path) as written:
                     meta_crc = _metadata_crc(written, userblock, size, extents)
             except CorruptCheckpointError as exc:  # an I/O error reading back what was just written
                 raise CheckpointWriteError(f"{path}: writing failed: {exc}") from exc
-            index = _index_bytes(entries, metadata, size, meta_crc, blocks, block_bytes)
-            head = _HEADER.pack(MAGIC, VERSION, userblock, len(index), _io.crc32c(index), 0)
-            head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))
-            blob.write_at(head + index, 0)
+            _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
 
     def _write_structure(self, path: str, plans: list[Any], metadata: dict[str, Any],
                          userblock: int) -> list[int | None]:
@@ -279,6 +260,79 @@ def _metadata_crc(source: ReadableBlob, start: int, size: int, extents: list[tup
             crc = _io.checksum_range(source, pos, offset - pos, "HDF5 metadata", crc)
         pos = offset + n
     return _io.checksum_range(source, pos, size - pos, "HDF5 metadata", crc)
+
+
+def _write_data(blob: WritableBlob, plans: list[_Plan], offsets: list[int | None], entries: list[Any],
+                blocks: dict[str, bytes], block_bytes: int) -> list[tuple[int, int]]:
+    """Write every tensor's bytes at its offset, front to back; fill in each entry's offset and
+    crc32c (and ``blocks``); return the data extents ``(offset, nbytes)``."""
+    path = blob.name
+    extents = []
+    runs = _io.Runs(blob)  # small tensors back to back in the file: written by one pwritev
+    byte_view, crc32c = _io.byte_view, _io.crc32c
+    for plan, offset, entry in zip(plans, offsets, entries):
+        data = plan.source
+        if type(data) is not np.ndarray:
+            runs.flush()  # a lazy source's predecessors are written before it is read
+            data = materialize(data)
+        if not data.flags.c_contiguous:
+            data = _io.c_contiguous(data)
+        if data.dtype != plan.file_dtype or data.shape != plan.shape:
+            raise ValueError(f"{path}: tensor {plan.key!r} gave {data.dtype} {data.shape}, it "
+                             f"declared {plan.file_dtype} {plan.shape}")
+        view = byte_view(data)
+        n = len(view)
+        if n <= block_bytes or plan.file_dtype.kind == "S":  # one block, or strings: no block table
+            pending, crc = None, crc32c(view)
+        else:  # a numeric tensor's crc32c and block checksums overlap with its write
+            pending, crc = checksums(view, block_bytes), 0
+        if n:
+            assert offset is not None  # every tensor with data has a place
+            runs.write(view, offset)  # keeps its array alive until the run is written
+            extents.append((offset, n))
+        if pending is not None:
+            crc, packed = pending()
+            if packed is not None:
+                blocks[plan.key] = packed
+        entry[3], entry[5] = offset or 0, crc  # the real ones
+    runs.flush()
+    return extents
+
+
+def _write_index(blob: WritableBlob, entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int,
+                 blocks: dict[str, bytes], block_bytes: int, userblock: int) -> None:
+    """Write the user block (ckpt's header and index) at the start: the blob's head, written last."""
+    index = _index_bytes(entries, metadata, size, meta_crc, blocks, block_bytes)
+    head = _HEADER.pack(MAGIC, VERSION, userblock, len(index), _io.crc32c(index), 0)
+    head = head[:-4] + struct.pack("<I", _io.crc32c(head[:-4]))
+    blob.write_at(head + index, 0)
+
+
+def _nondata_crc(start: int, size: int, extents: list[tuple[int, int]], known: list[tuple[int, bytes]]) -> int:
+    """``_metadata_crc`` of a file not read back: its non-data bytes are the ``known`` writes
+    ``(offset, bytes)`` and zeros (bytes never written)."""
+    crc, pos = 0, start
+    known = sorted(known)
+
+    def add(a: int, b: int) -> None:  # the crc32c of [a, b), which holds no tensor data
+        nonlocal crc
+        for offset, data in known:
+            lo, hi = max(a, offset), min(b, offset + len(data))
+            if lo >= hi:
+                continue
+            if lo > a:
+                crc = _io.crc32c(bytes(lo - a), crc)
+            crc = _io.crc32c(memoryview(data)[lo - offset:hi - offset], crc)
+            a = hi
+        if b > a:
+            crc = _io.crc32c(bytes(b - a), crc)
+
+    for offset, n in sorted(extents):
+        if offset > pos:
+            add(pos, offset)
+        pos = offset + n
+    add(pos, size)
+    return crc
 
 
 class _NotCkptFile(CorruptCheckpointError):

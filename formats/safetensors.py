@@ -37,6 +37,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import WritableBlob
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
@@ -81,9 +82,11 @@ class SafetensorsFormat(WritableFormat):
     def open(self, path: str) -> SafetensorsReader:
         return SafetensorsReader(path)
 
-    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
         """Write the header, then every tensor's bytes straight from its buffer (lazy sources one at
-        a time); the checksums, known only then, go into the header, padded to its planned size."""
+        a time); the checksums, known only then, go into the header, padded to its planned size.
+        The header's place is reserved by the first write (the blob's head), filled in last."""
+        path = blob.name
         validate_keys((key for key, _ in tensors), path)
         metadata = normalize_metadata(metadata, path)
         plans = []
@@ -112,36 +115,36 @@ class SafetensorsFormat(WritableFormat):
         size = len(header({key: _MAX_CRC for _, key, *_ in plans}, None))  # the widest checksums
         size += -(size + _N.size) % 8  # data starts 8-byte aligned
         crcs = {}
-        with _io.LocalSink(path) as blob:
-            runs = _io.Runs(blob)  # small tensors back to back: one pwritev per run
-            pos = _N.size + size  # the header is written last, into the head the data leaves free
-            for _, key, dtype, shape, source in plans:
-                stream = source_chunks(source)
-                if stream is not None:  # a streaming source: its bytes pass through in chunks
-                    runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
-                    crc = done = 0
-                    for view in stream:
-                        blob.write_at(view, pos + done)
-                        crc, done = _io.crc32c(view, crc), done + len(view)
-                    if done != _io.expected_nbytes(dtype, shape):
-                        raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
-                                         f"{_io.expected_nbytes(dtype, shape)}")
-                    crcs[key] = crc
-                    pos += done
-                    continue
-                if not isinstance(source, np.ndarray):
-                    runs.flush()  # earlier tensors are written before a lazy source is read
-                arr = _io.c_contiguous(materialize(source))
-                if arr.dtype != dtype or arr.shape != shape:
-                    raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "
-                                     f"{dtype} {shape}")
-                view = _io.byte_view(arr)
-                checksum = _io.checksum_async(view)  # overlaps with the write below
-                runs.write(view, pos)
-                pos += len(view)
-                crcs[key] = checksum()
-            runs.flush()
-            blob.write_at(_N.pack(size) + header(crcs, size).ljust(size), 0)  # safetensors pads headers with spaces
+        pos = _N.size + size  # the header is written last, into the head reserved here
+        blob.write_at(bytes(pos), 0)
+        runs = _io.Runs(blob)  # small tensors back to back: one pwritev per run
+        for _, key, dtype, shape, source in plans:
+            stream = source_chunks(source)
+            if stream is not None:  # a streaming source: its bytes pass through in chunks
+                runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
+                crc = done = 0
+                for view in stream:
+                    blob.write_at(view, pos + done)
+                    crc, done = _io.crc32c(view, crc), done + len(view)
+                if done != _io.expected_nbytes(dtype, shape):
+                    raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
+                                     f"{_io.expected_nbytes(dtype, shape)}")
+                crcs[key] = crc
+                pos += done
+                continue
+            if not isinstance(source, np.ndarray):
+                runs.flush()  # earlier tensors are written before a lazy source is read
+            arr = _io.c_contiguous(materialize(source))
+            if arr.dtype != dtype or arr.shape != shape:
+                raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "
+                                 f"{dtype} {shape}")
+            view = _io.byte_view(arr)
+            checksum = _io.checksum_async(view)  # overlaps with the write below
+            runs.write(view, pos)
+            pos += len(view)
+            crcs[key] = checksum()
+        runs.flush()
+        blob.write_at(_N.pack(size) + header(crcs, size).ljust(size), 0)  # safetensors pads headers with spaces
 
 
 class SafetensorsReader(FileReader):

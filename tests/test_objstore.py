@@ -5,7 +5,6 @@ and every store fault as a CheckpointError naming the URL."""
 from __future__ import annotations
 
 import itertools
-import pathlib
 import socket
 import threading
 import time
@@ -289,7 +288,7 @@ def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
     directory = _remote.RemoteDirectory(s3_bucket + "/run")
 
     def write(payload):
-        return lambda local: pathlib.Path(local).write_bytes(payload)
+        return lambda blob: blob.write_at(payload, 0)
 
     directory.write_checkpoint("m.bin", write(b"one"))
     data, size, _ = directory.locate("m.bin")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import uuid
 
+import numpy as np
 import pytest
 
 import ckpt
 from ckpt import _remote
 from ckpt._localstore import LocalStore, open_store
 from ckpt.state import CheckpointEntry, CheckpointState
-from ckpt.storage import ReadableBlob, Store
+from ckpt.storage import ReadableBlob, Store, WritableBlob
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -22,9 +23,9 @@ def store(request, tmp_path):
 
 
 def write_bytes(data: bytes):
-    def write(path: str) -> None:
-        with open(path, "wb") as f:
-            f.write(data)
+    def write(blob: WritableBlob) -> None:
+        assert isinstance(blob, WritableBlob) and blob.size == 0
+        blob.write_at(data, 0)
     return write
 
 
@@ -54,8 +55,8 @@ def test_a_written_checkpoint_exists_lists_reads_and_deletes(store):
 
 
 def test_a_failed_write_leaves_nothing(store):
-    def fail(path: str) -> None:
-        write_bytes(b"half")(path)
+    def fail(blob: WritableBlob) -> None:
+        write_bytes(b"half")(blob)
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space left"):
@@ -96,3 +97,130 @@ def test_the_saver_and_latest_checkpoint_go_through_the_store(tmp_path):
     second = saver.save(os.path.join(str(tmp_path), "m.h5"), global_step=2)
     assert store.latest() == ckpt.latest_checkpoint(str(tmp_path)) == second
     assert not store.exists(os.path.basename(first)) and store.list_names() == ["checkpoint", "m-2.h5"]
+
+
+# -- the write contract: WritableFormat.write_blob, and formats written against write(path) --------
+
+class _PathOnly(ckpt.WritableFormat):
+    """A plugin written before blobs: it overrides only the path-taking write (here: msgpack's
+    bytes with a marker file name check), and must keep working."""
+
+    name, extensions, can_write = "pathonly", (".pathonly",), True
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # msgpack's reader recognises the bytes
+
+    def open(self, path: str):
+        from ckpt.formats.msgpack import MsgpackReader
+
+        return MsgpackReader(path)
+
+    def write(self, path, tensors, metadata):
+        from ckpt.formats.msgpack import MsgpackFormat
+
+        assert os.path.isfile(path)  # a real local file, as the old contract promised
+        self.paths.append(path)
+        MsgpackFormat().write(path, tensors, metadata)
+
+
+@pytest.fixture
+def path_only():
+    from ckpt.formats import base
+
+    fmt = _PathOnly()
+    base.register_format(fmt)
+    yield fmt
+    base.unregister_format(fmt.name)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_format_overriding_only_write_path_saves_to_every_store(path_only, tmp_path, where):
+    location = str(tmp_path) if where == "local" else f"memory://ckpt-test-pathonly-{uuid.uuid4().hex}"
+    w = ckpt.Variable(np.arange(6.0).reshape(2, 3), name="w")
+    path = ckpt.Saver([w], format="pathonly").save(f"{location}/m.pathonly")
+    assert len(path_only.paths) == 1
+    if where == "local":  # written in place: the temporary file the Store renames
+        assert os.path.dirname(path_only.paths[0]) == str(tmp_path)
+    with ckpt.load_checkpoint(path) as reader:
+        assert np.array_equal(reader.get_tensor("w"), w.numpy()) and reader.verify() == []
+
+
+def test_a_subclass_of_a_built_in_overriding_write_is_what_saves(tmp_path):
+    from ckpt.formats import base
+    from ckpt.formats.msgpack import MsgpackFormat
+
+    calls = []
+
+    class Logged(MsgpackFormat):
+        name, extensions = "logged", (".logged",)
+
+        def write(self, path, tensors, metadata):
+            calls.append(path)
+            super().write(path, tensors, metadata)
+
+    base.register_format(Logged())
+    try:
+        path = ckpt.Saver([ckpt.Variable(1.5, name="v")], format="logged").save(str(tmp_path / "m.logged"))
+    finally:
+        base.unregister_format("logged")
+    assert len(calls) == 1 and os.path.isfile(path)
+
+
+def test_register_format_refuses_a_writer_without_write_blob():
+    from ckpt.formats import base
+
+    class Structural:  # not a subclass: nothing to inherit write_blob from
+        name, extensions, can_write = "structural", (".structural",), True
+
+        def claims(self, path):
+            return False
+
+        def sniff(self, head):
+            return False
+
+        def open(self, path):
+            raise NotImplementedError
+
+        def write(self, path, tensors, metadata):
+            raise NotImplementedError
+
+    with pytest.raises(TypeError, match="write_blob.*subclass ckpt.WritableFormat"):
+        base.register_format(Structural())
+
+    class Neither(ckpt.WritableFormat):
+        name, extensions, can_write = "neither", (".neither",), True
+
+        def sniff(self, head):
+            return False
+
+        def open(self, path):
+            raise NotImplementedError
+
+    with pytest.raises(TypeError, match="must define write_blob"):
+        base.register_format(Neither())
+    assert "structural" not in [f.name for f in base.formats()] and "neither" not in [f.name for f in base.formats()]
+
+
+def test_convert_reads_the_written_bytes_back_before_they_become_visible(tmp_path):
+    source = str(tmp_path / "s.h5")
+    ckpt.save_file({"w": np.arange(5.0)}, source)
+    dst = f"memory://ckpt-test-convert-{uuid.uuid4().hex}/c.msgpack"
+    checked = []
+    directory = open_store(dst.rpartition("/")[0])
+    real = type(directory).write_checkpoint
+
+    def spy(self, name, write, check=None):
+        def checking(location):
+            checked.append((location, self.exists(name)))
+            check(location)
+        return real(self, name, write, checking)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(type(directory), "write_checkpoint", spy):
+        ckpt.convert(source, dst)
+    assert len(checked) == 1 and "/.ckpt-data/" in checked[0][0] and checked[0][1] is False  # not yet visible
+    assert np.array_equal(ckpt.load_file(dst)["w"], np.arange(5.0))

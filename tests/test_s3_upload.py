@@ -1,0 +1,128 @@
+"""Saves streamed into S3 multipart uploads (ckpt._objstore.S3Upload) against moto's server: the
+object is byte-for-byte what a local save writes, nothing is visible before it completes, a
+second writer is refused, and a failed writer leaves no object and no upload behind."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+import numpy as np
+import pytest
+
+import ckpt
+from ckpt import _objstore, _remote
+
+pytest.importorskip("s3fs")
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """5 MiB parts (S3's smallest), 2 in flight: a few MiB make a multipart upload."""
+    monkeypatch.setattr(_objstore, "UPLOAD_PART", 5 * MiB)
+    monkeypatch.setattr(_objstore, "UPLOADS_IN_FLIGHT", 2)
+
+
+def _client():
+    import boto3
+
+    return boto3.client("s3")
+
+
+def _uploads(bucket_url: str) -> list[str]:
+    """Multipart uploads begun and neither completed nor aborted."""
+    resp = _client().list_multipart_uploads(Bucket=bucket_url[5:])
+    return [u["Key"] for u in resp.get("Uploads", [])]
+
+
+def _object(url: str) -> bytes:
+    bucket, _, key = url[5:].partition("/")
+    return _client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def test_an_upload_in_parts_keeps_the_blob_write_order_and_patches_the_head_last(s3_bucket, small_parts):
+    store = _objstore.ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/blob"
+    rng = np.random.default_rng(0)
+    body = rng.bytes(23 * MiB + 12345)
+    blob = store.open_upload(url, create_only=True)
+    assert isinstance(blob, _objstore.S3Upload) and isinstance(blob, ckpt.storage.WritableBlob)
+    blob.write_at(b"\0" * 100, 0)  # the head: reserved first ...
+    pos = 100
+    for start in range(0, len(body), 3 * MiB + 7):  # ... then the rest front to back, with a gap
+        piece = body[start:start + 3 * MiB + 7]
+        blob.write_pieces([piece[:10], memoryview(piece)[10:]], pos)
+        pos += len(piece)
+    blob.write_at(b"tail", pos + 1000)  # 1000 bytes never written: zeros
+    assert _client().list_objects_v2(Bucket=s3_bucket[5:]).get("KeyCount") == 0  # nothing visible yet
+    blob.write_at(b"H" * 100, 0)  # ... and filled in last
+    size, head, tail = blob.finish()
+    expected = b"H" * 100 + body + bytes(1000) + b"tail"
+    assert size == len(expected) and _object(url) == expected
+    assert head == expected[:_remote.OPEN_HEAD] and tail == expected[-_remote.OPEN_TAIL:]
+    assert _uploads(s3_bucket) == []
+
+
+def test_a_write_going_back_past_the_head_is_refused(s3_bucket, small_parts):
+    blob = _objstore.ObjectStore(s3_bucket).open_upload(f"{s3_bucket}/blob", create_only=True)
+    blob.write_at(b"head", 0)
+    blob.write_at(bytes(6 * MiB), 5 * MiB)
+    with pytest.raises(ValueError, match="goes back"):
+        blob.write_at(b"x", 6 * MiB)
+    blob.abort()
+    assert _uploads(s3_bucket) == [] and _client().list_objects_v2(Bucket=s3_bucket[5:]).get("KeyCount") == 0
+
+
+@pytest.mark.parametrize("size", [1000, 12 * MiB])  # one PUT, a multipart upload
+def test_an_upload_is_create_only(s3_bucket, small_parts, size):
+    store = _objstore.ObjectStore(s3_bucket)
+    url = f"{s3_bucket}/blob"
+    store.put(url, b"first", create_only=True)
+    blob = store.open_upload(url, create_only=True)
+    blob.write_at(b"x" * size, 0)
+    with pytest.raises(ckpt.CheckpointWriteError, match="create-only.*nothing was committed"):
+        blob.finish()
+    assert _object(url) == b"first" and _uploads(s3_bucket) == []
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".h5", ".safetensors"])
+def test_a_save_to_s3_is_the_bytes_of_a_local_save(s3_bucket, small_parts, tmp_path, ext):
+    rng = np.random.default_rng(1)
+    tensors = {f"small/{i}": rng.standard_normal(50).astype(np.float32) for i in range(300)}
+    tensors.update({f"big/{i}": rng.standard_normal(3 * MiB // 4 + i).astype(np.float32) for i in range(5)})
+    variables = {k: ckpt.Variable(v) for k, v in tensors.items()}
+    local = ckpt.Saver(variables).save(str(tmp_path / f"model{ext}"))
+    url = ckpt.Saver(variables).save(f"{s3_bucket}/run/model{ext}")
+    data, size, copies = _remote.RemoteDirectory(f"{s3_bucket}/run").locate(f"model{ext}")
+    expected = pathlib.Path(local).read_bytes()
+    assert size == len(expected) > 15 * MiB  # several parts
+    assert hashlib.sha256(_object(data)).hexdigest() == hashlib.sha256(expected).hexdigest()
+    assert all(expected[offset:offset + len(copy)] == copy for offset, copy in copies)
+    with ckpt.load_checkpoint(url) as reader:
+        assert reader.verify() == []
+    assert _uploads(s3_bucket) == []
+
+
+def test_a_save_failing_midway_leaves_no_object_and_no_upload(s3_bucket, small_parts, monkeypatch):
+    from ckpt.formats import msgpack
+
+    variables = {f"w{i}": ckpt.Variable(np.full(MiB, float(i), np.float32)) for i in range(8)}
+    saver = ckpt.Saver(variables, format="msgpack")
+    saver.save(f"{s3_bucket}/run/model", global_step=1)
+    calls = []
+    real = msgpack.checksums
+
+    def failing(view, block_bytes):  # the 6th tensor's checksum: after parts went up
+        calls.append(1)
+        if len(calls) == 6:
+            raise OSError(5, "Input/output error")
+        return real(view, block_bytes)
+
+    monkeypatch.setattr(msgpack, "checksums", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        saver.save(f"{s3_bucket}/run/model", global_step=2)
+    assert ckpt.latest_checkpoint(f"{s3_bucket}/run") == f"{s3_bucket}/run/model-1.msgpack"
+    keys = sorted(o["Key"] for o in _client().list_objects_v2(Bucket=s3_bucket[5:])["Contents"])
+    assert [k for k in keys if "model-2" in k] == [] and _uploads(s3_bucket) == []

@@ -425,7 +425,11 @@ class WritableFormat(Format, Protocol):
 
 def _writes_by_path(fmt: WritableFormat) -> bool:
     """True when the most derived of ``fmt``'s classes defining ``write`` or ``write_blob``
-    defines ``write`` only (a format written against the path-taking contract)."""
+    defines ``write`` only (a format written against the path-taking contract); a method set on
+    the object itself counts first."""
+    own = getattr(fmt, "__dict__", {})
+    if "write_blob" in own or "write" in own:
+        return "write_blob" not in own
     for klass in type(fmt).__mro__:
         if "write_blob" in vars(klass):
             return False
@@ -448,7 +452,8 @@ def write_into(fmt: WritableFormat, blob: WritableBlob, tensors: Sequence[tuple[
         ...     base.write_into(base.get_format("msgpack"), blob, [("w", np.ones(2))], {})
         >>> base.open_reader(path).close()
     """
-    if isinstance(fmt, LazyFormat):
+    own = getattr(fmt, "__dict__", {})
+    if isinstance(fmt, LazyFormat) and "write" not in own and "write_blob" not in own:
         fmt = fmt.load()  # type: ignore[assignment]
     if _writes_by_path(fmt):
         stage(fmt.write, blob, tensors, metadata)

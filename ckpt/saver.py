@@ -260,7 +260,13 @@ class Saver:
             raise
         if self._async_comm is None:
             self._agree_before_dup(path, None)
-            self._async_comm = self._comm.dup()  # collective: every rank's first asynchronous save
+            from .distributed.comm import duplicate
+
+            try:  # a collective: every rank's first asynchronous save (bounded where dup takes a timeout)
+                self._async_comm = duplicate(self._comm, self._timeout)
+            except CheckpointError as exc:
+                raise CheckpointWriteError(f"{path}: the asynchronous save did not start on rank {self._comm.rank}: "
+                                           f"{exc}; nothing was written") from exc
         comm = self._async_comm
 
         def write(sources: Any) -> str:
@@ -271,10 +277,10 @@ class Saver:
         return self._background.submit(path, tensors, write)
 
     def _agree_before_dup(self, path: str, problem: Exception | None) -> None:
-        """Before the first asynchronous save duplicates the communicator (a collective that cannot
-        time out, MPI's Dup), every rank says whether it got that far: a rank that failed makes every
-        rank raise (itself its own error), a rank that never comes makes the others raise after the
-        timeout, instead of the others waiting in Dup for ever."""
+        """Before the first asynchronous save duplicates the communicator (a collective; a
+        Communicator whose dup takes no timeout cannot time out in it), every rank says whether it
+        got that far: a rank that failed makes every rank raise (itself its own error), a rank that
+        never comes makes the others raise after the timeout, instead of waiting in dup for ever."""
         from .distributed.comm import decode, encode
 
         mine = None if problem is None else f"{type(problem).__name__}: {problem}"

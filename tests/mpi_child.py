@@ -251,16 +251,23 @@ def main() -> None:
         report(comm, results)
     elif MODE == "timeout":
         directory, = ARGS
+        spare = distributed.mpi()  # (every rank) for the dup the last rank never joins
         if comm.rank == comm.size - 1:
-            time.sleep(3)  # never calls save
+            time.sleep(3)  # never calls save, nor dup
             report(comm, {"absent": True})
         else:
             v = ckpt.Variable(np.zeros(2), name="w")
             try:
                 ckpt.Saver([v], comm=comm, timeout=1).save(os.path.join(directory, "model.h5"))
-                report(comm, {"error": None})
+                result = {"error": None}
             except ckpt.CheckpointError as exc:
-                report(comm, {"error": str(exc), "type": type(exc).__name__})
+                result = {"error": str(exc), "type": type(exc).__name__}
+            try:  # MPI's Idup polled against the timeout, where Dup would wait for ever
+                spare.dup(timeout=1)
+                result["dup"] = None
+            except ckpt.CheckpointError as exc:
+                result["dup"] = {"error": str(exc), "type": type(exc).__name__}
+            report(comm, result)
         deadline = time.monotonic() + 20  # exit only once every rank has reported: mpiexec kills the
         while time.monotonic() < deadline and not all(  # others when the first process leaves without
                 os.path.exists(os.path.join(OUT, f"result-{r}.json")) for r in range(comm.size)):  # finalizing

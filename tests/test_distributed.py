@@ -489,6 +489,28 @@ def test_a_later_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_
         assert_bit_exact(np.concatenate([np.arange(4.0) + r for r in range(3)]), reader.get_tensor("v"))
 
 
+def test_the_first_async_save_passes_its_timeout_to_a_dup_that_takes_one():
+    """distributed.mpi()'s dup(timeout=) is MPI's Idup polled against it (test_mpi.py); an adapter
+    whose dup takes no timeout (docs/distributed.md's torch example) is called plainly."""
+    from ckpt.distributed.comm import duplicate
+
+    calls = []
+
+    class Timed(distributed.LocalCommunicator):
+        def dup(self, timeout=None):
+            calls.append(timeout)
+            return distributed.LocalCommunicator()
+
+    class Plain(distributed.LocalCommunicator):
+        def dup(self):
+            calls.append("plain")
+            return distributed.LocalCommunicator()
+
+    assert isinstance(duplicate(Timed(), 7.5), distributed.LocalCommunicator)
+    assert isinstance(duplicate(Plain(), 7.5), distributed.LocalCommunicator)
+    assert calls == [7.5, "plain"]
+
+
 def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
     import subprocess
     import sys

@@ -193,6 +193,8 @@ def test_a_missing_rank_times_out(tmp_path):
     for report in results[:2]:
         assert report["type"] == "CheckpointWriteError"
         assert "did not complete within 1 s" in report["error"]
+        assert report["dup"]["type"] == "CollectiveTimeoutError"  # dup(timeout=) does not hang
+        assert "duplicating the communicator (Idup) did not complete within 1 s" in report["dup"]["error"]
     assert results[2] == {"absent": True}
     assert ckpt.latest_checkpoint(str(tmp_path)) is None
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import CheckpointError
 
-__all__ = ["Communicator", "LocalCommunicator", "CollectiveTimeoutError", "local", "encode", "decode"]
+__all__ = ["Communicator", "LocalCommunicator", "CollectiveTimeoutError", "local", "encode", "decode", "duplicate"]
 
 
 class CollectiveTimeoutError(CheckpointError, TimeoutError):
@@ -52,7 +52,9 @@ class Communicator(Protocol):
 
     def dup(self) -> Communicator:
         """A communicator over the same ranks whose collectives never match this one's
-        (checkpoint collectives must not interleave with training's own)."""
+        (checkpoint collectives must not interleave with training's own). A collective: an
+        implementation whose ``dup`` also takes a ``timeout`` keyword (seconds, raising
+        CollectiveTimeoutError) gets the Saver's, as ``distributed.mpi()``'s does."""
 
 
 class LocalCommunicator:
@@ -77,7 +79,7 @@ class LocalCommunicator:
             raise ValueError("a one-process communicator broadcasts from rank 0, which must pass data")
         return bytes(data)
 
-    def dup(self) -> LocalCommunicator:
+    def dup(self, timeout: float | None = None) -> LocalCommunicator:
         return LocalCommunicator()
 
     def __repr__(self) -> str:
@@ -104,3 +106,15 @@ def decode(raw: bytes, what: str) -> Any:
         return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
     except (ValueError, msgpack.UnpackException) as exc:
         raise CheckpointError(f"{what}: a rank sent a message that is not valid msgpack ({exc})") from exc
+
+
+def duplicate(comm: Communicator, timeout: float) -> Communicator:
+    """``comm.dup()``, bounded by ``timeout`` where the implementation's ``dup`` takes one
+    (``distributed.mpi()``'s does: MPI's blocking ``Dup`` cannot time out)."""
+    import inspect
+
+    try:
+        timed = "timeout" in inspect.signature(comm.dup).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it plainly
+        timed = False
+    return comm.dup(timeout=timeout) if timed else comm.dup()  # type: ignore[call-arg]

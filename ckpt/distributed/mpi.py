@@ -41,9 +41,9 @@ class MPICommunicator:
             checkpoint traffic never matches the caller's own collectives.
     """
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, *, _duplicated: bool = False) -> None:
         self._MPI = _mpi()
-        self._comm = comm.Dup()
+        self._comm = comm if _duplicated else comm.Dup()
         self.rank: int = self._comm.Get_rank()
         self.size: int = self._comm.Get_size()
         self._stuck: list[Any] = []  # requests abandoned at a timeout (freeing them is not allowed)
@@ -91,8 +91,15 @@ class MPICommunicator:
         self._wait(self._comm.Ibcast([buf, MPI.BYTE], root=root), timeout, "a broadcast")
         return bytes(buf)
 
-    def dup(self) -> MPICommunicator:
-        return MPICommunicator(self._comm)
+    def dup(self, timeout: float | None = None) -> MPICommunicator:
+        """A duplicate (its own traffic). With ``timeout``, MPI's non-blocking ``Idup`` polled
+        against it: a rank that never calls ``dup`` makes the others raise
+        CollectiveTimeoutError instead of waiting in ``Dup`` for ever."""
+        if timeout is None:
+            return MPICommunicator(self._comm)
+        new, request = self._comm.Idup()
+        self._wait(request, timeout, "duplicating the communicator (Idup)")
+        return MPICommunicator(new, _duplicated=True)
 
     def __repr__(self) -> str:
         return f"<ckpt.distributed.MPICommunicator rank={self.rank} size={self.size}>"

@@ -79,7 +79,7 @@ class ThreadCommunicator:
             raise ValueError("the root of a broadcast must pass data")
         return bytes(self._exchange(data if self.rank == root else None, timeout, "a broadcast")[root] or b"")
 
-    def dup(self) -> ThreadCommunicator:
+    def dup(self, timeout: float | None = None) -> ThreadCommunicator:
         group = self._group
         with group.cond:
             child = group.children.setdefault(self._dups, _Group(self.size))

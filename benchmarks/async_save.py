@@ -9,15 +9,19 @@ Run through ``python -m benchmarks --cases async`` (see benchmarks/run.py), or a
   (the floor) and against a blocking save; the background write is waited for, untimed, before
   the next repetition.
 * **training loop**: steps of fixed element-wise numpy work on one core (plus an in-place update of
-  one model tensor),
-  a save every K steps; steps per second with no saves, blocking saves and async saves. K is
-  chosen so that the time between two saves is about twice an async save's background write.
+  one model tensor), a save every K steps; steps per second with no saves, a copy only (at each
+  save point one ``np.copyto`` of the model: the pause no snapshotting save avoids), blocking saves
+  and async saves, and how long each background write took while training ran (does it fit between
+  two saves?). K is chosen so that the time between two saves is about twice an async save's
+  background write. On tmpfs an A/B row runs the background write as before issue 14's third
+  round (checksums on the I/O worker threads beside the write) in the same process.
 * **peak memory**: in a fresh process, the peak resident memory beyond the loaded model during
   two async saves (first and steady state), with the default staging bound and smaller ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,11 +29,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 import ckpt
+from ckpt.formats import _io
 
 from .memory import _reset_peak, _status
 from .run import fmt_row, make_model, timed
@@ -87,9 +93,22 @@ class Trainer:
         self.step_count += 1
 
 
+@contextlib.contextmanager
+def _writer_on_the_pool() -> Iterator[None]:
+    """The background write as it was before it kept to one thread: checksums on the I/O worker
+    threads beside the write (for the A/B row; ckpt has no switch for it)."""
+    real = _io.one_thread
+    _io.one_thread = contextlib.nullcontext  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _io.one_thread = real
+
+
 def training_loop(variables: dict[str, ckpt.Variable], directory: str, save_seconds: float,
-                  target_step: float = 0.05, saves: int = 3) -> dict[str, Any]:
-    """Steps per second with no saves, blocking saves and async saves (a save every K steps)."""
+                  target_step: float = 0.05, saves: int = 3, pool_row: bool = False) -> dict[str, Any]:
+    """Steps per second with no saves, a copy only, blocking saves and async saves (a save every K
+    steps), and how long the async saves' background writes took while training ran."""
     trainer = Trainer(variables, 16)
     for _ in range(3):  # scale the work until a step takes about target_step
         step_s = timed(lambda: [trainer.step() for _ in range(10)]) / 10
@@ -100,21 +119,38 @@ def training_loop(variables: dict[str, ckpt.Variable], directory: str, save_seco
     saver = ckpt.Saver(variables, max_to_keep=1)
     path = os.path.join(directory, "train.msgpack")
     saver.save(path, blocking=False).result()  # the arena exists, as after a run's first save
+    arrays = [v._value for v in variables.values()]
+    copies = [np.empty_like(a) for a in arrays]
+    for dst, src in zip(copies, arrays):
+        np.copyto(dst, src)  # touched once, as the arena is
+    background: dict[str, list[float]] = {}
 
     def run(mode: str) -> float:
-        start = time.perf_counter()
-        for i in range(steps):
-            trainer.step()
-            if mode != "none" and i % every == every // 2:  # mid-interval: the last write overlaps too
-                saver.save(path, global_step=i, blocking=mode == "blocking")
-        saver.wait()
-        return steps / (time.perf_counter() - start)
+        written = background.setdefault(mode, [])
+        with _writer_on_the_pool() if mode == "async, writer on the I/O pool" else contextlib.nullcontext():
+            start = time.perf_counter()
+            for i in range(steps):
+                trainer.step()
+                if mode == "none" or i % every != every // 2:  # mid-interval: the last write overlaps too
+                    continue
+                if mode == "copy only":  # the pause an async save cannot avoid: one copy of the model
+                    for dst, src in zip(copies, arrays):
+                        np.copyto(dst, src)
+                    continue
+                called = time.perf_counter()
+                future = saver.save(path, global_step=i, blocking=mode == "blocking")
+                if not isinstance(future, str):
+                    future.add_done_callback(lambda _, called=called: written.append(time.perf_counter() - called))
+            saver.wait()
+            return steps / (time.perf_counter() - start)
 
-    rates: dict[str, list[float]] = {"none": [], "blocking": [], "async": []}
-    for mode in ("none", "blocking", "async", "async", "blocking", "none"):  # ABCCBA: drift cancels
+    modes = ["none", "copy only", "blocking", "async"] + (["async, writer on the I/O pool"] if pool_row else [])
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    for mode in modes + modes[::-1]:  # ABC..CBA: drift cancels
         rates[mode].append(run(mode))
     return {"step s": step_s, "every": every, "steps": steps,
-            **{mode: statistics.mean(r) for mode, r in rates.items()}}
+            "rates": {m: statistics.mean(r) for m, r in rates.items()},
+            "background": {m: w for m, w in background.items() if w}}
 
 
 def peak(directory: str, count: int, nbytes: int, staging: int | None) -> dict[str, int]:
@@ -161,13 +197,22 @@ def report(label: str, variables: dict[str, ckpt.Variable], count: int, nbytes: 
     print(fmt_row(["async save until committed (both formats)", f"{times['async total']:.3f}",
                    f"{times['async total'] / floor:.2f}", ""]))
     print()
-    loop = training_loop(variables, folder, times["async total"])
+    loop = training_loop(variables, folder, times["async total"], pool_row=label == "tmpfs")
+    interval = loop["every"] * loop["step s"]
+    rates = loop["rates"]
     print(f"**async {label}: simulated training, {loop['step s'] * 1000:.0f} ms of numpy work a step, "
-          f"a save every {loop['every']} steps, {loop['steps']} steps, runs in the order ABCCBA, mean of 2**\n")
-    print(fmt_row(["saves", "steps/s", "vs no saves", "target"]))
-    print(fmt_row(["---"] * 4))
-    for mode, target in (("none", ""), ("blocking", ""), ("async", ">= 0.95")):
-        print(fmt_row([mode, f"{loop[mode]:.2f}", f"{loop[mode] / loop['none']:.3f}", target]))
+          f"a save every {loop['every']} steps ({interval:.2f} s), {loop['steps']} steps, runs in the order "
+          f"ABC..CBA, mean of 2**\n")
+    print(fmt_row(["saves", "steps/s", "vs no saves", "vs copy only", "target"]))
+    print(fmt_row(["---"] * 5))
+    for mode in rates:
+        print(fmt_row([mode, f"{rates[mode]:.2f}", f"{rates[mode] / rates['none']:.3f}",
+                       f"{rates[mode] / rates['copy only']:.3f}", ">= 0.95 vs no saves" if mode == "async" else ""]))
+    print()
+    for mode, written in loop["background"].items():
+        fits = "fits between two saves" if max(written) < interval else "does NOT fit between two saves"
+        print(f"- {mode}: background write while training ran: median {statistics.median(written):.2f} s, "
+              f"longest {max(written):.2f} s, against {interval:.2f} s between saves ({fits})")
     print()
     print(f"**async {label}: peak resident memory beyond the model ({total / MiB:.0f} MiB), fresh process**\n")
     print(fmt_row(["staging_bytes", "first save MiB", "arena MiB", "later saves MiB"]))

@@ -140,6 +140,8 @@ class BackgroundSaves:
                write: Callable[[Sequence[tuple[str, Any]]], str]) -> SaveFuture:
         """Snapshot ``tensors``, start ``write(sources)`` in a thread, return once the live
         tensors are no longer needed. The caller has already waited for the previous save."""
+        from .formats import _io  # (the formats are loaded by now: the Saver picked one)
+
         with self._lock:
             sources, gate = self.arena.stage(tensors, self.staging_bytes)
             future = SaveFuture(path)
@@ -147,7 +149,8 @@ class BackgroundSaves:
 
             def run() -> None:
                 try:
-                    result = write(sources)
+                    with _io.one_thread():  # one core for the write; training keeps the others
+                        result = write(sources)
                 except BaseException as exc:
                     gate.close()
                     with _unseen_lock:

@@ -16,8 +16,9 @@ import operator
 import os
 import sys
 import threading
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from ckpt.errors import CorruptCheckpointError
 from ckpt.storage import Bytes, ReadableBlob, WritableBlob
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("ckpt's file formats are implemented for little-endian hosts only")
@@ -83,14 +84,60 @@ _pool_lock = threading.Lock()
 WORKERS = max(2, min(4, os.cpu_count() or 1))
 
 
-def _workers() -> ThreadPoolExecutor:
+_this_thread = threading.local()  # .inline: True inside ``one_thread()``
+
+
+def _workers() -> Executor:
     global _pool
+    if getattr(_this_thread, "inline", False):
+        return _inline_executor()
     with _pool_lock:
         if _pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ckpt-io")
         return _pool
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Inside the block, work this thread would hand to the I/O worker threads (checksums,
+    parallel pieces) runs in this thread instead: a background save keeps to one core and
+    leaves the others to the training loop.
+
+    Example:
+        >>> with one_thread():
+        ...     checksum_async(memoryview(bytes(BIG)))() == crc32c(bytes(BIG))
+        True
+    """
+    before = getattr(_this_thread, "inline", False)
+    _this_thread.inline = True
+    try:
+        yield
+    finally:
+        _this_thread.inline = before
+
+
+_inline: Executor | None = None
+
+
+def _inline_executor() -> Executor:
+    """An Executor whose ``submit`` runs the call at once in the calling thread."""
+    global _inline
+    if _inline is None:
+        from concurrent.futures import Executor, Future
+
+        class InlineExecutor(Executor):
+            def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+                future: Future[Any] = Future()
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
+                return future
+
+        _inline = InlineExecutor()
+    return _inline
 
 
 def _forget_workers() -> None:

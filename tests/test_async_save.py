@@ -134,6 +134,33 @@ def test_large_tensors_snapshot_with_a_bound_between(tmp_path, ext):
     assert saver._background.arena.nbytes <= model_bytes // 2
 
 
+@pytest.mark.parametrize("ext", [".h5", ".msgpack"])
+def test_the_background_write_keeps_to_its_own_thread(tmp_path, monkeypatch, ext):
+    """A blocking save checksums big tensors on the I/O worker threads; a background save does it
+    in the saving thread (one core: the others are left to training), with the same bytes."""
+    from ckpt.formats import _blocks
+
+    where: list[str] = []
+    real = _blocks._both
+
+    def both(view, block_bytes):
+        where.append(threading.current_thread().name)
+        return real(view, block_bytes)
+
+    monkeypatch.setattr(_blocks, "_both", both)
+    values = {f"w{i}": np.random.default_rng(i).standard_normal(3 << 20).astype(np.float32) for i in range(2)}
+    saver = ckpt.Saver({k: ckpt.Variable(v) for k, v in values.items()}, max_to_keep=None)
+    blocking = saver.save(str(tmp_path / ("a" + ext)))
+    assert len(where) == 2 and all(name.startswith("ckpt-io") for name in where), where
+    where.clear()
+    background = saver.save(str(tmp_path / ("b" + ext)), blocking=False).result()
+    assert len(where) == 2 and all(name.startswith("ckpt-save") for name in where), where
+    for path in (blocking, background):
+        with ckpt.load_checkpoint(path) as reader:
+            for key, value in values.items():
+                assert_bit_exact(value, reader.get_tensor(key))
+
+
 def test_global_step_variable_is_read_at_the_call(tmp_path):
     step = ckpt.Variable(np.int64(5), name="gs")
     saver = ckpt.Saver({"step": step})

@@ -247,7 +247,7 @@ class ObjectStore:
             if self._s3:
                 from fsspec.asyn import sync
 
-                sync(self.fs.loop, self._stream_all, url, spans, pieces, name, done)
+                sync(self.fs.loop, self._stream_all, url, spans, pieces, name, done, size)
             elif getattr(self.fs, "async_impl", False):
                 from fsspec.asyn import sync
 
@@ -274,14 +274,14 @@ class ObjectStore:
 
     async def _stream_all(self, url: str, spans: Sequence[tuple[int, memoryview]],
                           pieces: list[tuple[int, int, list[int]]], name: Callable[[int], str],
-                          done: Callable[[int], None] | None) -> None:
+                          done: Callable[[int], None] | None, size: int | None) -> None:
         bucket, key = self._bucket_key(url)
         gate = asyncio.Semaphore(CONCURRENCY)
         left = {i: len(spans[i][1]) for _, _, members in pieces for i in members} if done is not None else None
 
         async def fetch(start: int, end: int, members: list[int]) -> None:
             async with gate:
-                await self._stream(bucket, key, start, end, _Sink(start, spans, members, left, done), url, name)
+                await self._stream(bucket, key, start, end, _Sink(start, spans, members, left, done), url, name, size)
 
         results = await asyncio.gather(*(fetch(*piece) for piece in pieces), return_exceptions=True)
         for result in results:  # every request has finished (none writes into a buffer later)
@@ -289,9 +289,10 @@ class ObjectStore:
                 raise result
 
     async def _stream(self, bucket: str, key: str, start: int, end: int, sink: _Sink, url: str,
-                      name: Callable[[int], str]) -> None:
+                      name: Callable[[int], str], size: int | None = None) -> None:
         """One ranged GET ``[start, end)`` copied into ``sink`` chunk by chunk as it arrives; a
-        connection dropped mid-body is resumed from where it stopped (a few times)."""
+        connection dropped mid-body is resumed from where it stopped (a few times). With the
+        object's expected ``size``, the size the store answers with (Content-Range) must be it."""
         for attempt in range(_RESUMES + 1):
             try:
                 resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key,
@@ -300,6 +301,11 @@ class ObjectStore:
                 if not _invalid_range(exc):
                     raise
                 break  # starts at or past the object's end: truncated
+            total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+            if size is not None and total.isdigit() and int(total) != size:
+                resp["Body"].close()
+                raise CorruptCheckpointError(f"{url}: the object is {int(total)} bytes, {size} were written: it was "
+                                             "truncated or replaced")
             body = resp["Body"]
             try:
                 while sink.pos < end:

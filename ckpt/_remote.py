@@ -388,13 +388,20 @@ class RemoteFile:
     """A committed checkpoint's data object opened for ranged reads: the
     :class:`ckpt.storage.ReadableBlob` formats read an object-store checkpoint through. The
     first and last bytes are known on open (copied in the commit record, or fetched side by side),
-    so sniffing, headers, footers and small indexes cost no further request."""
+    so sniffing, headers, footers and small indexes cost no further request.
 
-    def __init__(self, url: str, parent: RemoteDirectory | None = None) -> None:
+    ``size``: the object is a data object of this many bytes (a sharded checkpoint's shard file,
+    which its record lists): no commit record is looked for, and its head and tail are fetched
+    side by side (a store answering with another size is a CorruptCheckpointError)."""
+
+    def __init__(self, url: str, parent: RemoteDirectory | None = None, size: int | None = None) -> None:
         self.url = url
         parent_url, name = _urls.split(url)
         self.directory = parent if parent is not None else directory(parent_url)
-        self.data_url, self.size, self._cache = self.directory.locate(name)
+        if size is None:
+            self.data_url, self.size, self._cache = self.directory.locate(name)
+        else:
+            self.data_url, self.size, self._cache = url, size, []
         first = next((len(data) for offset, data in self._cache if offset == 0), 0)
         wanted = []
         if first < min(OPEN_HEAD, self.size):
@@ -407,7 +414,7 @@ class RemoteFile:
         if wanted:  # a plain object, or a commit record without copies (written before they existed)
             buffers = [bytearray(n) for _, n in wanted]
             self.directory.store.read_into(self.data_url, [(o, memoryview(b)) for (o, _), b in zip(wanted, buffers)],
-                                           lambda i: "the checkpoint's header and index")
+                                           lambda i: "the checkpoint's header and index", self.size)
             self._cache += [(o, bytes(b)) for (o, _), b in zip(wanted, buffers)]
         self.head = next((data for offset, data in self._cache if offset == 0), b"")
 

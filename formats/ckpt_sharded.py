@@ -363,14 +363,16 @@ def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], di
     return parsed_files, out, block_bytes
 
 
-def _open_shard(target: str, where: str | RemoteDirectory) -> tuple[ReadableBlob, AbstractContextManager[None]]:
+def _open_shard(target: str, where: str | RemoteDirectory,
+                size: int) -> tuple[ReadableBlob, AbstractContextManager[None]]:
     """Open a shard file's blob, and the context in which its format's reader takes it (an
-    object, already opened: no second request) or opens the file itself (a local file)."""
+    object, already opened: no second request) or opens the file itself (a local file). An
+    object is ``size`` bytes (the record says so): its head and tail come in one round trip."""
     if isinstance(where, str):
         return open_blob(target), nullcontext()
     from ckpt._remote import RemoteFile, handing
 
-    blob = RemoteFile(target, where)
+    blob = RemoteFile(target, where, size)
     return blob, handing(blob)
 
 
@@ -407,7 +409,7 @@ class ShardedReader(BaseReader):
             if fmt is None or not fmt.can_write:
                 raise UnsupportedCheckpointError(f"{target}: shard files are ckpt msgpack or HDF5 files")
             try:
-                blob, handing = _open_shard(target, self._where)
+                blob, handing = _open_shard(target, self._where, size)
             except (FileNotFoundError, CheckpointNotFoundError):
                 raise CorruptCheckpointError(f"{target}: a shard file named by the commit record is missing"
                                              ) from None

@@ -10,7 +10,7 @@ from conftest import assert_bit_exact
 from distributed_support import global_tensors, layout, make_variables, run_ranks
 
 import ckpt
-from ckpt import _objstore, distributed
+from ckpt import _objstore, _remote, distributed
 
 pytest.importorskip("s3fs")
 
@@ -198,3 +198,26 @@ def test_storage_options_reach_every_rank_and_every_shard_file(s3_bucket, monkey
     _check(run_ranks(3, restore), "cols", 3, f"{run}/model-2.msgpack")
     with ckpt.load_checkpoint(run, storage_options=options) as reader:  # shard files opened after open
         assert_bit_exact(tensors["emb"], reader.get_tensor("emb"))
+
+
+@pytest.mark.parametrize("change", [b"", b"x" * 100])
+def test_a_shard_file_truncated_or_replaced_in_the_store_is_corrupt(s3_bucket, s3_server, change):
+    """Shard files open with the size the record lists: head and tail in one round trip (two
+    ranged GETs side by side, no commit-record probe), and a store answering with another size
+    is a CorruptCheckpointError naming the file."""
+    import boto3
+
+    run = f"{s3_bucket}/run"
+    path = _save(run, 2, "rows", step=1)[0]
+    s3_server.traffic.clear()
+    with ckpt.load_checkpoint(path) as reader:
+        reader.get_slice("emb", np.s_[0:1])  # opens the first shard file
+        first = [g for g in s3_server.traffic.gets() if g[1].endswith("00000-of-00002.msgpack")]
+    assert len(first) <= 3 and sum(g[3] for g in first) < 2 * (_remote.OPEN_HEAD + _remote.OPEN_TAIL)
+    client = boto3.client("s3")
+    key = next(k for k in _keys(s3_bucket, "run/.ckpt-data/") if k.endswith("00000-of-00002.msgpack"))
+    body = client.get_object(Bucket=s3_bucket[5:], Key=key)["Body"].read()
+    client.put_object(Bucket=s3_bucket[5:], Key=key, Body=body[:-100] if not change else body + change)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{key}.*(truncated|replaced)"):
+        with ckpt.load_checkpoint(path) as reader:
+            reader.get_tensor("emb")

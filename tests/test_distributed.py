@@ -489,6 +489,39 @@ def test_a_later_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_
         assert_bit_exact(np.concatenate([np.arange(4.0) + r for r in range(3)]), reader.get_tensor("v"))
 
 
+def test_an_unseen_error_raised_by_the_next_async_save_on_some_ranks_fails_it_on_every_rank(tmp_path):
+    """Ranks 0 and 2 never look at their failed futures, so their next save raises that error
+    (the single-process contract); rank 1 saw its own error and saves: its future fails at once,
+    naming ranks 0 and 2, and the save after that works everywhere."""
+    def fn(comm: distributed.Communicator) -> list:
+        v = ckpt.Variable(np.arange(4.0) + comm.rank, name="v", shard=ckpt.Shard((12,), (4 * comm.rank,)))
+        saver = ckpt.Saver([v], comm=comm, timeout=60)
+        saver.save(str(tmp_path / "m.msgpack"), global_step=1, blocking=False).result()
+        out: list = []
+        try:
+            saver.save(str(tmp_path / "m.msgpack"), global_step=2, blocking=False,
+                       metadata={"bad": {1}} if comm.rank == 1 else None)  # futures not looked at
+        except ValueError:
+            pass
+        try:
+            out.append(saver.save(str(tmp_path / "m.msgpack"), global_step=3, blocking=False).result())
+        except Exception as exc:
+            out.append(exc)
+        out.append(saver.save(str(tmp_path / "m.msgpack"), global_step=4, blocking=False).result())
+        return out
+
+    results = run_ranks(3, fn)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    for rank in (0, 2):  # the save-2 error, raised by their save 3
+        assert isinstance(results[rank][0], ckpt.CheckpointWriteError), results[rank][0]
+        assert "the sharded save failed on rank 1: ValueError" in str(results[rank][0])
+    error = results[1][0]
+    assert isinstance(error, ckpt.CheckpointWriteError), error
+    assert "failed on rank 0: CheckpointWriteError" in str(error) and "rank 2: CheckpointWriteError" in str(error)
+    assert {r[1] for r in results} == {str(tmp_path / "m-4.msgpack")}
+    assert ckpt.latest_checkpoint(str(tmp_path)) == str(tmp_path / "m-4.msgpack")
+
+
 def test_the_first_async_save_passes_its_timeout_to_a_dup_that_takes_one():
     """distributed.mpi()'s dup(timeout=) is MPI's Idup polled against it (test_mpi.py); an adapter
     whose dup takes no timeout (docs/distributed.md's torch example) is called plainly."""

@@ -33,7 +33,8 @@ import numpy as np
 from .errors import CorruptCheckpointError
 from .reader import CheckpointReader
 
-__all__ = ["CHUNK_BYTES", "tensor_chunks", "paired_chunks", "chunk_elements", "stored_crc32c", "reusing_buffers"]
+__all__ = ["CHUNK_BYTES", "OneThread", "chunk_elements", "paired_chunks", "reusing_buffers", "stored_crc32c",
+           "tensor_chunks"]
 
 #: Bytes of a tensor in one chunk (a multiple of the I/O pool's 4 MiB pieces).
 CHUNK_BYTES = 8 << 20
@@ -100,27 +101,42 @@ def _read_range(reader: Any, extents: list[tuple[int, int]], start: int, view: m
     return crc
 
 
-_reader_thread: ThreadPoolExecutor | None = None
+class OneThread:
+    """One worker thread, started on first use and forgotten in a forked child (which has none).
+
+    Example:
+        >>> OneThread("ckpt-doc").get().submit(sum, [1, 2]).result()
+        3
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        os.register_at_fork(after_in_child=self._forget)
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            return self._executor
+
+    def _forget(self) -> None:
+        self._executor, self._lock = None, threading.Lock()
+
+
+_ahead = OneThread("ckpt-chunks")  # reads chunks ahead of their consumers (each read runs on the I/O pool)
 _lock = threading.Lock()
 _free: list[np.ndarray] = []  # chunk buffers kept for reuse while a reusing_buffers() block runs
 _users = 0
 
 
-def _ahead() -> ThreadPoolExecutor:
-    """The thread that reads chunks ahead of their consumers (each read runs on the I/O pool)."""
-    global _reader_thread
-    with _lock:
-        if _reader_thread is None:
-            _reader_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-chunks")
-        return _reader_thread
+def _forget_lock() -> None:
+    global _lock
+    _lock = threading.Lock()  # a forked child: no other thread holds it
 
 
-def _forget_thread() -> None:
-    global _reader_thread, _lock
-    _reader_thread, _lock = None, threading.Lock()  # a forked child has no such thread
-
-
-os.register_at_fork(after_in_child=_forget_thread)
+os.register_at_fork(after_in_child=_forget_lock)
 
 
 @contextmanager
@@ -179,7 +195,7 @@ def _stream(reader: Any, key: str, extents: list[tuple[int, int]], expected: int
     def submit(i: int) -> None:
         lo, hi = bounds[i]
         view = buffers[i % len(buffers)].data[:hi - lo]
-        pending[i] = _ahead().submit(_read_range, reader, extents, lo, view, what)
+        pending[i] = _ahead.get().submit(_read_range, reader, extents, lo, view, what)
 
     try:
         for i in range(len(buffers)):

@@ -34,16 +34,15 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
 
 from . import dtypes
+from ._chunks import OneThread
 from ._json import jsonable
 from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions
@@ -266,25 +265,7 @@ def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: flo
     return p
 
 
-_helper: ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
-
-
-def _second_thread() -> ThreadPoolExecutor:
-    """The thread that takes half of each chunk's pieces (numpy and BLAS release the GIL in their loops)."""
-    global _helper
-    with _helper_lock:
-        if _helper is None:
-            _helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stats")
-        return _helper
-
-
-def _forget_helper() -> None:
-    global _helper, _helper_lock
-    _helper, _helper_lock = None, threading.Lock()  # a forked child has no such thread
-
-
-os.register_at_fork(after_in_child=_forget_helper)
+_second = OneThread("ckpt-stats")  # takes half of each chunk's pieces (numpy and BLAS release the GIL in loops)
 
 _local = threading.local()
 
@@ -304,7 +285,7 @@ def _on_both(chunk: np.ndarray, work: Callable[[int, np.ndarray], T]) -> list[T]
     half = (len(pieces) + 1) // 2
     if len(pieces) < 2:
         return [work(i, p) for i, p in enumerate(pieces)]
-    job = _second_thread().submit(lambda: [work(half + i, p) for i, p in enumerate(pieces[half:])])
+    job = _second.get().submit(lambda: [work(half + i, p) for i, p in enumerate(pieces[half:])])
     try:
         first = [work(i, p) for i, p in enumerate(pieces[:half])]
     finally:

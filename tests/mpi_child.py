@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ckpt
 from ckpt import distributed
-from ckpt.formats import sharded
+from ckpt.formats import ckpt_sharded as sharded
 from distributed_support import global_tensors, layout, make_variables
 
 MODE, OUT = sys.argv[1], sys.argv[2]

@@ -14,7 +14,7 @@ from ckpt import _remote, distributed
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
 pytest.importorskip("s3fs")
 
-from test_mpi import BIG, mpirun
+from test_mpi import BIG, BLOCK, mpirun
 
 
 def _keys(bucket_url: str, prefix: str) -> list[str]:
@@ -35,6 +35,9 @@ def test_two_processes_save_to_s3_and_one_or_three_restore(s3_bucket, s3_server,
         for rank, report in enumerate(restored[:m]):
             result, = report["by_m"][str(m)]
             assert result["wrong"] == [] and result["step"] == 42, (m, rank, result)
+            assert 0 < result["bytes_read"]  # tensor bytes the rank read: what it needs, plus block edges
+            if m == 1:  # rows: the big tensor and checksum-block edges of the two shard files, no more
+                assert result["bytes_read"] <= result["big_needed"] * 1.05 + 4 * BLOCK + 64 * 1024, result
     requests = s3_server.traffic.requests
     assert requests and all(r[0] in ("GET", "HEAD") for r in requests)  # a restore writes nothing
     assert all(r[2].startswith("bytes=") for r in requests if r[0] == "GET")  # ranged reads only

@@ -108,15 +108,17 @@ def _writer_on_the_pool() -> Iterator[None]:
 
 
 def training_loop(variables: dict[str, ckpt.Variable], directory: str, save_seconds: float,
-                  target_step: float = 0.05, saves: int = 3, pool_row: bool = False) -> dict[str, Any]:
+                  target_step: float = 0.05, saves: int = 3, pool_row: bool = False, spacing: float = 2,
+                  modes: tuple[str, ...] = ("none", "copy only", "blocking", "async")) -> dict[str, Any]:
     """Steps per second with no saves, a copy only, blocking saves and async saves (a save every K
-    steps), and how long the async saves' background writes took while training ran."""
+    steps: ``spacing`` whole async saves' worth of time), and how long the async saves' background
+    writes took while training ran."""
     trainer = Trainer(variables, 16)
     for _ in range(3):  # scale the work until a step takes about target_step
         step_s = timed(lambda: [trainer.step() for _ in range(10)]) / 10
         trainer.rounds = max(1, round(trainer.rounds * target_step / step_s))
     step_s = timed(lambda: [trainer.step() for _ in range(20)]) / 20
-    every = max(2, int(np.ceil(2 * save_seconds / step_s)))  # two writes' worth of time between saves
+    every = max(2, int(np.ceil(spacing * save_seconds / step_s)))  # `spacing` writes' worth of time between saves
     steps = every * saves
     saver = ckpt.Saver(variables, max_to_keep=1)
     path = os.path.join(directory, "train.msgpack")
@@ -146,9 +148,9 @@ def training_loop(variables: dict[str, ckpt.Variable], directory: str, save_seco
             saver.wait()
             return steps / (time.perf_counter() - start)
 
-    modes = ["none", "copy only", "blocking", "async"] + (["async, writer on the I/O pool"] if pool_row else [])
-    rates: dict[str, list[float]] = {mode: [] for mode in modes}
-    for mode in modes + modes[::-1]:  # ABC..CBA: drift cancels
+    order = [*modes, *(["async, writer on the I/O pool"] if pool_row else [])]
+    rates: dict[str, list[float]] = {mode: [] for mode in order}
+    for mode in order + order[::-1]:  # ABC..CBA: drift cancels
         rates[mode].append(run(mode))
     return {"step s": step_s, "every": every, "steps": steps,
             "rates": {m: statistics.mean(r) for m, r in rates.items()},
@@ -179,6 +181,26 @@ def peak_in_process(directory: str, count: int, nbytes: int, staging: int | None
     return json.loads(out.strip().splitlines()[-1])
 
 
+def print_loop(label: str, loop: dict[str, Any]) -> None:
+    """Print one simulated-training table and whether each background write fit between saves."""
+    interval = loop["every"] * loop["step s"]
+    rates = loop["rates"]
+    print(f"**async {label}: simulated training, {loop['step s'] * 1000:.0f} ms of numpy work a step, "
+          f"a save every {loop['every']} steps ({interval:.2f} s), {loop['steps']} steps, runs in the order "
+          f"ABC..CBA, mean of 2**\n")
+    print(fmt_row(["saves", "steps/s", "vs no saves", "vs copy only", "target"]))
+    print(fmt_row(["---"] * 5))
+    for mode in rates:
+        print(fmt_row([mode, f"{rates[mode]:.2f}", f"{rates[mode] / rates['none']:.3f}",
+                       f"{rates[mode] / rates['copy only']:.3f}", ">= 0.95 vs no saves" if mode == "async" else ""]))
+    print()
+    for mode, written in loop["background"].items():
+        fits = "fits between two saves" if max(written) < interval else "does NOT fit between two saves"
+        print(f"- {mode}: background write while training ran: median {statistics.median(written):.2f} s, "
+              f"longest {max(written):.2f} s, against {interval:.2f} s between saves ({fits})")
+    print()
+
+
 def report(label: str, variables: dict[str, ckpt.Variable], count: int, nbytes: int, directory: str,
            reps: int) -> None:
     """Print the three async tables for one directory."""
@@ -199,23 +221,10 @@ def report(label: str, variables: dict[str, ckpt.Variable], count: int, nbytes: 
     print(fmt_row(["async save until committed (both formats)", f"{times['async total']:.3f}",
                    f"{times['async total'] / floor:.2f}", ""]))
     print()
-    loop = training_loop(variables, folder, times["async total"], pool_row=label == "tmpfs")
-    interval = loop["every"] * loop["step s"]
-    rates = loop["rates"]
-    print(f"**async {label}: simulated training, {loop['step s'] * 1000:.0f} ms of numpy work a step, "
-          f"a save every {loop['every']} steps ({interval:.2f} s), {loop['steps']} steps, runs in the order "
-          f"ABC..CBA, mean of 2**\n")
-    print(fmt_row(["saves", "steps/s", "vs no saves", "vs copy only", "target"]))
-    print(fmt_row(["---"] * 5))
-    for mode in rates:
-        print(fmt_row([mode, f"{rates[mode]:.2f}", f"{rates[mode] / rates['none']:.3f}",
-                       f"{rates[mode] / rates['copy only']:.3f}", ">= 0.95 vs no saves" if mode == "async" else ""]))
-    print()
-    for mode, written in loop["background"].items():
-        fits = "fits between two saves" if max(written) < interval else "does NOT fit between two saves"
-        print(f"- {mode}: background write while training ran: median {statistics.median(written):.2f} s, "
-              f"longest {max(written):.2f} s, against {interval:.2f} s between saves ({fits})")
-    print()
+    print_loop(label, training_loop(variables, folder, times["async total"], pool_row=label == "tmpfs"))
+    # Saves further apart (a run saving every few minutes): the copy pause's share shrinks with the interval.
+    print_loop(label, training_loop(variables, folder, times["async total"], saves=2, spacing=6,
+                                    modes=("none", "copy only", "async")))
     print(f"**async {label}: peak resident memory beyond the model ({total / MiB:.0f} MiB), fresh process**\n")
     print(fmt_row(["staging_bytes", "first save MiB", "arena MiB", "later saves MiB"]))
     print(fmt_row(["---"] * 4))

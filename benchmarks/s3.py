@@ -146,7 +146,10 @@ def report(model_mib: int = 256, big_mib: int = 1024, reps: int = 3) -> str:
                       f"restore {best_restore / rows[0][2]:.2f}x (target >= 0.8x)", "",
                   "Requests of one restore (method, Range, bytes the server sent):", ""]
         for name, seen in requests.items():
-            lines.append(f"- {name}: " + ", ".join(f"{m} {r or '(whole)'} {n:,}" for m, r, n in seen))
+            listed = [f"{m} {r or '(whole)'} {n:,}" for m, r, n in seen]
+            if len(listed) > 6:  # a managed transfer's many parts
+                listed = [*listed[:2], f"... {len(listed)} requests, {sum(n for _, _, n in seen):,} bytes"]
+            lines.append(f"- {name}: " + ", ".join(listed))
         lines.append("")
         peak = _memory_in_child("bench", model_mib)
         lines += [f"Peak memory of one Saver.save of the {model_mib} MiB model beyond the model itself: "

@@ -69,7 +69,7 @@ _LAZY = {
     "device": ".scopes",
     "name_scope": ".scopes",
     "Shard": ".shard",
-    "latest_checkpoint": ".state",
+    "latest_checkpoint": "._locations",
     "TensorStats": ".stats",
     "array_stats": ".stats",
     "tensor_stats": ".stats",
@@ -139,7 +139,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .scopes import device as device
     from .scopes import name_scope as name_scope
     from .shard import Shard as Shard
-    from .state import latest_checkpoint as latest_checkpoint
+    from ._locations import latest_checkpoint as latest_checkpoint
     from .stats import TensorStats as TensorStats
     from .stats import array_stats as array_stats
     from .stats import tensor_stats as tensor_stats

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptCheckpointError
+from .formats import _io
 from .reader import CheckpointReader
 
 __all__ = ["CHUNK_BYTES", "OneThread", "chunk_elements", "paired_chunks", "reusing_buffers", "stored_crc32c",
@@ -79,8 +80,6 @@ def _streamable(reader: Any, key: str) -> tuple[list[tuple[int, int]], int] | No
 
 def _read_range(reader: Any, extents: list[tuple[int, int]], start: int, view: memoryview, what: str) -> int:
     """Fill ``view`` with the tensor's bytes from ``start`` on (across extents); return their crc32c."""
-    from .formats import _io
-
     spans, pos, done = [], 0, 0
     for offset, n in extents:
         if done < len(view) and pos + n > start + done:
@@ -172,8 +171,6 @@ def _give(buffer: np.ndarray) -> None:
 
 def _shift(crc: int, pieces: int) -> int:
     """crc32c of some bytes -> the crc32c of them followed by ``pieces`` x 4 MiB of zeros."""
-    from .formats import _io
-
     for _ in range(pieces):
         crc = _io.crc32c_combine_piece(crc, 0)
     return crc

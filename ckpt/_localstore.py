@@ -27,27 +27,34 @@ from typing import TypeVar
 
 from . import _urls
 from .atomic import is_temporary, replace_atomically
-from .errors import CheckpointError, CheckpointWriteError, ReplacedWriteError
+from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
+from .formats._io import LocalFile, LocalSink
+from .formats.base import format_for_path, formats  # the registry: formats claim prefixes, directories
 from .state import LOCK_FILE, STATE_FILE, CheckpointState, read_state, state_lock, write_state
-from .storage import ReadableBlob, StateChange, Store, WritableBlob
+from .storage import Listed, ReadableBlob, StateChange, Store, WritableBlob
 
-__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "write_file"]
+__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "checkpoint_exists", "write_file"]
 
 T = TypeVar("T")
 
 
 def write_file(path: str, write: Callable[[WritableBlob], None]) -> None:
     """Run ``write`` on a :class:`ckpt.formats._io.LocalSink` over the (new, empty) file ``path``."""
-    from .formats._io import LocalSink
-
     with LocalSink(path) as blob:
         write(blob)
+
+
+def checkpoint_exists(path: str) -> bool:
+    """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix, a
+    sharded checkpoint's directory)."""
+    return os.path.isfile(path) or any(f.claims(path) for f in formats())
 
 
 def remove_checkpoint(path: str) -> None:
     """Delete a checkpoint: a file, or a sharded checkpoint's directory (its commit record
     first, so a deletion cut short leaves an uncommitted directory the next save removes)."""
     if os.path.isdir(path) and not os.path.islink(path):
+        # lazy: a format module, imported only when a sharded checkpoint is deleted (format modules load on use)
         from .formats.ckpt_sharded import COMMIT
 
         try:
@@ -69,8 +76,6 @@ class LocalStore:
         return os.path.join(self.location, name)
 
     def open(self, name: str) -> ReadableBlob:
-        from .formats._io import LocalFile
-
         blob: ReadableBlob = LocalFile(self.join(name))
         return blob
 
@@ -171,14 +176,56 @@ class LocalStore:
         return state
 
     def latest(self) -> str | None:
-        from .formats.base import checkpoint_exists
-
         state = read_state(self.location)
         for entry in reversed(state.all_entries() if state is not None else []):
             candidate = self.join(entry.path)  # TensorFlow may record absolute paths
             if checkpoint_exists(candidate):
                 return candidate
         return None
+
+    def listing(self) -> list[Listed]:
+        if not os.path.isdir(self.location):
+            what = "not a directory" if os.path.exists(self.location) else "no such directory"
+            raise CheckpointNotFoundError(f"{self.location}: {what}")
+        state = read_state(self.location)
+        latest = self.latest()
+        rows: list[Listed] = []
+        known: set[str] = set()
+        if state is not None:
+            preserved = {e.path for e in state.preserved}
+            for entry in state.all_entries():
+                full = self.join(entry.path)  # TensorFlow may record absolute paths
+                files = _files_of(full)
+                known.update(os.path.abspath(f) for f in files)
+                note = "latest" if full == latest else "missing" if not checkpoint_exists(full) else \
+                    "preserved" if entry.path in preserved else ""
+                rows.append((entry.path, entry.step, entry.time or None, _size(files), note))
+        for name in sorted(os.listdir(self.location)):
+            full = self.join(name)
+            if os.path.abspath(full) in known or name == STATE_FILE or is_temporary(name) or \
+                    not os.path.isfile(full) or format_for_path(name) is None:
+                continue
+            rows.append((name, None, os.path.getmtime(full), _size([full]), f"not in the '{STATE_FILE}' state file"))
+        return rows
+
+
+def _files_of(path: str) -> list[str]:
+    """The files of a checkpoint: the file itself, or those of a prefix (TensorFlow's
+    "model.ckpt-7" is model.ckpt-7.index and model.ckpt-7.data-*)."""
+    if os.path.isfile(path):
+        return [path]
+    if os.path.isdir(path):  # a sharded checkpoint: its commit record and shard files
+        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if not n.startswith(".")]
+    parent, prefix = os.path.split(path)
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return []
+    return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix + ".")]
+
+
+def _size(files: list[str]) -> int | None:
+    return sum(os.path.getsize(f) for f in files) if files else None
 
 
 def open_store(location: str, storage_options: _urls.StorageOptions | None = None) -> Store:

@@ -46,8 +46,9 @@ from collections.abc import Callable, Iterator, Sequence
 from . import _urls
 from ._objstore import ObjectStore
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from .formats.base import format_for_path  # the registry: which names are checkpoints
 from .state import STATE_FILE, CheckpointState, dump_state, parse_state
-from .storage import StateChange, WritableBlob
+from .storage import Listed, StateChange, WritableBlob
 
 split_url = _urls.split
 
@@ -275,6 +276,30 @@ class RemoteDirectory:
                 return self.join(entry.path)
         return None
 
+    def listing(self) -> list[Listed]:
+        """``(name, step, time, size, note)`` for each checkpoint: the state file's entries (note
+        "latest", "preserved", "missing" or ""), then committed checkpoints the state file does not
+        list. Sizes come from the commit records (a sharded checkpoint's: the objects under its data
+        prefix)."""
+        state = self.read_state()
+        found = self.latest()
+        rows: list[Listed] = []
+        known = {STATE_FILE}
+        for entry in state.all_entries() if state is not None else []:
+            known.add(entry.path)
+            try:
+                size: int | None = self.size_of(entry.path)
+            except CheckpointNotFoundError:
+                size = None
+            note = "latest" if self.join(entry.path) == found else "missing" if size is None else \
+                "preserved" if state is not None and entry in state.preserved else ""
+            rows.append((entry.path, entry.step, entry.time, size, note))
+        for item in self.store.list(self.location):
+            name = str(item["name"])
+            if name not in known and "/" not in name and format_for_path(name) is not None:
+                rows.append((name, None, None, self.size_of(name), f"not in the '{STATE_FILE}' state file"))
+        return rows
+
     def delete_checkpoints(self, names: Sequence[str]) -> None:
         """Delete each checkpoint: its commit record first (it stops existing), then its data."""
         for name in names:
@@ -497,8 +522,6 @@ def resolve(url: str) -> str:
     Raises:
         CheckpointNotFoundError: a directory without a state file naming an existing checkpoint.
     """
-    from .formats.base import format_for_path
-
     if format_for_path(url) is not None:
         return url
     found = latest(url)
@@ -509,31 +532,3 @@ def resolve(url: str) -> str:
         return url  # a checkpoint object without a known extension
     raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
                                   "naming an existing checkpoint)")
-
-
-def listing(url: str) -> list[tuple[str, int | None, float | None, int | None, str]]:
-    """``(name, step, time, size, note)`` for each checkpoint of a directory URL: the state
-    file's entries (note "latest", "preserved", "missing" or ""), then committed checkpoints
-    the state file does not list. Sizes come from the commit records (a sharded checkpoint's:
-    the objects under its data prefix)."""
-    from .formats.base import format_for_path
-
-    remote = directory(url)
-    state = remote.read_state()
-    found = latest(url)
-    rows: list[tuple[str, int | None, float | None, int | None, str]] = []
-    known = {STATE_FILE}
-    for entry in state.all_entries() if state is not None else []:
-        known.add(entry.path)
-        try:
-            size: int | None = remote.size_of(entry.path)
-        except CheckpointNotFoundError:
-            size = None
-        note = "latest" if remote.join(entry.path) == found else "missing" if size is None else \
-            "preserved" if state is not None and entry in state.preserved else ""
-        rows.append((entry.path, entry.step, entry.time, size, note))
-    for item in remote.store.list(url):
-        name = str(item["name"])
-        if name not in known and "/" not in name and format_for_path(name) is not None:
-            rows.append((name, None, None, remote.size_of(name), f"not in the '{STATE_FILE}' state file"))
-    return rows

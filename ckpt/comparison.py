@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
+from ._chunks import paired_chunks, reusing_buffers
 from ._json import jsonable
 from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions
@@ -274,8 +275,6 @@ def metadata_changes(ma: dict[str, Any], mb: dict[str, Any]) -> list[MetadataCha
 
 def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float) -> ValueDiff:
     """Stream one pair of same-shape tensors through in matching chunks."""
-    from ._chunks import paired_chunks
-
     tally = _Tally()
     for ca, cb in paired_chunks(ra, rb, key):
         _add_chunk(tally, ca, cb, atol, rtol)
@@ -306,8 +305,6 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
     """
     if atol < 0 or rtol < 0:
         raise ValueError(f"tolerances cannot be negative (atol={atol}, rtol={rtol})")
-    from ._chunks import reusing_buffers
-
     with opened(a, storage_options) as ra, opened(b, storage_options) as rb, reusing_buffers():
         ta, tb = ra.tensors, rb.tensors
         union = sorted(set(ta) | set(tb))

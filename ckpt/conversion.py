@@ -37,6 +37,7 @@ from ._sources import Checkpoint, Keys, opened, select_keys
 from ._urls import StorageOptions, is_url
 from ._localstore import store_of
 from .atomic import fsync_directory, require_directory
+from .formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys, write_into
 from .reader import CheckpointReader
 from .storage import WritableBlob
 from .errors import CheckpointError, CheckpointWriteError, KeyNotFoundError, UnsupportedCheckpointError, closest_hint
@@ -75,8 +76,6 @@ def writable_format(path: str | os.PathLike[str], format: str | None = None) -> 
         >>> writable_format("model.msgpack").name
         'msgpack'
     """
-    from .formats.base import format_for_path, formats, get_format
-
     path = os.fspath(path)
     writable = ", ".join(f"{'/'.join(f.extensions)} ({f.name})" for f in formats() if f.can_write)
     if format is not None:
@@ -217,6 +216,7 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
                    fmt: Any) -> None:
     """Write SRC's planned tensors as a sharded checkpoint: into a temporary directory, read back
     and compared, then renamed to DST (which must not exist)."""
+    # lazy: a format module, loaded only for a sharded conversion (format modules load on use, via the registry)
     from .formats import ckpt_sharded as sharded
 
     if os.path.lexists(dst):
@@ -291,8 +291,6 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         ValueError: ``renames`` give two keys one name or make invalid keys; ``overwrite`` or
             ``shards`` with a URL.
     """
-    from .formats.base import normalize_metadata, validate_keys, write_into
-
     dst = os.fspath(dst)
     fmt = writable_format(dst, format)
     remote = is_url(dst)

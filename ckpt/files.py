@@ -23,6 +23,7 @@ import numpy as np
 
 from .atomic import replace_atomically
 from .casting import infer_array
+from .formats import base  # the format registry; importing it registers the built-ins
 from .reader import open_checkpoint, read_in_batches
 
 __all__ = ["save_file", "load_file"]
@@ -48,8 +49,6 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         TypeError: a value of a dtype no checkpoint holds.
         CheckpointWriteError: the file could not be written; a previous file is untouched.
     """
-    from .formats import base  # the format registry; importing it registers the built-ins
-
     path = os.fspath(path)
     fmt = base.format_for_path(path)
     if not isinstance(fmt, base.WritableFormat) or not fmt.can_write:

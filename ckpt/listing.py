@@ -17,14 +17,13 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ._urls import StorageOptions, is_url
-from .atomic import is_temporary
+from ._localstore import open_store
+from ._urls import StorageOptions
 from .errors import CheckpointNotFoundError
-from .state import STATE_FILE, latest_checkpoint, read_state
+from .state import STATE_FILE
 
 __all__ = ["ListedCheckpoint", "list_checkpoints"]
 
@@ -79,60 +78,8 @@ def list_checkpoints(directory: str | os.PathLike[str],
         ckpt.errors.CheckpointNotFoundError: ...: no checkpoints (no 'checkpoint' state file and no checkpoint files)
     """
     directory = os.fspath(directory)
-    if is_url(directory):
-        from . import _remote
-
-        with _remote.using(storage_options):
-            rows = [ListedCheckpoint(*row) for row in _remote.listing(directory)]
-    elif not os.path.isdir(directory):
-        what = "not a directory" if os.path.exists(directory) else "no such directory"
-        raise CheckpointNotFoundError(f"{directory}: {what}")
-    else:
-        rows = list(_local_rows(directory))
+    rows = [ListedCheckpoint(*row) for row in open_store(directory, storage_options).listing()]
     if not rows:
         raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
                                       "checkpoint files)")
     return rows
-
-
-def _files_of(path: str) -> list[str]:
-    """The files of a checkpoint: the file itself, or those of a prefix (TensorFlow's
-    "model.ckpt-7" is model.ckpt-7.index and model.ckpt-7.data-*)."""
-    if os.path.isfile(path):
-        return [path]
-    if os.path.isdir(path):  # a sharded checkpoint: its commit record and shard files
-        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if not n.startswith(".")]
-    parent, prefix = os.path.split(path)
-    try:
-        names = os.listdir(parent or ".")
-    except OSError:
-        return []
-    return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix + ".")]
-
-
-def _size(files: list[str]) -> int | None:
-    return sum(os.path.getsize(f) for f in files) if files else None
-
-
-def _local_rows(directory: str) -> Iterator[ListedCheckpoint]:
-    from .formats.base import checkpoint_exists, format_for_path
-
-    state = read_state(directory)
-    latest = latest_checkpoint(directory)
-    known: set[str] = set()
-    if state is not None:
-        preserved = {e.path for e in state.preserved}
-        for entry in state.all_entries():
-            full = os.path.join(directory, entry.path)  # TensorFlow may record absolute paths
-            files = _files_of(full)
-            known.update(os.path.abspath(f) for f in files)
-            note = "latest" if full == latest else "missing" if not checkpoint_exists(full) else \
-                "preserved" if entry.path in preserved else ""
-            yield ListedCheckpoint(entry.path, entry.step, entry.time or None, _size(files), note)
-    for name in sorted(os.listdir(directory)):
-        full = os.path.join(directory, name)
-        if os.path.abspath(full) in known or name == STATE_FILE or is_temporary(name) or \
-                not os.path.isfile(full) or format_for_path(name) is None:
-            continue
-        yield ListedCheckpoint(name, None, os.path.getmtime(full), _size([full]),
-                               f"not in the '{STATE_FILE}' state file")

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from . import _locations
 from ._urls import StorageOptions, is_url
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from .formats.base import Reader, open_reader  # the registry; importing it registers the built-ins
-from .state import resolve_checkpoint
 
 __all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable",
            "read_box_into"]
@@ -38,16 +38,14 @@ def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOption
     between looking it up and opening it; then the lookup is repeated. Object-store URLs
     are opened with ``storage_options`` (see ``ckpt._remote``).
     """
-    if storage_options is not None and is_url(path):
-        from ._remote import using
-
-        with using(storage_options):
+    if storage_options is not None:
+        with _locations.using(path, storage_options):
             return open_checkpoint(path)
 
     is_dir = os.path.isdir(path)
     for attempt in range(5):
         try:
-            return open_reader(resolve_checkpoint(path))
+            return open_reader(_locations.resolve_checkpoint(path))
         except FileNotFoundError as exc:  # also from a format's own open(), after the sniffing one
             if not is_dir or attempt == 4:
                 if isinstance(exc, CheckpointError):

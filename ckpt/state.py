@@ -29,14 +29,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Mapping
 
-from ._urls import is_url
 from .atomic import replace_atomically
-from .errors import CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+from .errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 __all__ = ["STATE_FILE", "CheckpointEntry", "CheckpointState", "read_state", "write_state",
-           "state_lock", "latest_checkpoint", "parse_state", "dump_state", "resolve_checkpoint"]
+           "state_lock", "parse_state", "dump_state"]
 
 STATE_FILE = "checkpoint"
 LOCK_FILE = ".checkpoint.lock"
@@ -196,53 +194,3 @@ def state_lock(directory: str) -> Iterator[None]:
             os.close(fd)  # releases the lock, even when close reports an error
         except OSError:
             pass  # nothing was written through this descriptor: nothing can be lost
-
-
-def latest_checkpoint(directory: str | os.PathLike[str],
-                      storage_options: Mapping[str, Any] | None = None) -> str | None:
-    """Return the path of the newest checkpoint in ``directory`` that exists, or None.
-
-    ``directory`` may be an object-store URL ("s3://bucket/run"); ``storage_options`` go to
-    its fsspec filesystem (credentials and endpoints otherwise come from the environment).
-
-    Example:
-        >>> import ckpt, tempfile, os
-        >>> d = tempfile.mkdtemp()
-        >>> saver = ckpt.Saver({"v": ckpt.Variable(1.0)})
-        >>> path = saver.save(os.path.join(d, "model.h5"), global_step=7)
-        >>> ckpt.latest_checkpoint(d) == path
-        True
-    """
-    from ._localstore import open_store  # the stores build on this module
-
-    return open_store(os.fspath(directory), storage_options).latest()
-
-
-def _is_checkpoint_dir(path: str) -> bool:
-    """True when a format reads the directory itself as one checkpoint (no state file needed)."""
-    from .formats.base import formats
-
-    return any(f.claims(path) for f in formats())
-
-
-def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
-    """A checkpoint file as is; a directory -> its latest checkpoint, or itself when a format reads
-    whole directories (a Hugging Face model directory without a state file).
-
-    Raises:
-        CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
-    """
-    path = os.fspath(path)
-    if is_url(path):
-        from . import _remote
-
-        return _remote.resolve(path)
-    if os.path.isdir(path):
-        latest = latest_checkpoint(path)
-        if latest is None and _is_checkpoint_dir(path):  # a Hugging Face model directory, say
-            return path
-        if latest is None:
-            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory (no '{STATE_FILE}' "
-                                          "state file naming an existing checkpoint)")
-        return latest
-    return path

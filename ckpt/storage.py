@@ -40,9 +40,11 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 if TYPE_CHECKING:
     from .state import CheckpointState
 
-__all__ = ["ReadableBlob", "WritableBlob", "Store", "Span", "Bytes", "StateChange"]
+__all__ = ["ReadableBlob", "WritableBlob", "Store", "Span", "Bytes", "StateChange", "Listed"]
 
 T = TypeVar("T")
+#: One row of ``Store.listing``: name, step, time, size in bytes, note.
+Listed = tuple[str, int | None, float | None, int | None, str]
 
 #: ``(offset in the blob, buffer to fill)``: one range of a multi-range read.
 Span = tuple[int, memoryview]
@@ -203,3 +205,8 @@ class Store(Protocol):
 
     def latest(self) -> str | None:
         """The path or URL of the newest checkpoint the state file lists that exists, or None."""
+
+    def listing(self) -> list[Listed]:
+        """``(name, step, time, size, note)`` per checkpoint (``ckpt.list_checkpoints``'s rows): the
+        state file's entries (note "latest", "preserved", "missing" or ""), then checkpoints it does
+        not list; CheckpointNotFoundError when the directory does not exist."""

@@ -25,7 +25,6 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt._urls import is_url
-from ckpt._urls import split as split_url
 from ckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -43,7 +42,7 @@ from ._io import LocalFile
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
            "unregister_format", "LazyFormat", "lazy_format", "Declined", "decline", "handed",
-           "get_format", "formats", "format_for_path", "open_reader", "checkpoint_exists", "validate_keys",
+           "get_format", "formats", "format_for_path", "open_reader", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "check_tensors", "open_blob",
            "SNIFF_BYTES"]
 
@@ -743,17 +742,6 @@ def source_chunks(source: Any) -> Iterator[memoryview] | None:
 def materialize(source: Any) -> np.ndarray:
     """The array behind a tensor handed to a writer: an ndarray itself, a lazy source read now."""
     return source if isinstance(source, np.ndarray) else np.asarray(source)
-
-
-def checkpoint_exists(path: str) -> bool:
-    """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix)."""
-    if is_url(path):
-        from ckpt._remote import directory
-
-        parent, name = split_url(path)
-        return directory(parent).exists(name)
-    return os.path.isfile(path) or any(f.claims(path)
-                                       for f in formats())
 
 
 def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 
 from ..errors import CheckpointError
 from ..restore import RestoreResult, restore_variables
-from .._urls import StorageOptions, is_url
-from ..state import resolve_checkpoint
+from .._locations import resolve_checkpoint, using
+from .._urls import StorageOptions
 from ..variables import Variable
 from .comm import Communicator, decode, encode
 
@@ -39,13 +39,8 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
     where = os.fspath(path)
     if comm.rank == 0:
         try:
-            if storage_options is not None and is_url(where):
-                from .._remote import using
-
-                with using(storage_options):
-                    message: dict[str, Any] = {"path": resolve_checkpoint(where)}
-            else:
-                message = {"path": resolve_checkpoint(where)}
+            with using(where, storage_options):
+                message: dict[str, Any] = {"path": resolve_checkpoint(where)}
         except (CheckpointError, OSError) as exc:
             message = {"error": str(exc), "type": type(exc).__name__}
         message = decode(comm.broadcast(encode(message), 0, timeout), where)

@@ -386,7 +386,6 @@ class RemoteDirectory:
 
 
 _options: ContextVar[_urls.StorageOptions | None] = ContextVar("ckpt_storage_options", default=None)
-_handed: ContextVar[RemoteFile | None] = ContextVar("ckpt_remote_file", default=None)
 
 
 @contextmanager
@@ -489,20 +488,6 @@ class RemoteFile:
 
     def close(self) -> None:
         self._cache.clear()
-
-
-def handing(source: RemoteFile) -> AbstractContextManager[None]:
-    """Let the next ``open_file`` of the same URL inside the block take ``source`` (already open)."""
-    return _setting(_handed, source)
-
-
-def open_file(url: str) -> RemoteFile:
-    """Open a checkpoint URL for ranged reads (or take the one ``handing`` passed down)."""
-    handed = _handed.get()
-    if handed is not None and handed.url == url:
-        _handed.set(None)
-        return handed
-    return RemoteFile(url)
 
 
 def latest(url: str) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 
 from ckpt.errors import CorruptCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _io
 
@@ -58,27 +59,26 @@ def foreign_hdf5(head: bytes) -> bool:
     return hdf5_signature(head) and not ckpt_head(head)
 
 
-def refuse_damaged_ckpt_file(path: str) -> None:
+def refuse_damaged_ckpt_file(f: ReadableBlob) -> None:
     """Raise CorruptCheckpointError for a ckpt HDF5 file whose header is damaged, so that its
     bytes never reach libhdf5: its magic is damaged, or its user block is there but holds no
     ckpt header while ckpt's marks (``MARKS``) show. A file rewritten without a user block
     (h5repack, an h5py copy) lost nothing by damage and passes. Searched: the start of the user
     block and of the HDF5 structure after it.
     """
-    with _io.LocalFile(path) as f:
-        size = f.size
-        if damaged_magic(_io.pread(f, 0, min(size, HEADER.size), "the header")):
-            raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
-        offset = 512  # HDF5's signature sits at 0 or at a user block's end: 512, 1024, 2048, ...
-        while offset + 8 <= size and _io.pread(f, offset, 8, "the HDF5 signature") != HDF5_SIGNATURE:
-            offset *= 2
-        if offset + 8 > size or _io.pread(f, 0, 8, "the HDF5 signature") == HDF5_SIGNATURE:
-            return
-        for start in (0, offset):
-            window = _io.pread(f, start, min(MARK_WINDOW, size - start), "the user block")
-            for mark in MARKS:
-                if mark in window:  # ckpt wrote it and its index is gone: never an unchecksummed foreign file
-                    raise CorruptCheckpointError(
-                        f"{path}: ckpt wrote this HDF5 file ({mark.decode()!r} at byte {start + window.index(mark)}) "
-                        "but its user block holds no valid ckpt header: the index is damaged, so no value can be "
-                        "checked")
+    path, size = f.name, f.size
+    if damaged_magic(_io.pread(f, 0, min(size, HEADER.size), "the header")):
+        raise CorruptCheckpointError(f"{path}: the ckpt header's magic bytes are damaged")
+    offset = 512  # HDF5's signature sits at 0 or at a user block's end: 512, 1024, 2048, ...
+    while offset + 8 <= size and _io.pread(f, offset, 8, "the HDF5 signature") != HDF5_SIGNATURE:
+        offset *= 2
+    if offset + 8 > size or _io.pread(f, 0, 8, "the HDF5 signature") == HDF5_SIGNATURE:
+        return
+    for start in (0, offset):
+        window = _io.pread(f, start, min(MARK_WINDOW, size - start), "the user block")
+        for mark in MARKS:
+            if mark in window:  # ckpt wrote it and its index is gone: never an unchecksummed foreign file
+                raise CorruptCheckpointError(
+                    f"{path}: ckpt wrote this HDF5 file ({mark.decode()!r} at byte {start + window.index(mark)}) "
+                    "but its user block holds no valid ckpt header: the index is damaged, so no value can be "
+                    "checked")

@@ -18,6 +18,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple, NoReturn, Protocol, TypeVar, runtime_checkable
 
@@ -41,7 +42,7 @@ from . import _io
 from ._io import LocalFile
 
 __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "register_format",
-           "unregister_format", "LazyFormat", "lazy_format", "Declined", "decline", "handed",
+           "unregister_format", "LazyFormat", "lazy_format", "Declined", "decline", "handed", "offering",
            "get_format", "formats", "format_for_path", "open_reader", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "check_tensors", "open_blob",
            "SNIFF_BYTES"]
@@ -254,12 +255,19 @@ class FileReader(BaseReader):
 
 
 def open_blob(path: str) -> ReadableBlob:
-    """The readable blob behind a checkpoint path: a local file, or an object for a URL."""
-    if is_url(path):  # an object store: ranged GETs instead of preads
-        from ckpt._remote import open_file
+    """The readable blob behind a checkpoint path: a local file, or an object for a URL.
 
-        return open_file(path)
-    return LocalFile(path)
+    The one place a format's path becomes bytes: formats never ask whether a path is a URL.
+    A blob already opened for ``path`` and offered to the format being opened (``offering``:
+    ``open_reader`` sniffed through it, a sharded reader opened a shard file) is taken instead
+    of opening the path again.
+    """
+    if is_url(path):  # an object store: ranged GETs instead of preads
+        # lazy: object-store code loads only for URLs (start-up cost of local reads)
+        from ckpt._remote import RemoteFile
+
+        return handed(path, RemoteFile) or RemoteFile(path)
+    return handed(path, LocalFile) or LocalFile(path)
 
 
 @runtime_checkable
@@ -313,20 +321,47 @@ class Declined(UnsupportedCheckpointError):
 
 
 class _Offer:
-    """What a declining format opened on the way, offered to the next format open_reader asks."""
+    """What was opened for ``path`` before a format's ``open`` (the blob ``open_reader`` sniffed,
+    what a declining format opened), offered to the format: taken with ``handed``."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.value: Any = None
+    def __init__(self, path: str, values: list[Any]) -> None:
+        self.path, self.values = path, values
 
     def close(self) -> None:
-        value, self.value = self.value, None
-        if value is not None:
+        values, self.values = self.values, []
+        for value in values:
             value.close()
 
 
-_offer: ContextVar[_Offer | None] = ContextVar("ckpt_declined_offer", default=None)
+_offer: ContextVar[_Offer | None] = ContextVar("ckpt_offer", default=None)
 T = TypeVar("T")
+
+
+@contextmanager
+def offering(path: str, *opened: Any) -> Iterator[None]:
+    """Offer ``opened`` (blobs, readers: anything with ``close()``) to the ``open`` of ``path``
+    inside the block, which takes what it needs with :func:`handed`; what nobody took is closed
+    when the block ends.
+
+    Example:
+        >>> import os, tempfile
+        >>> from ckpt.formats import base
+        >>> from ckpt.formats._io import LocalFile
+        >>> path = os.path.join(tempfile.mkdtemp(), "x")
+        >>> open(path, "wb").close()
+        >>> blob = LocalFile(path)
+        >>> with base.offering(path, blob):
+        ...     base.open_blob(path) is blob
+        True
+        >>> blob.close()
+    """
+    offer = _Offer(path, list(opened))
+    token = _offer.set(offer)
+    try:
+        yield
+    finally:
+        _offer.reset(token)
+        offer.close()
 
 
 def decline(path: str, why: str, opened: Any = None) -> NoReturn:
@@ -348,42 +383,39 @@ def decline(path: str, why: str, opened: Any = None) -> NoReturn:
     offer = _offer.get()
     if opened is not None:
         if offer is not None and offer.path == path:
-            offer.close()
-            offer.value = opened
+            offer.values.append(opened)
         else:
             opened.close()
     raise Declined(f"{path}: {why}")
 
 
 def handed(path: str, kind: type[T]) -> T | None:
-    """What a format that declined ``path`` opened, when it is a ``kind``; else None.
+    """The ``kind`` offered to the ``open`` of ``path`` (see ``offering``, ``decline``), or None.
 
-    Taken once: the caller owns it from then on (for example, h5plain's guarded open takes the
-    H5pyReader the Keras format opened before seeing no Keras layout, and libhdf5 opens the file once).
+    Taken once: the caller owns it from then on. ``open_blob`` takes the blob ``open_reader``
+    sniffed; h5plain's guarded open takes the H5pyReader the Keras format opened before seeing
+    no Keras layout, so libhdf5 opens the file once.
     """
     offer = _offer.get()
-    if offer is None or offer.value is None or offer.path != path or not isinstance(offer.value, kind):
+    if offer is None or offer.path != path:
         return None
-    value: T = offer.value
-    offer.value = None
-    return value
+    for i, value in enumerate(offer.values):
+        if kind is not None and isinstance(value, kind):  # (kind None: a test made the class unusable)
+            del offer.values[i]
+            found: T = value
+            return found
+    return None
 
 
 def _first_to_open(path: str, head: bytes) -> Reader | None:
     """The reader of the first format whose ``sniff`` accepts ``head`` and does not decline."""
-    offer = _Offer(path)
-    token = _offer.set(offer)
-    try:
-        for fmt in formats():
-            if fmt.sniff(head):
-                try:
-                    return fmt.open(path)
-                except Declined:
-                    continue
-        return None
-    finally:
-        _offer.reset(token)
-        offer.close()  # nobody took it
+    for fmt in formats():
+        if fmt.sniff(head):
+            try:
+                return fmt.open(path)
+            except Declined:
+                continue
+    return None
 
 
 @runtime_checkable
@@ -684,14 +716,30 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
         UnsupportedCheckpointError: no registered format recognises it.
     """
     path = os.fspath(path)
-    if is_url(path):
-        return _open_url(path)
     for fmt in formats():
         if fmt.claims(path):
             return fmt.open(path)
+    source = _open_to_sniff(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
+        head = _io.pread(source, 0, min(source.size, SNIFF_BYTES), "the first bytes")
+        with offering(path, source):  # the format's reader reads through the same blob
+            reader = _first_to_open(path, head)
+    except BaseException:
+        source.close()
+        raise
+    if reader is not None:
+        return reader
+    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
+    what = "an empty file" if not head else "not a checkpoint in any supported format"
+    raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
+
+
+def _open_to_sniff(path: str) -> ReadableBlob:
+    """``open_blob(path)``, an OSError turned into the CheckpointError it means."""
+    try:
+        return open_blob(path)
+    except CheckpointError:
+        raise
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{path}: no such checkpoint file") from None
     except IsADirectoryError:
@@ -700,31 +748,6 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
         raise CheckpointError(f"{path}: cannot open: {exc.strerror or exc}") from exc
     except OSError as exc:  # EIO and friends: the storage under the file is failing
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    reader = _first_to_open(path, head)
-    if reader is not None:
-        return reader
-    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
-    what = "an empty file" if not head else "not a checkpoint in any supported format"
-    raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
-
-
-def _open_url(url: str) -> Reader:
-    """open_reader for an object-store URL: the data object's first bytes pick the format."""
-    from ckpt._remote import handing, open_file
-
-    source = open_file(url)
-    try:
-        with handing(source):
-            reader = _first_to_open(url, source.head)
-    except BaseException:
-        source.close()
-        raise
-    if reader is not None:
-        return reader
-    source.close()
-    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
-    what = "an empty object" if not source.head else "not a checkpoint in a format ckpt reads from object stores"
-    raise UnsupportedCheckpointError(f"{url}: {what}; supported formats: {known}")
 
 
 def source_chunks(source: Any) -> Iterator[memoryview] | None:

@@ -45,7 +45,7 @@ from . import _io
 from ._blocks import BLOCK_BYTES, read_part
 from .base import Format
 from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
-                   format_for_path, open_blob, key_problem, normalize_metadata, validate_keys)
+                   format_for_path, offering, open_blob, key_problem, normalize_metadata, validate_keys)
 from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
@@ -370,10 +370,10 @@ def _open_shard(target: str, where: str | RemoteDirectory,
     object is ``size`` bytes (the record says so): its head and tail come in one round trip."""
     if isinstance(where, str):
         return open_blob(target), nullcontext()
-    from ckpt._remote import RemoteFile, handing
+    from ckpt._remote import RemoteFile
 
     blob = RemoteFile(target, where, size)
-    return blob, handing(blob)
+    return blob, offering(target, blob)
 
 
 class ShardedReader(BaseReader):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,9 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
-from ckpt._urls import is_url
-
 from . import _h5child, _h5head
-from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, handed, key_problem
+from ._io import LocalFile
+from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, handed, key_problem, open_blob
 from ._codec import HDF5_VERSION as VERSION
 from ._codec import decode_strings
 
@@ -266,10 +266,11 @@ def open_foreign(path: str) -> H5pyReader:
     reader = handed(path, H5pyReader)
     if reader is not None:
         return reader
-    if is_url(path):
-        raise UnsupportedCheckpointError(f"{path}: an HDF5 file ckpt did not write cannot be read from an "
-                                         "object store; download it first")
-    _h5head.refuse_damaged_ckpt_file(path)
+    with closing(open_blob(path)) as blob:
+        if not isinstance(blob, LocalFile):  # libhdf5 reads local files only
+            raise UnsupportedCheckpointError(f"{path}: an HDF5 file ckpt did not write cannot be read from an "
+                                             "object store; download it first")
+        _h5head.refuse_damaged_ckpt_file(blob)
     return H5pyReader(path)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from . import _locations
 from ._urls import StorageOptions, is_url
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from .formats._slicing import box
 from .formats.base import Reader, open_reader  # the registry; importing it registers the built-ins
 
 __all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable",
@@ -173,8 +174,6 @@ class CheckpointReader(Mapping[str, np.ndarray]):
         if read_slice is not None:
             part: np.ndarray = read_slice(key, index)
             return part
-        from .formats._slicing import box
-
         bounds, shape = box(index, tuple(self._reader.tensors[key].shape) if key in self._reader.tensors
                             else tuple(self._reader.info(key).shape))
         block: np.ndarray = self.get_tensor(key)[tuple(slice(a, b) for a, b in bounds)].reshape(shape)

@@ -488,3 +488,22 @@ def test_a_foreign_hdf5_file_is_opened_once_though_keras_declines_it(tmp_path, m
     assert len(inits) == 1
     with pytest.raises(ckpt.UnsupportedCheckpointError, match="without Keras's layout"):
         base.get_format("keras").open(path)
+
+
+def test_open_reader_sniffs_through_the_blob_the_reader_then_uses(tmp_path, fmt, monkeypatch):
+    """open_reader reads the first bytes through open_blob and offers that blob to the format (base.offering):
+    a checkpoint file is opened once."""
+    path = write(fmt, tmp_path / f"once{fmt.extensions[0]}", [("w", np.arange(3.0))])
+    from ckpt.formats import _io
+
+    opened = []
+    real_init = _io.LocalFile.__init__
+
+    def counting(self, *args, **kwargs):
+        opened.append(args[0])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_io.LocalFile, "__init__", counting)
+    with base.open_reader(path) as reader:
+        assert reader.read("w").tolist() == [0.0, 1.0, 2.0]
+    assert opened == [path]

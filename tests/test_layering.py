@@ -1,0 +1,69 @@
+"""The core's import structure: no import cycles dodged by function-local imports, and one place
+that tells local paths from object-store URLs on the read side (docs/storage.md)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from conftest import OUTSIDE_CHECKOUT
+
+import ckpt
+import ckpt.formats
+
+CKPT = pathlib.Path(ckpt.__file__).parent
+FORMATS = pathlib.Path(ckpt.formats.__file__).parent  # installed as ckpt.formats (formats/ in the checkout)
+#: Core modules that must import at module level, except where a line says why not (start-up cost,
+#: optional dependencies, a format module that loads on use).
+CORE = ["state.py", "listing.py", "conversion.py", "_localstore.py", "_locations.py", "reader.py", "comparison.py",
+        "_chunks.py", "files.py"]
+
+
+def _function_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    found.append((inner.lineno, ast.unparse(inner)))
+    return found
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_function_local_imports_in_the_core_say_why(name):
+    """A function-local import is there for start-up cost or optional dependencies, and says so on
+    its line or the line above; one that only dodges an import cycle is a bug (issue 12)."""
+    path = CKPT / name
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for lineno, text in _function_imports(path):
+        context = lines[lineno - 2] + lines[lineno - 1]
+        assert "#" in context and any(w in context for w in ("lazy", "only", "imported")), \
+            f"ckpt/{name}:{lineno}: {text} has no one-line reason"
+
+
+@pytest.mark.parametrize("module", ["ckpt.state", "ckpt._localstore", "ckpt._locations", "ckpt._remote",
+                                    "ckpt.formats.base", "ckpt.listing", "ckpt.conversion", "ckpt.reader",
+                                    "ckpt.formats.keras", "ckpt.formats.h5plain"])
+def test_each_core_module_imports_first_in_a_fresh_interpreter(module):
+    """A cycle shows as an ImportError when its modules load in the wrong order: load each first."""
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=60, cwd=OUTSIDE_CHECKOUT,
+                   capture_output=True)
+
+
+def test_state_py_knows_nothing_of_stores_or_urls():
+    """The state file's module sits below the stores: it imports neither them nor the URL code."""
+    source = (CKPT / "state.py").read_text(encoding="utf-8")
+    assert "_localstore" not in source and "is_url" not in source and "_remote" not in source
+
+
+def test_formats_do_not_ask_whether_a_path_is_a_url():
+    """Formats read through open_blob; only the blob factory (base.open_blob) and the sharded format's
+    two layouts (a directory, or a commit-record object) look at URLs."""
+    formats_dir = FORMATS
+    asking = sorted(p.name for p in formats_dir.glob("*.py") if "is_url(" in p.read_text(encoding="utf-8"))
+    assert asking == ["base.py", "ckpt_sharded.py"]
+    assert (formats_dir / "base.py").read_text(encoding="utf-8").count("is_url(") == 1

@@ -19,6 +19,7 @@ import pytest
 from reliability_support import step_of, step_tensors
 
 import ckpt
+from ckpt import _locations
 from ckpt.atomic import is_temporary
 from ckpt.state import LOCK_FILE, STATE_FILE, read_state
 
@@ -141,9 +142,11 @@ def test_savers_in_processes_share_a_directory_while_restoring(tmp_path, max_to_
 
 
 @pytest.mark.parametrize("ext", [".h5", ".msgpack"])
-def test_restore_retries_when_the_latest_is_deleted_between_sniffing_and_opening(tmp_path, monkeypatch, ext):
-    """Another process's max_to_keep can delete the latest checkpoint after the format was
-    recognised from its first bytes but before the format's reader opens it."""
+def test_restore_retries_when_the_latest_is_deleted_between_resolving_and_opening(tmp_path, monkeypatch, ext):
+    """Another process's max_to_keep can delete the latest checkpoint after the directory was resolved
+    to it but before it is opened: the restore looks up the latest again. Once open_reader has opened
+    the file, the format reads through that same open file (base.offering), so a deletion then no longer
+    matters: the checkpoint is read whole."""
     directory = str(tmp_path)
     variables = {k: ckpt.Variable(v) for k, v in step_tensors(1, 1).items()}
     saver = ckpt.Saver(variables)
@@ -151,26 +154,39 @@ def test_restore_retries_when_the_latest_is_deleted_between_sniffing_and_opening
         for key, value in step_tensors(step, 1).items():
             variables[key].assign(value)
         saver.save(os.path.join(directory, "w1" + ext), global_step=step)
-    fmt = ckpt.formats.base.get_format("hdf5" if ext == ".h5" else "msgpack")
-    real_open = type(fmt).open
+    real_resolve = _locations.resolve_checkpoint
     deleted = []
 
-    def racing_open(self, path):
+    def racing_resolve(path):
+        resolved = real_resolve(path)
         if not deleted:  # the other process deletes it right now
-            deleted.append(path)
-            os.unlink(path)
-        return real_open(self, path)
+            deleted.append(resolved)
+            os.unlink(resolved)
+        return resolved
 
-    monkeypatch.setattr(type(fmt), "open", racing_open)
+    monkeypatch.setattr(_locations, "resolve_checkpoint", racing_resolve)
     restored = fresh_variables()
     result = ckpt.Saver(restored).restore(directory)
     assert deleted == [os.path.join(directory, f"w1-2{ext}")]
     assert result.path == os.path.join(directory, f"w1-1{ext}")
     assert step_of({k: np.asarray(v.value()) for k, v in restored.items()}, 1) == 1
+    monkeypatch.undo()
 
-    deleted.clear()
-    with pytest.raises(ckpt.CheckpointNotFoundError, match=f"w1-1{re.escape(ext)}"):
-        ckpt.load_checkpoint(os.path.join(directory, f"w1-1{ext}"))
+    for key, value in step_tensors(3, 1).items():
+        variables[key].assign(value)
+    saver.save(os.path.join(directory, "w1" + ext), global_step=3)
+    fmt = ckpt.formats.base.get_format("hdf5" if ext == ".h5" else "msgpack")
+    real_open = type(fmt).open
+
+    def racing_open(self, path):
+        os.unlink(path)  # deleted after open_reader opened and sniffed it
+        return real_open(self, path)
+
+    monkeypatch.setattr(type(fmt), "open", racing_open)
+    restored = fresh_variables()
+    result = ckpt.Saver(restored).restore(directory)
+    assert result.path == os.path.join(directory, f"w1-3{ext}") and not os.path.exists(result.path)
+    assert step_of({k: np.asarray(v.value()) for k, v in restored.items()}, 1) == 3
 
 
 def test_retention_never_deletes_a_file_another_saver_just_saved(tmp_path, monkeypatch):

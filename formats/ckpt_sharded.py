@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import re
-from contextlib import AbstractContextManager, closing, nullcontext
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
@@ -363,17 +363,14 @@ def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], di
     return parsed_files, out, block_bytes
 
 
-def _open_shard(target: str, where: str | RemoteDirectory,
-                size: int) -> tuple[ReadableBlob, AbstractContextManager[None]]:
-    """Open a shard file's blob, and the context in which its format's reader takes it (an
-    object, already opened: no second request) or opens the file itself (a local file). An
-    object is ``size`` bytes (the record says so): its head and tail come in one round trip."""
+def _open_shard(target: str, where: str | RemoteDirectory, size: int) -> ReadableBlob:
+    """A shard file's blob: in the checkpoint's directory, or under its data prefix in an object
+    store, where it is ``size`` bytes (the record says so): its head and tail come in one round trip."""
     if isinstance(where, str):
-        return open_blob(target), nullcontext()
-    from ckpt._remote import RemoteFile
+        return open_blob(target)
+    from ckpt._remote import RemoteFile  # lazy: object-store code loads only for URLs
 
-    blob = RemoteFile(target, where, size)
-    return blob, offering(target, blob)
+    return RemoteFile(target, where, size)
 
 
 class ShardedReader(BaseReader):
@@ -409,7 +406,7 @@ class ShardedReader(BaseReader):
             if fmt is None or not fmt.can_write:
                 raise UnsupportedCheckpointError(f"{target}: shard files are ckpt msgpack or HDF5 files")
             try:
-                blob, handing = _open_shard(target, self._where, size)
+                blob = _open_shard(target, self._where, size)
             except (FileNotFoundError, CheckpointNotFoundError):
                 raise CorruptCheckpointError(f"{target}: a shard file named by the commit record is missing"
                                              ) from None
@@ -417,15 +414,11 @@ class ShardedReader(BaseReader):
                 if isinstance(exc, CheckpointError):
                     raise
                 raise CorruptCheckpointError(f"{target}: cannot read: {exc.strerror or exc}") from exc
-            try:
+            with offering(target, blob):  # the shard's reader reads through this blob (closed if not taken)
                 if blob.size != size:
                     raise CorruptCheckpointError(f"{target}: {blob.size} bytes, the commit record says {size}: the "
                                                  "file was truncated or replaced")
-                with handing:
-                    reader = self._open[index] = fmt.open(target)
-            finally:
-                if isinstance(handing, nullcontext):
-                    blob.close()  # a local file: the reader opened its own
+                reader = self._open[index] = fmt.open(target)
         return reader
 
     def _shard_info(self, index: int, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[Any, TensorInfo]:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from . import _urls
 from ._objstore import ObjectStore
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
-from .formats.base import format_for_path  # the registry: which names are checkpoints
+from .formats.base import format_for_path, offering  # the registry: which names are checkpoints
 from .state import STATE_FILE, CheckpointState, dump_state, parse_state
 from .storage import Listed, StateChange, WritableBlob
 
@@ -221,7 +221,7 @@ class RemoteDirectory:
         if check is not None:
             try:
                 parent, _ = _urls.split(url)
-                with handing(RemoteFile(url, RemoteDirectory(parent, store=self.store))):
+                with offering(url, RemoteFile(url, RemoteDirectory(parent, store=self.store))):
                     check(url)
             except BaseException:
                 self._delete_data(url, quietly=True)

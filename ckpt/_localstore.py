@@ -28,7 +28,7 @@ from typing import TypeVar
 from . import _urls
 from .atomic import is_temporary, replace_atomically
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
-from .formats._io import LocalFile, LocalSink
+from .formats import _io
 from .formats.base import format_for_path, formats  # the registry: formats claim prefixes, directories
 from .state import LOCK_FILE, STATE_FILE, CheckpointState, read_state, state_lock, write_state
 from .storage import Listed, ReadableBlob, StateChange, Store, WritableBlob
@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 def write_file(path: str, write: Callable[[WritableBlob], None]) -> None:
     """Run ``write`` on a :class:`ckpt.formats._io.LocalSink` over the (new, empty) file ``path``."""
-    with LocalSink(path) as blob:
+    with _io.LocalSink(path) as blob:
         write(blob)
 
 
@@ -76,7 +76,7 @@ class LocalStore:
         return os.path.join(self.location, name)
 
     def open(self, name: str) -> ReadableBlob:
-        blob: ReadableBlob = LocalFile(self.join(name))
+        blob: ReadableBlob = _io.LocalFile(self.join(name))
         return blob
 
     def exists(self, name: str) -> bool:

@@ -33,12 +33,12 @@ from .formats.base import format_for_path, formats  # the registry: formats clai
 from .state import LOCK_FILE, STATE_FILE, CheckpointState, read_state, state_lock, write_state
 from .storage import Listed, ReadableBlob, StateChange, Store, WritableBlob
 
-__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "checkpoint_exists", "write_file"]
+__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "checkpoint_exists", "fill_file"]
 
 T = TypeVar("T")
 
 
-def write_file(path: str, write: Callable[[WritableBlob], None]) -> None:
+def fill_file(path: str, write: Callable[[WritableBlob], None]) -> None:
     """Run ``write`` on a :class:`ckpt.formats._io.LocalSink` over the (new, empty) file ``path``."""
     with _io.LocalSink(path) as blob:
         write(blob)
@@ -98,10 +98,15 @@ class LocalStore:
 
     def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
                          check: Callable[[str], None] | None = None) -> None:
+        self.write_file(name, write, check)
+
+    def write_file(self, name: str, write: Callable[[WritableBlob], None],
+                   check: Callable[[str], None] | None = None) -> int:
         with replace_atomically(self.join(name)) as tmp:
-            write_file(tmp, write)
+            fill_file(tmp, write)
             if check is not None:
                 check(tmp)
+            return os.path.getsize(tmp)
 
     def read_state(self) -> CheckpointState | None:
         return read_state(self.location)
@@ -134,7 +139,7 @@ class LocalStore:
             listed_before = state is not None and any(e.path == name for e in state.all_entries())
             try:
                 with replace_atomically(path, before_rename=lock) as tmp:
-                    write_file(tmp, write)
+                    fill_file(tmp, write)
             except ReplacedWriteError as exc:
                 flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
             written = self.record(name, change, listed_before)

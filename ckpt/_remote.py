@@ -210,7 +210,20 @@ class RemoteDirectory:
                 data object, if uploaded, is deleted again, or left to the next cleanup).
         """
         relative = self.new_data(name)
-        url = self.join(relative)
+        size, head, tail = self._upload(relative, write, check)
+        self.publish(name, relative, size, head, tail)
+
+    def write_file(self, name: str, write: Callable[[WritableBlob], None],
+                   check: Callable[[str], None] | None = None) -> int:
+        """Upload the object ``name`` create-only with ``write(blob)``, no commit record (a
+        sharded save's shard files, under its data prefix); ``check`` it by URL if asked."""
+        return self._upload(name, write, check)[0]
+
+    def _upload(self, name: str, write: Callable[[WritableBlob], None],
+                check: Callable[[str], None] | None) -> tuple[int, bytes, bytes]:
+        """Write, finish and optionally check the object ``name``; return its size, head and tail.
+        If ``write`` or ``check`` fails, nothing is left (the upload aborted or the object deleted)."""
+        url = self.join(name)
         blob = self.store.open_upload(url, create_only=True)
         try:
             write(blob)
@@ -226,11 +239,19 @@ class RemoteDirectory:
             except BaseException:
                 self._delete_data(url, quietly=True)
                 raise
-        self.publish(name, relative, size, head, tail)
+        return size, head, tail
+
+    def under(self, relative: str) -> RemoteDirectory:
+        """The directory ``relative`` inside this one (a data prefix), sharing its ObjectStore."""
+        return RemoteDirectory(self.join(relative), store=self.store)
 
     def put_and_publish(self, name: str, relative: str, data: bytes) -> None:
         """Write the small data object ``relative`` (create-only), then ``publish`` it as ``name``."""
         self.store.put(self.join(relative), data, create_only=True)
+        self.publish_bytes(name, relative, data)
+
+    def publish_bytes(self, name: str, relative: str, data: bytes) -> None:
+        """``publish`` the uploaded data object ``relative``, whose bytes are ``data``."""
         head = data[:OPEN_HEAD]
         self.publish(name, relative, len(data), head, data[max(len(head), len(data) - OPEN_TAIL):])
 

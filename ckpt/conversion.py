@@ -212,6 +212,58 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: CheckpointReader, plan:
                 raise fail(f"tensor {new!r} differs")
 
 
+def _check_sharded(written: Any, reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str) -> None:
+    """Raise CheckpointWriteError unless the sharded checkpoint ``written`` holds exactly SRC's tensors."""
+    problems = written.verify()
+    if problems or written.metadata != metadata or sorted(written.tensors) != sorted(plan.values()):
+        raise CheckpointWriteError(f"{dst}: the converted checkpoint does not read back as written "
+                                   f"({problems[0] if problems else 'keys or metadata differ'})")
+    checked = CheckpointReader(written)
+    for old, new in plan.items():
+        if not _same_tensor(reader, old, checked, new):
+            raise CheckpointWriteError(f"{dst}: tensor {new!r} does not read back as written")
+
+
+def _block_reader(reader: Any, plan: dict[str, str]) -> tuple[list[Any], Callable[..., np.ndarray]]:
+    """The ``(key, dtype, shape)`` specs of the planned tensors and a ``read(key, offset, shape)`` of SRC's blocks."""
+    old_of = {new: old for old, new in plan.items()}
+    specs = [(new, reader.tensors[old].dtype, reader.tensors[old].shape) for old, new in plan.items()]
+
+    def read(key: str, offset: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+        return np.asarray(reader.get_slice(old_of[key], tuple(slice(o, o + n) for o, n in zip(offset, shape))))
+
+    return specs, read
+
+
+def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
+                          fmt: Any, storage_options: StorageOptions | None) -> None:
+    """Write a sharded checkpoint into an object store as a sharded save does: the shard files
+    create-only under a fresh data prefix, its COMMIT there, everything read back and compared,
+    then the checkpoint's create-only commit record (docs/formats.md, "Object stores")."""
+    from ._remote import RemoteDirectory
+    from .formats import ckpt_sharded as sharded
+
+    store = store_of(dst, storage_options)
+    assert isinstance(store, RemoteDirectory)
+    name = os.path.basename(dst)
+    store.clean_orphans()
+    if store.exists(name):
+        raise CheckpointWriteError(f"{dst} exists; object-store checkpoints are written once (create-only)")
+    data = store.new_data(name)
+    commit = f"{data}/{sharded.COMMIT}"
+    specs, read = _block_reader(reader, plan)
+    try:
+        record = sharded.write_shards(store.under(data), specs, read, metadata, shards, ext=fmt.extensions[0])
+        raw = sharded.commit_bytes(record)
+        store.store.put(store.join(commit), raw, create_only=True)
+        with sharded.ShardedReader(store.join(commit)) as written:
+            _check_sharded(written, reader, plan, metadata, dst)
+    except BaseException:
+        store._delete_data(store.join(commit), quietly=True)  # the whole prefix
+        raise
+    store.publish_bytes(name, commit, raw)
+
+
 def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
                    fmt: Any) -> None:
     """Write SRC's planned tensors as a sharded checkpoint: into a temporary directory, read back
@@ -224,24 +276,12 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
                                    "replaces a checkpoint (remove it or pick another name)")
     parent = os.path.dirname(os.path.abspath(dst))
     require_directory(dst)  # missing directories are created, as for a single file
-    old_of = {new: old for old, new in plan.items()}
-    specs = [(new, reader.tensors[old].dtype, reader.tensors[old].shape) for old, new in plan.items()]
-
-    def read(key: str, offset: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-        return np.asarray(reader.get_slice(old_of[key], tuple(slice(o, o + n) for o, n in zip(offset, shape))))
-
+    specs, read = _block_reader(reader, plan)
     tmp = os.path.join(parent, f".{os.path.basename(dst)}.ckpt-tmp-{os.urandom(6).hex()}")
     try:
         sharded.write_single_process(tmp, specs, read, metadata, shards, ext=fmt.extensions[0])
         with sharded.ShardedReader(tmp) as written:
-            problems = written.verify()
-            if problems or written.metadata != metadata or sorted(written.tensors) != sorted(old_of):
-                raise CheckpointWriteError(f"{dst}: the converted checkpoint does not read back as written "
-                                           f"({problems[0] if problems else 'keys or metadata differ'})")
-            checked = CheckpointReader(written)
-            for old, new in plan.items():
-                if not _same_tensor(reader, old, checked, new):
-                    raise CheckpointWriteError(f"{dst}: tensor {new!r} does not read back as written")
+            _check_sharded(written, reader, plan, metadata, dst)
         os.rename(tmp, dst)
         fsync_directory(parent)
     except OSError as exc:
@@ -288,14 +328,13 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         KeyNotFoundError: ``keys`` or a rename scope matches no key of ``src``.
         CheckpointWriteError: ``dst`` exists (without ``overwrite``), or writing or checking it failed.
         CorruptCheckpointError: ``src`` is damaged.
-        ValueError: ``renames`` give two keys one name or make invalid keys; ``overwrite`` or
-            ``shards`` with a URL.
+        ValueError: ``renames`` give two keys one name or make invalid keys; ``overwrite`` with a URL.
     """
     dst = os.fspath(dst)
     fmt = writable_format(dst, format)
     remote = is_url(dst)
-    if remote and (overwrite or shards is not None):
-        raise ValueError("an object-store destination is written once (create-only): no overwrite or shards")
+    if remote and overwrite:
+        raise ValueError("an object-store destination is written once (create-only): no overwrite")
     if shards is not None and shards < 1:
         raise ValueError(f"shards must be at least 1, not {shards}")
     if not remote and shards is None and os.path.lexists(dst) and not overwrite:
@@ -320,7 +359,10 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
             raise UnsupportedCheckpointError(f"cannot convert {reader.path}: {exc}") from exc
         done = Conversion(dst, fmt.name, reader.path, reader.format, plan, shards)
         if shards is not None:
-            _write_sharded(reader, plan, metadata, dst, shards, fmt)
+            if remote:
+                _write_sharded_remote(reader, plan, metadata, dst, shards, fmt, storage_options)
+            else:
+                _write_sharded(reader, plan, metadata, dst, shards, fmt)
             return done
 
         def write(blob: WritableBlob) -> None:

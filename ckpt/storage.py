@@ -189,6 +189,13 @@ class Store(Protocol):
         of the complete but not yet visible bytes (to read them back); if it raises, nothing is
         created."""
 
+    def write_file(self, name: str, write: Callable[[WritableBlob], None],
+                   check: Callable[[str], None] | None = None) -> int:
+        """Create the plain file ``name`` like ``write_checkpoint`` (whole or not at all; local:
+        temporary file and rename; object store: a create-only upload streamed as it is written)
+        but without a commit record of its own: for the files of a checkpoint whose own commit
+        names them (a sharded checkpoint's shard files). Return its size in bytes."""
+
     def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
         """``write_checkpoint``, then record it in the state file with ``change`` as one step
         (no other save's retention can delete it in between), then delete what ``change``

@@ -82,8 +82,8 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
     except ckpt.UnsupportedCheckpointError as exc:
         raise click.BadParameter(str(exc), param_hint="DST") from exc
     remote = "://" in dst and not dst.startswith("file://")  # an object store: committed create-only
-    if remote and (force or shards is not None):
-        raise click.BadParameter("an object-store DST is written once (create-only): no --force or --shards",
+    if remote and force:
+        raise click.BadParameter("an object-store DST is written once (create-only): no --force",
                                  param_hint="DST")
     if not remote and os.path.lexists(dst) and not force:
         raise click.BadParameter(f"{dst} exists; pass --force to replace it", param_hint="DST")

@@ -51,10 +51,11 @@ from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
 if TYPE_CHECKING:
     from ckpt._remote import RemoteDirectory
-    from ckpt.storage import ReadableBlob
+    from ckpt.storage import ReadableBlob, Store, WritableBlob
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
-           "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "referenced_files",
+           "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "write_shards",
+           "referenced_files",
            "BLOCK_BYTES"]
 
 #: The commit record's file name inside a sharded checkpoint directory.
@@ -148,12 +149,31 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
         ...     r.read_slice("w", np.s_[1:3]).tolist(), len(r.files)
         ([[2.0, 3.0], [4.0, 5.0]], 2)
     """
+    from ckpt._localstore import LocalStore
+
+    validate_keys((key for key, _, _ in specs), directory)
+    metadata = normalize_metadata(metadata, directory)
+    if format_for_path("x" + ext) is None or parts < 1:
+        raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
+    os.mkdir(directory)
+    write_commit(directory, write_shards(LocalStore(directory), specs, read, metadata, parts, step, ext, save_id))
+
+
+def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
+                 read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
+                 metadata: Mapping[str, Any], parts: int, step: int | None = None,
+                 ext: str = ".msgpack", save_id: str | None = None) -> dict[str, Any]:
+    """Write the shard files of ``write_single_process`` into the Store ``files`` (a local
+    directory, an object-store data prefix), each read back for its stored checksums; return
+    the commit record naming them (the caller commits it: ``write_commit``, or an object
+    store's create-only commit)."""
+    from .base import write_into
+
     fmt = format_for_path("x" + ext)
     if not isinstance(fmt, WritableFormat) or parts < 1:
         raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
-    validate_keys((key for key, _, _ in specs), directory)
-    metadata = normalize_metadata(metadata, directory)
-    os.mkdir(directory)
+    validate_keys((key for key, _, _ in specs), files.location)
+    metadata = normalize_metadata(metadata, files.location)
     save_id = save_id or os.urandom(8).hex()
     per_file: list[list[LazyBlock]] = [[] for _ in range(parts)]
     entries: dict[str, list[Any]] = {}
@@ -166,29 +186,30 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
             block = (len(rows),) + tuple(shape[1:])
             if boxes.volume(block):
                 per_file[i].append(LazyBlock(read, key, dtype, (int(rows[0]),) + (0,) * (len(shape) - 1), block))
-    files: list[list[Any]] = []
+    written: list[list[Any]] = []
     for i, items in enumerate(per_file):
         if not items:
             continue
         name = shard_file_name(save_id, i, parts, ext)
-        target = os.path.join(directory, name)
-        with replace_atomically(target) as tmp:
-            fmt.write(tmp, [(b.key, b) for b in items], {})
-        reader = fmt.open(target)
-        try:
-            for b in items:
-                entry = entries[b.key]
-                entry[2].append(len(files))
-                entry[3].extend(b.offset)
-                entry[4].extend(b.shape)
-                entry[5].append(reader.tensors[b.key].nbytes)
-                if entry[6] is not None:
-                    entry[6].extend(stored_crcs(reader, b.key) or [])
-        finally:
-            reader.close()
-        files.append([name, os.path.getsize(target)])
-    write_commit(directory, {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": parts,
-                             "files": files, "tensors": entries})
+
+        def check(location: str, items: list[LazyBlock] = items) -> None:  # the stored sizes and checksums
+            with closing(fmt.open(location)) as reader:
+                for b in items:
+                    entry = entries[b.key]
+                    entry[2].append(len(written))
+                    entry[3].extend(b.offset)
+                    entry[4].extend(b.shape)
+                    entry[5].append(reader.tensors[b.key].nbytes)
+                    if entry[6] is not None:
+                        entry[6].extend(stored_crcs(reader, b.key) or [])
+
+        def write(blob: WritableBlob, items: list[LazyBlock] = items) -> None:
+            write_into(fmt, blob, [(b.key, b) for b in items], {})
+
+        size = files.write_file(name, write, check)
+        written.append([name, size])
+    return {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": parts, "files": written,
+            "tensors": entries}
 
 
 def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:

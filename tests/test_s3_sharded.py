@@ -94,14 +94,15 @@ def test_a_rank_failing_mid_upload_commits_nothing(s3_bucket, monkeypatch):
     run = f"{s3_bucket}/run"
     _save(run, 2, "rows", step=1)
     before = _keys(s3_bucket)
-    upload = _objstore.ObjectStore.upload
+    finish = _objstore.S3Upload.finish
 
-    def failing(self, local, url, create_only):
-        if "00001-of-00003" in url:
-            raise ckpt.CheckpointWriteError(f"{url}: connection reset (injected)")
-        return upload(self, local, url, create_only)
+    def failing(self):  # the shard file's upload fails as it completes
+        if "00001-of-00003" in self.url:
+            self.abort()
+            raise ckpt.CheckpointWriteError(f"{self.url}: connection reset (injected)")
+        return finish(self)
 
-    monkeypatch.setattr(_objstore.ObjectStore, "upload", failing)
+    monkeypatch.setattr(_objstore.S3Upload, "finish", failing)
     results = _save(run, 3, "rows", step=2)
     for result in results:
         assert isinstance(result, ckpt.CheckpointWriteError), result

@@ -126,3 +126,47 @@ def test_a_save_failing_midway_leaves_no_object_and_no_upload(s3_bucket, small_p
     assert ckpt.latest_checkpoint(f"{s3_bucket}/run") == f"{s3_bucket}/run/model-1.msgpack"
     keys = sorted(o["Key"] for o in _client().list_objects_v2(Bucket=s3_bucket[5:])["Contents"])
     assert [k for k in keys if "model-2" in k] == [] and _uploads(s3_bucket) == []
+
+
+# -- sharded conversions into an object store (ckpt.convert(..., shards=N) to a URL) -----------------
+
+def _all_keys(bucket_url: str) -> list[str]:
+    resp = _client().list_objects_v2(Bucket=bucket_url[5:])
+    return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".h5"])
+def test_convert_to_s3_in_shards(s3_bucket, tmp_path, ext):
+    rng = np.random.default_rng(2)
+    tensors = {"w": rng.standard_normal((10, 3)).astype(np.float32), "b": np.arange(7, dtype=np.int64),
+               "s": np.float64(2.5)}
+    source = str(tmp_path / "src.h5")
+    ckpt.save_file(tensors, source, metadata={"step": 4})
+    dst = f"{s3_bucket}/run/sharded{ext}"
+    done = ckpt.convert(source, dst, shards=3)
+    assert done.shards == 3
+    keys = _all_keys(s3_bucket)
+    data = [k for k in keys if k.startswith("run/.ckpt-data/")]
+    assert "run/sharded" + ext in keys and len(data) == 4 and data[-1].endswith("/COMMIT")  # 3 shard files
+    loaded = ckpt.load_file(dst)
+    assert sorted(loaded) == sorted(tensors) and all(np.array_equal(loaded[k], v) for k, v in tensors.items())
+    with ckpt.load_checkpoint(dst) as reader:
+        assert reader.metadata == {"step": 4} and reader.verify() == []
+    with pytest.raises(ckpt.CheckpointWriteError, match="exists"):
+        ckpt.convert(source, dst, shards=2)
+    assert _all_keys(s3_bucket) == keys and _uploads(s3_bucket) == []
+
+
+def test_a_sharded_conversion_to_s3_that_does_not_read_back_commits_nothing(s3_bucket, tmp_path, monkeypatch):
+    from ckpt import conversion
+
+    source = str(tmp_path / "src.h5")
+    ckpt.save_file({"w": np.ones((4, 2))}, source)
+
+    def differ(*args):
+        raise ckpt.CheckpointWriteError("tensor 'w' does not read back as written")
+
+    monkeypatch.setattr(conversion, "_check_sharded", differ)
+    with pytest.raises(ckpt.CheckpointWriteError, match="does not read back"):
+        ckpt.convert(source, f"{s3_bucket}/run/m.msgpack", shards=2)
+    assert _all_keys(s3_bucket) == [] and _uploads(s3_bucket) == []

@@ -10,9 +10,11 @@
    file (retention included) and broadcasts the outcome.
 
 At an object-store URL there is no directory: rank 0 picks a unique data prefix instead
-(``_prepare_remote``), each rank uploads its file there create-only, and the commit is the
-sharded COMMIT object, then the checkpoint's create-only commit record (``_commit_remote``;
-ckpt/_remote.py).
+(``_prepare_remote``), and the commit is the sharded COMMIT object, then the checkpoint's
+create-only commit record (``_commit_remote``; ckpt/_remote.py). Each rank writes its file the
+same way in both cases: ``Store.write_file`` of the directory's ``LocalStore`` (temporary file,
+rename) or of the data prefix's ``RemoteDirectory`` (a create-only upload streamed as the
+format writes it), then reads its index back.
 
 Each collective is bounded by the Saver's timeout: a rank that dies or never arrives makes
 the others raise CheckpointWriteError. Until the commit record exists the new checkpoint is
@@ -32,16 +34,16 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import tempfile
 from contextlib import ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from .. import boxes, dtypes
+from .._localstore import LocalStore
 from .._urls import is_url
-from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, replace_atomically, require_directory
+from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
 from ..gcpause import gc_paused
@@ -52,6 +54,7 @@ from .comm import CollectiveTimeoutError, Communicator, decode, encode
 if TYPE_CHECKING:
     from .._remote import RemoteDirectory
     from ..saver import Saver
+    from ..storage import Store, WritableBlob
 
 __all__ = ["save_sharded", "remove_leftovers", "build_record"]
 
@@ -157,12 +160,12 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         writers = planning.replicated_writers(lay)
         report: dict[str, Any]
         try:
-            upload = None if data is None else _uploader(_remote_store(saver, path), data)
+            files: Store = LocalStore(path) if data is None else _remote_store(saver, path).under(data)
         except Exception as exc:  # reported, so every rank fails now rather than at the timeout
             report = {"error": f"rank {rank}: {type(exc).__name__}: {exc}", "file": None, "blocks": []}
         else:
-            report = _write_mine(path, fmt, save_id, rank, size, items, writers, sharded,
-                                 background=values is not None, upload=upload)
+            report = _write_mine(files, fmt, save_id, rank, size, items, writers, sharded,
+                                 background=values is not None)
         reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         if rank == 0:
             try:
@@ -224,12 +227,6 @@ def _remote_store(saver: Saver, path: str) -> RemoteDirectory:
     store = store_of(path, saver._storage_options)
     assert isinstance(store, RemoteDirectory)
     return store
-
-
-def _uploader(store: RemoteDirectory, data: str) -> Callable[[str, str], None]:
-    """Upload a shard file create-only under this save's unique prefix ``data`` (invisible until
-    rank 0 commits)."""
-    return lambda local, name: store.store.upload(local, store.join(f"{data}/{name}"), create_only=True)
 
 
 def _prepare_remote(saver: Saver, path: str) -> tuple[bool, str]:
@@ -376,11 +373,13 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
-                writers: dict[str, int], sharded: Any, background: bool = False,
-                upload: Callable[[str, str], None] | None = None) -> dict[str, Any]:
-    """Write this rank's blocks to its own file (``upload(local file, name)``: to an object
-    store, from a local temporary file); return the report rank 0 commits from."""
+def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
+                writers: dict[str, int], sharded: Any, background: bool = False) -> dict[str, Any]:
+    """Write this rank's blocks to its own file in ``files`` (the checkpoint's directory, or the
+    save's data prefix in an object store: the same Store calls either way), read its index back
+    for the blocks' checksums; return the report rank 0 commits from."""
+    from ..formats.base import write_into
+
     mine = []
     for key, var, value in items:
         if (var.shard is not None or writers.get(key) == rank) and boxes.volume(var.shape):
@@ -390,24 +389,22 @@ def _write_mine(path: str, fmt: Any, save_id: str, rank: int, size: int, items: 
     if not mine:
         return {"error": None, "file": None, "blocks": []}
     name = sharded.shard_file_name(save_id, rank, size, fmt.extensions[0])
-    # staged in a local temporary directory when ``upload`` sends it to an object store
-    target = os.path.join(path if upload is None else tempfile.mkdtemp(prefix=".ckpt-shard-"), name)
-    try:
-        with replace_atomically(target) as tmp, gc_paused() if not background else nullcontext():
-            fmt.write(tmp, [(block.key, block) for block in mine], {})
-        blocks = []
-        with fmt.open(target) as reader:
+    blocks: list[list[Any]] = []
+
+    def write(blob: WritableBlob) -> None:
+        with gc_paused() if not background else nullcontext():
+            write_into(fmt, blob, [(block.key, block) for block in mine], {})
+
+    def check(location: str) -> None:  # the file's own record of each block: sizes and checksums
+        with fmt.open(location) as reader:
             for block in mine:
                 blocks.append([block.key, list(block.offset), list(block.shape), reader.tensors[block.key].nbytes,
                                sharded.stored_crcs(reader, block.key)])
-        if upload is not None:
-            upload(target, name)
-        return {"error": None, "file": [name, os.path.getsize(target)], "blocks": blocks}
+
+    try:
+        return {"error": None, "file": [name, files.write_file(name, write, check)], "blocks": blocks}
     except Exception as exc:
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}
-    finally:
-        if upload is not None:
-            shutil.rmtree(os.path.dirname(target), ignore_errors=True)
 
 
 def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int | None,

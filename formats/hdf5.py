@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,7 +50,7 @@ from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from .base import WritableFormat, stage
 from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, all_exactly, all_lists, plain_extents,
                    check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
-                   materialize, normalize_metadata, validate_keys)
+                   materialize, normalize_metadata, source_chunks, validate_keys)
 
 VERSION = HDF5_VERSION
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
@@ -274,6 +274,15 @@ def _write_data(blob: WritableBlob, plans: list[_Plan], offsets: list[int | None
         data = plan.source
         if type(data) is not np.ndarray:
             runs.flush()  # a lazy source's predecessors are written before it is read
+            stream = source_chunks(data)
+            if stream is not None:  # a streaming source: its bytes pass through in chunks (bounded memory)
+                entry[5], packed = _write_chunks(blob, stream, offset, plan, block_bytes, path)
+                entry[3] = offset or 0
+                if plan.nbytes:
+                    extents.append((offset or 0, plan.nbytes))
+                if packed is not None:
+                    blocks[plan.key] = packed
+                continue
             data = materialize(data)
         if not data.flags.c_contiguous:
             data = _io.c_contiguous(data)
@@ -297,6 +306,26 @@ def _write_data(blob: WritableBlob, plans: list[_Plan], offsets: list[int | None
         entry[3], entry[5] = offset or 0, crc  # the real ones
     runs.flush()
     return extents
+
+
+def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], offset: int | None, plan: _Plan,
+                  block_bytes: int, path: str) -> tuple[int, bytes | None]:
+    """Write a streamed numeric tensor's chunks at its offset, each at once (chunks come from
+    reused buffers); return its crc32c and packed block checksums (None for one block)."""
+    running = _blocks.RunningChecksums(block_bytes)
+    for view in stream:
+        if not len(view):
+            continue
+        if running.nbytes + len(view) > plan.nbytes:
+            raise ValueError(f"{path}: tensor {plan.key!r} gave more than the {plan.nbytes} bytes its dtype and "
+                             "shape hold")
+        assert offset is not None  # every tensor with data has a place
+        blob.write_at(view, offset + running.nbytes)
+        running.update(view)
+    if running.nbytes != plan.nbytes:
+        raise ValueError(f"{path}: tensor {plan.key!r} gave {running.nbytes} bytes; its dtype and shape hold "
+                         f"{plan.nbytes}")
+    return running.result()
 
 
 def _write_index(blob: WritableBlob, entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int,

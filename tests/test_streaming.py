@@ -139,7 +139,7 @@ def test_a_streamed_source_writes_the_same_file_as_its_array(tmp_path, ext, monk
     assert ckpt.verify(tmp_path / f"chunks{ext}").ok
 
 
-@pytest.mark.parametrize("ext", [".msgpack", ".safetensors"])
+@pytest.mark.parametrize("ext", [".msgpack", ".safetensors", ".h5"])
 def test_a_streamed_source_of_the_wrong_size_is_refused(tmp_path, ext):
     from ckpt.formats import base
 
@@ -152,7 +152,7 @@ def test_a_streamed_source_of_the_wrong_size_is_refused(tmp_path, ext):
         fmt.write(str(tmp_path / f"short{ext}"), [("w", short)], {})
 
 
-@pytest.mark.parametrize("src_ext, dst_ext", [(".h5", ".msgpack"), (".msgpack", ".safetensors")])
+@pytest.mark.parametrize("src_ext, dst_ext", [(".h5", ".msgpack"), (".msgpack", ".safetensors"), (".msgpack", ".h5")])
 def test_convert_streams_in_bounded_memory(tmp_path, monkeypatch, src_ext, dst_ext):
     """A 64 MiB tensor goes through in 4 MiB chunks: the writer never holds the tensor."""
     x = np.random.default_rng(4).standard_normal(16 * MiB).astype(np.float32)

@@ -147,7 +147,8 @@ def test_convert_to_s3_in_shards(s3_bucket, tmp_path, ext):
     assert done.shards == 3
     keys = _all_keys(s3_bucket)
     data = [k for k in keys if k.startswith("run/.ckpt-data/")]
-    assert "run/sharded" + ext in keys and len(data) == 4 and data[-1].endswith("/COMMIT")  # 3 shard files
+    assert "run/sharded" + ext in keys and len(data) == 4  # 3 shard files and the COMMIT
+    assert [k.rpartition("/")[2] for k in data if not k.endswith(ext)] == ["COMMIT"]
     loaded = ckpt.load_file(dst)
     assert sorted(loaded) == sorted(tensors) and all(np.array_equal(loaded[k], v) for k, v in tensors.items())
     with ckpt.load_checkpoint(dst) as reader:

@@ -240,7 +240,7 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
     """Write a sharded checkpoint into an object store as a sharded save does: the shard files
     create-only under a fresh data prefix, its COMMIT there, everything read back and compared,
     then the checkpoint's create-only commit record (docs/formats.md, "Object stores")."""
-    from ._remote import RemoteDirectory
+    from ._remote import RemoteDirectory  # object-store support is imported only for URLs
     from .formats import ckpt_sharded as sharded
 
     store = store_of(dst, storage_options)

@@ -554,6 +554,23 @@ class ObjectStore:
                 out.append({**entry, "name": name[len(base) + 1:]})
         return out
 
+    def unfinished_uploads(self, url: str) -> Sequence[tuple[str, str]]:
+        """S3: ``(object URL, upload id)`` of the multipart uploads begun and neither completed nor
+        aborted under the prefix ``url`` (a save killed mid-upload leaves one; S3 keeps, and bills,
+        its parts until it is aborted). Other stores have none: an empty list, no request."""
+        if not self._s3:
+            return []
+        bucket, key = self._bucket_key(url)
+        with translating(url, "listing unfinished uploads"):
+            listed = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key.rstrip("/") + "/")
+        return [(f"{self.protocol}://{bucket}/{u['Key']}", str(u["UploadId"])) for u in listed.get("Uploads", [])]
+
+    def abort_upload(self, url: str, upload_id: str) -> None:
+        """Abort the multipart upload ``upload_id`` of ``url`` (its parts are discarded)."""
+        bucket, key = self._bucket_key(url)
+        with translating(url, "aborting an unfinished upload", writing=True):
+            self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+
     def delete(self, urls: Sequence[str]) -> None:
         """Delete objects; ones already gone are fine."""
         if not urls:

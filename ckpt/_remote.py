@@ -349,9 +349,19 @@ class RemoteDirectory:
                 raise  # else: left for clean_orphans
 
     def clean_orphans(self) -> list[str]:
-        """Delete data objects of saves that never committed (older than ORPHAN_GRACE_S); return
-        their names. Costs one LIST when there are none."""
+        """Delete data objects of saves that never committed (older than ORPHAN_GRACE_S), and abort
+        their unfinished uploads (S3: a save killed mid-upload); return their names. Costs one LIST
+        when there are none (and on S3 one listing of unfinished uploads)."""
         removed = []
+        for url, upload_id in self.store.unfinished_uploads(self.join(DATA_DIR)):
+            relative = url.rpartition(f"/{DATA_DIR}/")[2]  # "<name>/<token>[/<file>]": the token dates it
+            age = _token_age(relative.split("/")[1] if relative.count("/") else "")
+            if age is not None and age >= ORPHAN_GRACE_S:
+                try:
+                    self.store.abort_upload(url, upload_id)
+                    removed.append(relative)
+                except CheckpointError:
+                    pass  # the next save tries again
         commits: dict[str, str | None] = {}
         for entry in self.store.list(self.join(DATA_DIR), recursive=True):
             # "<name>/<token>", or "<name>/<token>/<file>" under a sharded save's prefix

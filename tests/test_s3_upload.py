@@ -171,3 +171,19 @@ def test_a_sharded_conversion_to_s3_that_does_not_read_back_commits_nothing(s3_b
     with pytest.raises(ckpt.CheckpointWriteError, match="does not read back"):
         ckpt.convert(source, f"{s3_bucket}/run/m.msgpack", shards=2)
     assert _all_keys(s3_bucket) == [] and _uploads(s3_bucket) == []
+
+
+def test_the_next_save_aborts_the_unfinished_upload_of_a_killed_save(s3_bucket, small_parts, monkeypatch):
+    run = f"{s3_bucket}/run"
+    directory = _remote.RemoteDirectory(run)
+    blob = directory.store.open_upload(directory.join(directory.new_data("m.msgpack")), create_only=True)
+    blob.write_at(b"head", 0)
+    blob.write_at(bytes(6 * MiB), 5 * MiB)  # a part went up: the upload exists; then the process "dies"
+    assert len(_uploads(s3_bucket)) == 1
+    saver = ckpt.Saver({"w": ckpt.Variable(np.ones(3))}, format="msgpack")
+    saver.save(f"{run}/model", global_step=1)
+    assert len(_uploads(s3_bucket)) == 1  # young: it may be a save in progress
+    monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", -1.0)
+    saver.save(f"{run}/model", global_step=2)
+    assert _uploads(s3_bucket) == []
+    assert ckpt.latest_checkpoint(run) == f"{run}/model-2.msgpack"

@@ -504,7 +504,7 @@ def stage(write: Callable[[str, Sequence[tuple[str, Any]], Mapping[str, Any]], N
     if isinstance(blob, _io.LocalSink) and blob.size == 0:
         write(blob.name, tensors, metadata)
         return
-    import tempfile
+    import tempfile  # lazy: only formats written against the path-taking contract stage (start-up cost)
 
     fd, path = tempfile.mkstemp(prefix=".ckpt-stage-")
     try:

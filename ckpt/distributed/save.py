@@ -41,11 +41,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import boxes, dtypes
-from .._localstore import LocalStore
+from .._localstore import LocalStore, store_of
 from .._urls import is_url
 from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
+from ..formats.base import format_for_path, write_into  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
 from ..state import state_lock
 from . import plan as planning
@@ -221,7 +222,6 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
 
 
 def _remote_store(saver: Saver, path: str) -> RemoteDirectory:
-    from .._localstore import store_of
     from .._remote import RemoteDirectory  # object-store support is imported only for URLs
 
     store = store_of(path, saver._storage_options)
@@ -360,8 +360,6 @@ def remove_leftovers(parent: str) -> list[str]:
 
 def _checkpoint_name(name: str) -> bool:
     """True for a name a sharded save could have created: one whose extension a writable format claims."""
-    from ..formats.base import format_for_path
-
     fmt = format_for_path(name)
     return fmt is not None and fmt.can_write
 
@@ -378,8 +376,6 @@ def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, item
     """Write this rank's blocks to its own file in ``files`` (the checkpoint's directory, or the
     save's data prefix in an object store: the same Store calls either way), read its index back
     for the blocks' checksums; return the report rank 0 commits from."""
-    from ..formats.base import write_into
-
     mine = []
     for key, var, value in items:
         if (var.shard is not None or writers.get(key) == rank) and boxes.volume(var.shape):

@@ -50,6 +50,11 @@ __all__ = ["Saver"]
 VarList = None | Module | Mapping[str, Variable] | Iterable[Variable]
 
 
+def _where(path_arg: Any) -> str:
+    """The path a save was given, for messages, whatever the caller passed."""
+    return str(os.fspath(path_arg)) if isinstance(path_arg, (str, os.PathLike)) else repr(path_arg)
+
+
 def _key_map(var_list: VarList) -> dict[str, Variable]:
     """Turn a var_list into an ordered {checkpoint key: Variable} map, refusing ambiguity."""
     if var_list is None:
@@ -204,14 +209,11 @@ class Saver:
         """
         if self._comm is not None and not blocking:
             return self._save_sharded_async(path, global_step, metadata)
+        if self._comm is not None:
+            return self._save_sharded(path, global_step, metadata)
         self._background.wait()
         path, fmt = self._target(path, global_step)
         step = None if global_step is None else operator.index(global_step)
-        if self._comm is not None:
-            from .distributed.save import save_sharded
-
-            return save_sharded(self, self._comm, self._timeout, path, fmt, step,
-                                _formats.normalize_metadata(metadata, path))
         sharded = [v.name for v in self._vars.values() if v.shard is not None]
         if sharded:
             raise ValueError(f"cannot save {path}: {sharded[0]} holds a block of a larger tensor (it has a "
@@ -249,14 +251,11 @@ class Saver:
                 else:
                     missing.add(key)  # reported to every rank by the save's plan, not raised here alone
         except Exception as exc:
-            where = str(os.fspath(path_arg)) if isinstance(path_arg, (str, os.PathLike)) else repr(path_arg)
             if self._async_comm is None:
-                self._agree_before_dup(where, exc)
+                self._agree_before_dup(_where(path_arg), exc)
             else:  # the others' saves (in the background) hear of it now, not at their timeout
-                failure = f"{type(exc).__name__}: {exc}"
-                comm = self._async_comm
-                self._background.take_part(where, lambda: save_sharded(
-                    self, comm, self._timeout, where, None, None, {}, failure=failure))
+                comm, problem = self._async_comm, exc  # (``exc`` is unbound once the except block ends)
+                self._background.take_part(_where(path_arg), lambda: self._fail_together(comm, path_arg, problem))
             raise
         if self._async_comm is None:
             self._agree_before_dup(path, None)
@@ -275,6 +274,36 @@ class Saver:
             return save_sharded(self, comm, self._timeout, path, fmt, step, metadata, values)
 
         return self._background.submit(path, tensors, write)
+
+    def _save_sharded(self, path_arg: Any, global_step: Any, metadata: Any) -> str:
+        """The blocking collective save on the Saver's communicator. A rank that fails before the
+        save's first exchange (a bad path or step, metadata it cannot store, an unseen error of its
+        last asynchronous save) still takes part in it with its error, then raises that error: the
+        other ranks raise at once, naming it, instead of waiting ``timeout`` seconds for it."""
+        from .distributed.save import save_sharded
+
+        try:
+            self._background.wait()
+            path, fmt = self._target(path_arg, global_step)
+            step = None if global_step is None else operator.index(global_step)
+            metadata = _formats.normalize_metadata(metadata, path)
+        except Exception as exc:
+            self._fail_together(self._comm, path_arg, exc)
+            raise
+        return save_sharded(self, self._comm, self._timeout, path, fmt, step, metadata)
+
+    def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:
+        """Take part in a sharded save's collectives on ``comm`` carrying ``problem`` (this rank's
+        save failed before it started) in place of a plan, so every rank's save fails at once
+        naming this rank and the ranks stay in step; the collective's own outcome is ignored
+        (the caller raises ``problem``)."""
+        from .distributed.save import save_sharded
+
+        try:
+            save_sharded(self, comm, self._timeout, _where(path_arg), None, None, {},
+                         failure=f"{type(problem).__name__}: {problem}")
+        except Exception:
+            pass  # every rank's save failed with this rank's error, which the caller raises
 
     def _agree_before_dup(self, path: str, problem: Exception | None) -> None:
         """Before the first asynchronous save duplicates the communicator (a collective; a

@@ -6,7 +6,8 @@ Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on 
 Modes: save ROOT STEP N:KIND:EXT... (one launch of max N processes: the first N of them save into
 ROOT/n<N> through a sub-communicator, for each N) | restore M:KIND... -- DIR... (likewise: the
 first M ranks restore every DIR) | kill DIR PHASE | scenarios ROOT (async saves, async saves
-beside training's collectives on COMM_WORLD, ranks that disagree: see SCENARIOS) | timeout DIR.
+beside training's collectives on COMM_WORLD, ranks that disagree, a blocking save failing on one
+rank: see SCENARIOS) | timeout DIR.
 DIR and ROOT may be object-store URLs (s3://...; the store's settings come from the environment).
 """
 
@@ -161,8 +162,22 @@ def disagree(comm: distributed.Communicator, directory: str) -> dict:
         return {"error": str(exc), "type": type(exc).__name__}
 
 
+def blocking_failure(comm: distributed.Communicator, directory: str) -> dict:
+    """A blocking save failing on rank 1 before it starts (metadata it cannot store), then one that
+    works: the others raise rank 1's error at once, not "did not complete within 30 s"."""
+    saver = ckpt.Saver(make_variables(tensors(), "rows", comm.rank, comm.size), comm=comm, timeout=30)
+    try:
+        saver.save(os.path.join(directory, "model.msgpack"), global_step=1,
+                   metadata={"bad": object()} if comm.rank == 1 else None)
+        failed = None
+    except Exception as exc:
+        failed = {"type": type(exc).__name__, "error": str(exc)}
+    return {"failed": failed, "path": saver.save(os.path.join(directory, "model.msgpack"), global_step=2)}
+
+
 #: Scenarios the "scenarios" mode runs one after another in one launch, each in ROOT/<name>.
-SCENARIOS = {"async": async_saves, "async-world": async_world, "disagree": disagree}
+SCENARIOS = {"async": async_saves, "async-world": async_world, "disagree": disagree,
+             "blocking-failure": blocking_failure}
 
 
 def main() -> None:

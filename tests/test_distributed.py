@@ -205,6 +205,40 @@ def test_a_rank_that_never_arrives_times_out(tmp_path):
     assert ckpt.latest_checkpoint(str(tmp_path)) is None
 
 
+def test_a_blocking_save_failing_on_one_rank_before_it_starts_fails_on_every_rank_at_once(tmp_path):
+    """A rank whose blocking save fails before the first exchange (metadata it cannot store on rank 1,
+    a step that is not an int on rank 0) still takes part in it with its error: it raises its own
+    error, every other rank a CheckpointWriteError naming it at once (not "did not complete within
+    60 s"), nothing is written, and the next save works on every rank. (Under mpiexec: test_mpi.py.)"""
+    def fn(comm: distributed.Communicator) -> list:
+        v = ckpt.Variable(np.arange(4.0) + comm.rank, name="v", shard=ckpt.Shard((12,), (4 * comm.rank,)))
+        saver = ckpt.Saver([v], comm=comm, timeout=60)
+        out: list = []
+        for step, metadata in ((1, {"bad": {1}} if comm.rank == 1 else None), ("x" if comm.rank == 0 else 1, None)):
+            try:
+                out.append(saver.save(str(tmp_path / "m.msgpack"), global_step=step, metadata=metadata))
+            except Exception as exc:
+                out.append(exc)
+        out.append(saver.save(str(tmp_path / "m.msgpack"), global_step=3))
+        return out
+
+    results = run_ranks(3, fn)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert isinstance(results[1][0], ValueError) and "metadata bad" in str(results[1][0])
+    assert isinstance(results[0][1], TypeError)
+    for failed, others, kind in ((1, (0, 2), "ValueError"), (0, (1, 2), "TypeError")):
+        for rank in others:
+            error = results[rank][0 if failed == 1 else 1]
+            assert isinstance(error, ckpt.CheckpointWriteError), error
+            assert f"the sharded save failed on rank {failed}: {kind}" in str(error), error
+            assert "nothing was written" in str(error)
+    assert {r[2] for r in results} == {str(tmp_path / "m-3.msgpack")}
+    assert not (tmp_path / "m-1.msgpack").exists() and not (tmp_path / "m-x.msgpack").exists()
+    assert ckpt.latest_checkpoint(str(tmp_path)) == str(tmp_path / "m-3.msgpack")
+    with ckpt.load_checkpoint(str(tmp_path / "m-3.msgpack")) as reader:
+        assert_bit_exact(np.concatenate([np.arange(4.0) + r for r in range(3)]), reader.get_tensor("v"))
+
+
 def test_restore_timeout_and_failure_on_one_rank(tmp_path):
     path = _save(str(tmp_path), 2, "rows")[0]
 

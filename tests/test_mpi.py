@@ -188,6 +188,20 @@ def test_ranks_that_disagree_all_raise(scenarios):
     assert os.listdir(root) == []
 
 
+def test_a_blocking_save_failing_on_one_rank_before_it_starts_fails_on_every_rank_at_once(scenarios):
+    """Rank 1 takes part in the save's first exchange with its error: the others raise it at once
+    (with a 30 s timeout they would say "did not complete within 30 s"), and the next save works."""
+    root, results = scenarios[0] / "blocking-failure", [r["blocking-failure"] for r in scenarios[1]]
+    assert results[1]["failed"]["type"] == "ValueError" and "metadata bad" in results[1]["failed"]["error"]
+    for report in (results[0], results[2]):
+        assert report["failed"]["type"] == "CheckpointWriteError"
+        assert "the sharded save failed on rank 1: ValueError" in report["failed"]["error"]
+        assert "nothing was written" in report["failed"]["error"]
+    assert {r["path"] for r in results} == {str(root / "model-2.msgpack")}
+    assert not os.path.exists(root / "model-1.msgpack")
+    assert ckpt.latest_checkpoint(str(root)) == str(root / "model-2.msgpack")
+
+
 def test_a_missing_rank_times_out(tmp_path):
     results = mpirun(3, "timeout", str(tmp_path / "out"), str(tmp_path), expect_ok=False)
     for report in results[:2]:

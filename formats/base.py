@@ -455,16 +455,13 @@ class WritableFormat(Format, Protocol):
 
 
 def _writes_by_path(fmt: WritableFormat) -> bool:
-    """True when the most derived of ``fmt``'s classes defining ``write`` or ``write_blob``
-    defines ``write`` only (a format written against the path-taking contract); a method set on
-    the object itself counts first."""
-    own = getattr(fmt, "__dict__", {})
-    if "write_blob" in own or "write" in own:
-        return "write_blob" not in own
-    for klass in type(fmt).__mro__:
-        if "write_blob" in vars(klass):
+    """True when the nearest definition of ``write`` or ``write_blob`` (a method set on the object
+    itself, then its classes, most derived first) is ``write`` only: a format written against the
+    path-taking contract."""
+    for namespace in (getattr(fmt, "__dict__", {}), *map(vars, type(fmt).__mro__)):
+        if "write_blob" in namespace:
             return False
-        if "write" in vars(klass):
+        if "write" in namespace:
             return True
     return False
 
@@ -483,10 +480,7 @@ def write_into(fmt: WritableFormat, blob: WritableBlob, tensors: Sequence[tuple[
         ...     base.write_into(base.get_format("msgpack"), blob, [("w", np.ones(2))], {})
         >>> base.open_reader(path).close()
     """
-    own = getattr(fmt, "__dict__", {})
-    if isinstance(fmt, LazyFormat) and "write" not in own and "write_blob" not in own:
-        fmt = fmt.load()  # type: ignore[assignment]
-    if _writes_by_path(fmt):
+    if _writes_by_path(fmt):  # a lazy format's own write_blob loads the real format and comes back here
         stage(fmt.write, blob, tensors, metadata)
     else:
         fmt.write_blob(blob, tensors, metadata)

@@ -47,8 +47,9 @@ from ._h5head import FORMAT_NAME, MAGIC
 from ._h5head import HEADER as _HEADER
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
+from ._validation import _FILE_DTYPES
 from .base import WritableFormat, stage
-from .base import (_FILE_DTYPES, BaseReader, FileReader, TensorInfo, all_exactly, all_lists, plain_extents,
+from .base import (BaseReader, FileReader, TensorInfo, all_exactly, all_lists, plain_extents,
                    check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
                    materialize, normalize_metadata, source_chunks, validate_keys)
 

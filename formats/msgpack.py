@@ -45,9 +45,9 @@ from ckpt.storage import WritableBlob
 from . import _blocks, _io
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import packb, unpack
+from ._validation import _FILE_DTYPES
 from .base import WritableFormat
 from .base import (
-    _FILE_DTYPES,
     FileReader,
     all_exactly,
     all_lists,

@@ -61,9 +61,10 @@ def test_state_py_knows_nothing_of_stores_or_urls():
 
 
 def test_formats_do_not_ask_whether_a_path_is_a_url():
-    """Formats read through open_blob; only the blob factory (base.open_blob) and the sharded format's
-    two layouts (a directory, or a commit-record object) look at URLs."""
+    """Formats read through open_blob; only the blob factory (_blobs.open_blob, re-exported as
+    base.open_blob) and the sharded format's two layouts (a directory, or a commit-record object)
+    look at URLs."""
     formats_dir = FORMATS
     asking = sorted(p.name for p in formats_dir.glob("*.py") if "is_url(" in p.read_text(encoding="utf-8"))
-    assert asking == ["base.py", "ckpt_sharded.py"]
-    assert (formats_dir / "base.py").read_text(encoding="utf-8").count("is_url(") == 1
+    assert asking == ["_blobs.py", "ckpt_sharded.py"]
+    assert (formats_dir / "_blobs.py").read_text(encoding="utf-8").count("is_url(") == 1

@@ -1,0 +1,38 @@
+"""The one place a format's path becomes bytes: a local file or, for a URL, an object in its
+store (formats never ask whether a path is a URL).
+
+Example:
+    >>> import os, tempfile
+    >>> from ckpt.formats import _blobs
+    >>> path = os.path.join(tempfile.mkdtemp(), "x")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"abc")
+    >>> blob = _blobs.open_blob(path)
+    >>> type(blob).__name__, blob.size
+    ('LocalFile', 3)
+    >>> blob.close()
+"""
+
+from __future__ import annotations
+
+from ckpt._urls import is_url
+from ckpt.storage import ReadableBlob
+
+from ._io import LocalFile
+from ._offers import handed
+
+
+def open_blob(path: str) -> ReadableBlob:
+    """The readable blob behind a checkpoint path: a local file, or an object for a URL.
+
+    The one place a format's path becomes bytes: formats never ask whether a path is a URL.
+    A blob already opened for ``path`` and offered to the format being opened (``offering``:
+    ``open_reader`` sniffed through it, a sharded reader opened a shard file) is taken instead
+    of opening the path again.
+    """
+    if is_url(path):  # an object store: ranged GETs instead of preads
+        # lazy: object-store code loads only for URLs (start-up cost of local reads)
+        from ckpt._remote import RemoteFile
+
+        return handed(path, RemoteFile) or RemoteFile(path)
+    return handed(path, LocalFile) or LocalFile(path)

@@ -1,0 +1,231 @@
+"""The Reader protocol every format's open checkpoint implements, and the base classes the
+formats build their readers on (key lookup with clear errors, batched reads, a kept-open blob).
+
+Example:
+    >>> import numpy as np
+    >>> from ckpt.formats import _readers
+    >>> class One(_readers.BaseReader):
+    ...     path, format_name = "one", "demo"
+    ...     _tensors = {"w": _readers.TensorInfo("w", np.dtype("float32"), (2,), 8)}
+    ...     _metadata = {}
+    ...     def _read_into(self, info, out): out[...] = 1
+    >>> One().read("w")
+    array([1., 1.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from ckpt.errors import CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
+from ckpt.gcpause import gc_paused
+from ckpt.storage import ReadableBlob
+
+from ._blobs import open_blob
+from ._validation import check_tensors
+
+
+class TensorInfo(NamedTuple):
+    """What a checkpoint says about one tensor, known without reading its data."""
+
+    key: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    #: Bytes the tensor's data occupies in the file.
+    nbytes: int
+    #: Format-specific location details (offsets, checksums); opaque to callers.
+    extra: Any = None
+
+    @property
+    def size(self) -> int:
+        """Number of elements (1 for a scalar)."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """An open checkpoint. Opening reads the index only; data is read on request."""
+
+    path: str
+    format_name: str
+    checksummed: bool
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+    @property
+    def tensors(self) -> Mapping[str, TensorInfo]: ...
+
+    def info(self, key: str) -> TensorInfo:
+        """The TensorInfo of ``key``; KeyNotFoundError (naming the closest keys) if there is none."""
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """Read one tensor into ``out`` (C-contiguous, its exact shape and dtype), verifying it."""
+
+    def read_into_many(self, items: Sequence[tuple[str, np.ndarray]]) -> None:
+        """``read_into`` for several tensors at once (lets a format merge nearby reads)."""
+
+    def read(self, key: str) -> np.ndarray:
+        """Read one tensor into a new array."""
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        """Check the whole file; return one line per problem found (empty when sound).
+
+        ``progress``, if given, is called with the number of bytes checked as work goes on.
+        """
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Reader: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class BaseReader:
+    """Shared behaviour for readers: key lookup with clear errors, ``read``, context manager.
+
+    Subclasses set ``path``, ``format_name``, ``_tensors`` and ``_metadata`` and implement
+    ``_read_into(info, out)``. Entries a file holds that are not tensors (TensorFlow's object
+    graph) go into ``_metadata["non_tensors"]`` as {key: description}; inspect shows them.
+    """
+
+    path: str = ""
+    format_name: str = ""
+    #: False for files whose data carries no checksums (foreign files): verify() cannot vouch for them.
+    checksummed: bool = True
+    _tensors: dict[str, TensorInfo]
+    _metadata: dict[str, Any]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata
+
+    @property
+    def tensors(self) -> Mapping[str, TensorInfo]:
+        return self._tensors
+
+    def info(self, key: str) -> TensorInfo:
+        """Return the TensorInfo for ``key`` or raise KeyNotFoundError naming the closest keys."""
+        try:
+            return self._tensors[key]
+        except KeyError:
+            raise KeyNotFoundError(
+                f"{self.path}: tensor {key!r} not found in checkpoint{closest_hint(key, self._tensors)}"
+            ) from None
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        self.read_into_many([(key, out)])
+
+    def read_into_many(self, items: Sequence[tuple[str, np.ndarray]]) -> None:
+        """Read several tensors into their buffers; formats batch nearby reads into one call."""
+        pairs = []
+        tensors = self._tensors
+        for key, out in items:
+            info = tensors.get(key) or self.info(key)  # info() raises the KeyNotFoundError
+            if out.shape != info.shape or out.dtype != info.dtype or not (
+                    out.flags.c_contiguous and out.flags.writeable):
+                raise MismatchError(f"{self.path}: tensor {key!r} is {info.dtype} {list(info.shape)}; "
+                                    f"cannot read it into a {out.dtype} {list(out.shape)} array")
+            pairs.append((info, out))
+        self._read_many(pairs)
+
+    def read_planned(self, pairs: Sequence[tuple[TensorInfo, np.ndarray]]) -> None:
+        """``read_into_many`` for pairs a caller has already matched against this reader's index.
+
+        Each pair is a TensorInfo of ``self.tensors`` and a C-contiguous, writable buffer of its
+        exact shape and dtype (a restore's plan checks both once): nothing is looked up or
+        checked again, which matters for 10,000s of small tensors.
+        """
+        self._read_many(pairs if isinstance(pairs, list) else list(pairs))
+
+    def read(self, key: str) -> np.ndarray:
+        info = self.info(key)
+        try:
+            out = np.empty(info.shape, dtype=info.dtype)
+        except ValueError as exc:  # numpy's "array is too big": check_tensors should have refused it
+            raise CorruptCheckpointError(f"{self.path}: tensor {key!r} declares {info.dtype} "
+                                         f"{list(info.shape)}, which no array can hold") from exc
+        self._read_many([(info, out)])
+        return out
+
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        for info, out in pairs:
+            self._read_into(info, out)
+
+    def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        problems = []
+        for key, info in self._tensors.items():
+            try:
+                self.read(key)
+            except CorruptCheckpointError as exc:
+                problems.append(str(exc))
+            if progress is not None:
+                progress(info.nbytes)
+        return problems
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> BaseReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} format={self.format_name} tensors={len(self._tensors)}>"
+
+
+class FileReader(BaseReader):
+    """A reader that keeps its checkpoint open and reads the index on construction.
+
+    Subclasses implement ``_open()``, reading through ``self._source`` (a
+    :class:`ckpt.storage.ReadableBlob`: the local file, or for a URL the object in its
+    store); a failure there closes it again.
+    """
+
+    #: True for formats whose ``_open`` bounds every shape itself (check_tensors would repeat it).
+    _checks_shapes = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._source: ReadableBlob = open_blob(path)
+        try:
+            with gc_paused():  # an index of many entries creates many small, acyclic objects
+                self._open()
+            if not self._checks_shapes:
+                check_tensors(self._tensors, path)
+        except BaseException:
+            self._source.close()
+            raise
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        """The (file offset, length) pieces holding a numeric tensor's bytes in C order, or None
+        when its bytes are not stored that way (strings); lets callers read part of a tensor."""
+        return None
+
+    def stored_crc32c(self, key: str) -> int | None:
+        """The crc32c the file stores for the bytes ``data_extents`` lists, or None (no extents,
+        no checksum); lets callers check a tensor they read in parts."""
+        crc = getattr(self.info(key).extra, "crc32c", None)
+        return crc if isinstance(crc, int) and self.data_extents(key) is not None else None
+
+    def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
+        """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
+        caller verifies)."""
+        self._source.read_into(out, offset, what)
+
+    def close(self) -> None:
+        self._source.close()

@@ -1,0 +1,169 @@
+"""The format registry: which formats exist and in which order they are asked, and
+``open_reader``, which recognises a checkpoint's format from its path or its first bytes.
+
+Example:
+    >>> from ckpt.formats import _registry
+    >>> _registry.format_for_path("model.msgpack").name
+    'msgpack'
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
+
+from . import _io
+from ._blobs import open_blob
+from ._contract import Format, WritableFormat
+from ._lazy import LazyFormat
+from ._offers import Declined, offering
+from ._readers import Reader
+
+#: How many bytes from the start of a file ``Format.sniff`` is shown.
+SNIFF_BYTES = 4096
+
+
+_registry: dict[str, Format] = {}
+_lock = threading.Lock()
+
+
+def register_format(fmt: Format, *, replace: bool = False, before: str | None = None) -> None:
+    """Make a format available to ``Saver``, ``load_checkpoint`` and the CLI.
+
+    The registry's order is the order in which formats are asked (``claims``, ``sniff``, an
+    extension in ``format_for_path``): a new format comes last unless ``before`` names a
+    registered format it must be asked before.
+
+    Args:
+        fmt: an object with the Format protocol's attributes and methods.
+        replace: allow replacing a registered format of the same name (it keeps its place
+            unless ``before`` is given).
+        before: the name of a registered format; ``fmt`` is asked before it. For a format
+            whose files are some of that format's (the built-in "keras" is registered before
+            "hdf5": Keras's weights files are HDF5 files with Keras's layout).
+
+    Example:
+        >>> from ckpt.formats import base
+        >>> class Nothing(base.Format):
+        ...     name, extensions, can_write = "nothing", (".nothing",), False
+        ...     def sniff(self, head): return head.startswith(b"NOTHING")
+        ...     def open(self, path): raise NotImplementedError
+        >>> base.register_format(Nothing())
+        >>> base.format_for_path("x.nothing").name
+        'nothing'
+        >>> base.unregister_format("nothing")
+    """
+    missing = [m for m in ("name", "extensions", "can_write", "claims", "sniff", "open") if not hasattr(fmt, m)]
+    if missing:  # a plugin written against the Protocol without subclassing it
+        raise TypeError(f"{fmt!r} is not a Format: it has no {', '.join(map(repr, missing))}")
+    if fmt.can_write and hasattr(fmt, "write") and not hasattr(fmt, "write_blob"):
+        raise TypeError(f"{fmt!r}: a writable format needs write_blob(blob, tensors, metadata): subclass "
+                        "ckpt.WritableFormat (its write_blob runs a path-taking write through a local file) "
+                        "or define write_blob (docs/storage.md)")
+    if fmt.can_write != isinstance(fmt, WritableFormat):
+        raise TypeError(f"{fmt!r}: can_write is {fmt.can_write} but it {'has no' if fmt.can_write else 'has a'} "
+                        "write method")
+    if isinstance(fmt, WritableFormat) and not isinstance(fmt, LazyFormat) and not any(
+            "write" in vars(k) or "write_blob" in vars(k) for k in type(fmt).__mro__ if k is not WritableFormat):
+        raise TypeError(f"{fmt!r}: a writable format must define write_blob (or the older write(path, ...))")
+    with _lock:
+        if fmt.name in _registry and not replace:
+            raise ValueError(f"a format named {fmt.name!r} is already registered")
+        if before is None:
+            _registry[fmt.name] = fmt
+            return
+        if before not in _registry or before == fmt.name:
+            raise ValueError(f"cannot register {fmt.name!r} before {before!r}: no other format of that name "
+                             f"is registered (known: {', '.join(_registry)})")
+        order = [(name, f) for name, f in _registry.items() if name != fmt.name]
+        at = next(i for i, (name, _) in enumerate(order) if name == before)
+        _registry.clear()
+        _registry.update(order[:at] + [(fmt.name, fmt)] + order[at:])
+
+
+def unregister_format(name: str) -> None:
+    """Remove a registered format (mainly for tests and plugins)."""
+    with _lock:
+        _registry.pop(name, None)
+
+
+def formats() -> list[Format]:
+    """Return the registered formats, built-ins first."""
+    with _lock:
+        return list(_registry.values())
+
+
+def get_format(name: str) -> Format:
+    """Return the registered format called ``name``."""
+    for fmt in formats():
+        if fmt.name == name:
+            return fmt
+    raise ValueError(f"unknown checkpoint format {name!r}; known: {', '.join(f.name for f in formats())}")
+
+
+def format_for_path(path: str | os.PathLike[str]) -> Format | None:
+    """Return the first registered format whose extension ``path`` ends with, or None.
+
+    ckpt's own formats are registered first, so ".msgpack" means ckpt's msgpack, not Flax's.
+    """
+    lower = os.fspath(path).lower()
+    for fmt in formats():
+        if any(lower.endswith(ext) for ext in fmt.extensions):
+            return fmt
+    return None
+
+
+def open_reader(path: str | os.PathLike[str]) -> Reader:
+    """Open a checkpoint file, recognising its format from its content.
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        UnsupportedCheckpointError: no registered format recognises it.
+    """
+    path = os.fspath(path)
+    for fmt in formats():
+        if fmt.claims(path):
+            return fmt.open(path)
+    source = _open_to_sniff(path)
+    try:
+        head = _io.pread(source, 0, min(source.size, SNIFF_BYTES), "the first bytes")
+        with offering(path, source):  # the format's reader reads through the same blob
+            reader = _first_to_open(path, head)
+    except BaseException:
+        source.close()
+        raise
+    if reader is not None:
+        return reader
+    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
+    what = "an empty file" if not head else "not a checkpoint in any supported format"
+    raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
+
+
+def _open_to_sniff(path: str) -> ReadableBlob:
+    """``open_blob(path)``, an OSError turned into the CheckpointError it means."""
+    try:
+        return open_blob(path)
+    except CheckpointError:
+        raise
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file") from None
+    except IsADirectoryError:
+        raise CheckpointNotFoundError(f"{path}: is a directory, not a checkpoint file") from None
+    except PermissionError as exc:  # it exists: not a "not found" that code may take for a fresh start
+        raise CheckpointError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+    except OSError as exc:  # EIO and friends: the storage under the file is failing
+        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _first_to_open(path: str, head: bytes) -> Reader | None:
+    """The reader of the first format whose ``sniff`` accepts ``head`` and does not decline."""
+    for fmt in formats():
+        if fmt.sniff(head):
+            try:
+                return fmt.open(path)
+            except Declined:
+                continue
+    return None

@@ -3,13 +3,10 @@
 implements (``ckpt.Format``, ``ckpt.WritableFormat``).
 
 Example:
-    >>> from ckpt.formats import _contract
-    >>> class Nothing(_contract.Format):
-    ...     name, extensions, can_write = "nothing", (".nothing",), False
-    ...     def sniff(self, head): return head.startswith(b"NOTHING")
-    ...     def open(self, path): raise NotImplementedError
-    >>> Nothing().claims("x.nothing"), isinstance(Nothing(), _contract.WritableFormat)
-    (False, False)
+    >>> from ckpt.formats import _contract, base
+    >>> fmt = base.get_format("msgpack")
+    >>> isinstance(fmt, _contract.WritableFormat), fmt.claims("m.msgpack")
+    (True, False)
 """
 
 from __future__ import annotations

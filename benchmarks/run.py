@@ -213,6 +213,9 @@ def main(args: Any) -> None:
             print(s3.report(args.s3_model_mib, args.s3_big_mib, args.reps) + "\n")
         except ImportError as exc:  # the test extra (moto[server], s3fs) is not installed
             print(f"**s3**: skipped ({exc}; pip install -e '.[test,bench]')\n")
+    if "import" in cases:
+        print(f"**import ckpt**: {1000 * import_seconds(args.reps):.0f} ms (fresh interpreter, start-up "
+              "subtracted)\n")
     if not cases & {"a", "b", "c", "d", "e", "async", "checksum", "one", "cli", "stats"}:
         return
     model, variables = make_model(big_count, big_bytes)
@@ -296,6 +299,3 @@ def main(args: Any) -> None:
                       ", ".join(f"{fmt} {100 * share:.1f}%" for fmt, share in shares.items()) + "\n")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    if "import" in cases:
-        print(f"**import ckpt**: {1000 * import_seconds(args.reps):.0f} ms (fresh interpreter, start-up "
-              "subtracted)\n")

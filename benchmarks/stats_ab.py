@@ -1,11 +1,17 @@
 """``ckpt.tensor_stats`` before and after a change, in one run: ``python -m benchmarks.stats_ab``.
 
-The "before" is ``ckpt/stats.py`` as it was at a git revision (``--before``, default 57ae504: main
-before session 3's rework), loaded from ``git show`` as a sibling module of today's ``ckpt`` (it
-uses the same helpers: ``ckpt._chunks``, ``ckpt._sources``). Rounds alternate raw read, before,
+The "before" is ``ckpt/stats.py`` as it was at a git revision (``--before``, default fb4ba12: main
+before the one-pass histogram of session 4; 57ae504 is main before session 3's rework), loaded
+from ``git show`` as a sibling module of today's ``ckpt`` (it uses the same helpers:
+``ckpt._chunks``, ``ckpt._sources``). Rounds alternate raw read, before,
 raw read, after on one checkpoint of 8 float32 tensors on tmpfs; each ratio is the raw read's time
 (the mean of the two reads around it) over the call's. CPU seconds (all threads) are printed too:
 on a shared machine they move far less than wall times.
+
+The histogram's definition changed in session 4 (bins of 2**k on an absolute grid instead of
+``np.histogram(values, 16, range=(min, max))``), so the two are compared on min, max, zeros, NaN
+and Inf counts (equal), mean and std (within 1e-12 relative), and today's histogram is checked
+against ``np.histogram`` of the tensor given today's edges (once, outside the timings).
 
 Example:
     python -m benchmarks.stats_ab --reps 5
@@ -23,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 import ckpt
 
@@ -50,9 +58,28 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
+def _agree(before: Any, after: Any) -> bool:
+    def close(a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-12 * max(abs(a), abs(b), 1e-300)
+
+    return ((before.min, before.max, before.zeros, before.nan, before.inf) ==
+            (after.min, after.max, after.zeros, after.nan, after.inf) and
+            close(before.mean, after.mean) and close(before.std, after.std))
+
+
+def _numpy_agrees(path: str, stats: dict[str, Any]) -> bool:
+    """Each tensor's histogram against numpy's, given the same edges (one tensor in memory at a time)."""
+    with ckpt.load_checkpoint(path) as reader:
+        for key, s in stats.items():
+            values = reader.get_tensor(key).reshape(-1)
+            if list(np.histogram(values, bins=np.array(s.histogram_edges))[0]) != list(s.histogram):
+                return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stats_ab", description=__doc__.split("\n")[0])
-    parser.add_argument("--before", default="57ae504", help="git revision of the 'before' ckpt/stats.py")
+    parser.add_argument("--before", default="fb4ba12", help="git revision of the 'before' ckpt/stats.py")
     parser.add_argument("--gib", type=float, default=1.0, help="checkpoint size (8 float32 tensors)")
     parser.add_argument("--reps", type=int, default=3, help="rounds (medians reported)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="directory for the checkpoint")
@@ -71,9 +98,8 @@ def main() -> None:
                 wall, cpu, results[name] = _timed(lambda call=call: call(path))
                 raw2 = _timed(lambda: _raw_read(path))[0]
                 rows[name].append((wall, cpu, (raw1 + raw2) / 2 / wall))
-            same = same and all(results["before"][k].histogram == results["after"][k].histogram and
-                                results["before"][k].min == results["after"][k].min and
-                                results["before"][k].zeros == results["after"][k].zeros for k in results["after"])
+            same = same and all(_agree(results["before"][k], results["after"][k]) for k in results["after"])
+        histograms = _numpy_agrees(path, results["after"])
         print(f"**ckpt.tensor_stats, {args.gib:.2f} GiB in 8 float32 tensors on {args.tmpfs}, before = "
               f"{args.before}, median of {args.reps} interleaved rounds**\n")
         print(fmt_row(["", "wall s", "CPU s (all threads)", "speed vs raw read", "ratios per round"]))
@@ -82,7 +108,8 @@ def main() -> None:
             walls, cpus, ratios = zip(*runs, strict=True)
             print(fmt_row([name, f"{statistics.median(walls):.3f}", f"{statistics.median(cpus):.3f}",
                            f"{statistics.median(ratios):.3f}x", " ".join(f"{r:.3f}" for r in ratios)]))
-        print(f"\nsame min, max, zeros and histograms in every round: {'yes' if same else 'no'}")
+        print(f"\nsame min, max, zeros, NaN/Inf counts, mean and std (1e-12) in every round: {'yes' if same else 'no'}")
+        print(f"histograms equal to np.histogram(tensor, bins=histogram_edges): {'yes' if histograms else 'no'}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Summary statistics of tensors: ``tensor_stats`` over a checkpoint, ``array_stats`` of an array.
 
 What ``ckpt inspect --stats`` prints: min, max, mean, std, zeros, NaN and Inf counts and a
-16-bin histogram between min and max. Checkpoint tensors are read in bounded chunks (memory
+16-bin histogram with power-of-two bin widths. Checkpoint tensors are read in bounded chunks (memory
 holds a chunk, not a tensor), each checked against the tensor's checksum as it streams.
 
 Pass 1 goes over the chunks once, vectorized per piece of ``PIECE`` elements (small enough to
@@ -15,20 +15,16 @@ first piece's mean where it is far from 0 against the spread; a piece far from i
 again about its own mean), merged in order with Chan et al.'s formula: the mean and std agree
 with exact arithmetic to about 1e-15 and 1e-12 relative, whatever the thread timing.
 
-The histogram's bins depend on min and max, which are only known at the end of pass 1, so a
-tensor larger than one chunk is read a second time (pass 2; no exact histogram between a min
-and a max that are not yet known can be built in one pass with memory bounded by a chunk); a
-tensor of one chunk is binned from memory. Pass 2 counts the values below each of the 15
-inner edges of ``np.histogram(values, 16, range=(min, max))`` (float64 edges; for float32
-values each edge rounded up to float32, which splits float32 values exactly as the float64
-edge does), skipping edges outside a piece's own range: the counts are numpy's, values on
-an edge included.
+The histogram (``ckpt._histogram``) has 16 bins of width 2**k on the absolute grid
+[j * 2**k, (j + 1) * 2**k), k the smallest for which [min, max] spans at most 16 bins: exact, and
+built in the same pass (each piece binned on the grid of its own range, the grids merged exactly
+as the range widens), so every tensor is read once.
 
 Example:
     >>> import numpy as np
     >>> s = array_stats(np.array([0.0, 1.0, 2.0, 3.0, np.nan], dtype=np.float32))
-    >>> s.min, s.max, s.mean, s.nan, s.zeros, s.histogram[0]
-    (0.0, 3.0, 1.5, 1, 1, 1)
+    >>> s.min, s.max, s.mean, s.nan, s.zeros, s.histogram[:4], s.histogram_edges[:2]
+    (0.0, 3.0, 1.5, 1, 1, (1, 0, 0, 0), (0.0, 0.25))
 """
 
 from __future__ import annotations
@@ -42,6 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes
+from ._histogram import BINS, Histogram, Scratch, bin_values, exponent_floor
 from ._chunks import OneThread
 from ._json import jsonable
 from ._sources import Checkpoint, Keys, opened, select_keys
@@ -49,7 +46,7 @@ from ._urls import StorageOptions
 
 __all__ = ["TensorStats", "array_stats", "tensor_stats", "HISTOGRAM_BINS"]
 
-HISTOGRAM_BINS = 16
+HISTOGRAM_BINS = BINS
 #: Elements handled per vectorized step (a piece of a chunk: its copies stay in cache).
 PIECE = 1 << 17
 T = TypeVar("T")
@@ -73,10 +70,15 @@ class TensorStats:
     ``kind`` is "float", "int", "bool", "complex" (summarised by magnitude) or "string"
     (summarised by length in bytes; no mean). min, max, mean, std and the histogram cover
     the finite values; ``nan`` and ``inf`` count the others; ``zeros`` counts zeros, False
-    or empty strings. ``histogram`` holds HISTOGRAM_BINS counts of equal-width bins from min
-    to max, exactly ``np.histogram(finite values, HISTOGRAM_BINS, range=(min, max))[0]`` (empty
-    when there are no finite values). min, max and the counts are exact; mean and std come from
-    float64 sums (about 1e-15 and 1e-12 relative of exact arithmetic).
+    or empty strings. ``histogram`` holds HISTOGRAM_BINS counts of the finite values in bins of
+    width 2**k on the grid of its multiples, the first bin holding min; ``histogram_edges`` are the
+    HISTOGRAM_BINS + 1 edges (ints for integer tensors; exact floats, infinite only beyond
+    float64's range). k is the smallest for which min and max fall in at most 16 bins (so 8 to 16
+    bins hold values), and bins are never narrower than the values' resolution (1 for integers; for
+    floats the dtype's smallest subnormal and max|value| * 2**-48): the counts are exactly
+    ``np.histogram(finite values, bins=histogram_edges)[0]`` (max is always below the last edge).
+    Both are empty without finite values. min, max and the counts are exact; mean and std
+    come from float64 sums (about 1e-15 and 1e-12 relative of exact arithmetic).
     """
 
     kind: str
@@ -89,6 +91,7 @@ class TensorStats:
     mean: float | None
     std: float | None
     histogram: tuple[int, ...]
+    histogram_edges: tuple[float | int, ...] = ()
 
     @property
     def nonfinite(self) -> bool:
@@ -96,7 +99,7 @@ class TensorStats:
         return bool(self.nan or self.inf)
 
     def lines(self) -> list[str]:
-        """The text view: a line of numbers, then a histogram line between min and max."""
+        """The text view: a line of numbers, then the histogram's bars between its first and last edges."""
         if not self.count:
             return ["  empty: no values"]
 
@@ -115,14 +118,15 @@ class TensorStats:
         head = f"  {of}{'  '.join(parts)}"
         if self.min is None:
             return [head]
-        return [head, f"  histogram {_num(self.min)} |{_bars(self.histogram)}| {_num(self.max)}"]
+        edges = self.histogram_edges
+        return [head, f"  histogram {_num(edges[0])} |{_bars(self.histogram)}| {_num(edges[-1])}"]
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view (non-finite floats as the strings "NaN", "Infinity", "-Infinity")."""
         return {"kind": self.kind, "count": self.count, "zeros": self.zeros, "nan": self.nan, "inf": self.inf,
                 "min": jsonable(self.min), "max": jsonable(self.max),
                 "mean": jsonable(self.mean), "std": jsonable(self.std),
-                "histogram": list(self.histogram)}
+                "histogram": list(self.histogram), "histogram_edges": [jsonable(e) for e in self.histogram_edges]}
 
 
 def _kind(dtype: np.dtype) -> str:
@@ -144,29 +148,16 @@ def _domain(dtype: np.dtype) -> np.dtype:
     return _F32 if dtype.itemsize <= 2 or dtype == _F32 else _F64
 
 
-def _inner_edges(lo: float, hi: float, domain: np.dtype) -> np.ndarray:
-    """The 15 inner edges numpy's ``histogram(x, 16, range=(lo, hi))`` draws, as ``domain`` values that
-    split ``domain`` values as the float64 edges split them (float32: each edge rounded up)."""
-    bins = HISTOGRAM_BINS
-    if math.isfinite(hi - lo):
-        edges = np.linspace(lo, hi, bins + 1)[1:-1]  # what np.histogram computes its edges with
-    else:  # a range like ±1e308: scaled first so nothing overflows
-        edges = np.array([lo / bins * (bins - k) + hi / bins * k for k in range(1, bins)])
-    if domain == _F64:
-        return edges
-    # x < e (float64) <=> x < the smallest float32 >= e, for every float32 x
-    rounded = edges.astype(np.float32)
-    return np.where(rounded.astype(np.float64) < edges, np.nextafter(rounded, np.float32(np.inf)), rounded)
-
-
 class _Scratch:
     """One worker's reused buffers for a piece: its float64 copy (next to a row of ones, so one
-    matrix-vector product gives the sum and the sum of squares), a domain copy and a mask."""
+    matrix-vector product gives the sum and the sum of squares), a domain copy, a mask and the
+    histogram's buffers."""
 
     def __init__(self) -> None:
         self.rows = np.ones((2, PIECE), dtype=np.float64)
         self.mask = np.empty(PIECE, dtype=bool)
         self.values: dict[np.dtype, np.ndarray] = {}
+        self.bins = Scratch()
 
     def fit(self) -> None:
         if self.rows.shape[1] != PIECE:  # PIECE was changed (tests): follow it
@@ -203,35 +194,23 @@ class _Scratch:
         s1, s2 = np.dot(self.rows[:, :n], row)
         return float(s1), float(s2)
 
-    def below(self, x: np.ndarray, edges: np.ndarray, known: tuple[float, float] | None,
-              counts: np.ndarray) -> None:
-        """Add to ``counts[k]`` how many of ``x`` are below ``edges[k]`` (``known``: all of x lie in it)."""
-        mask = self.mask[:x.size]
-        for k, edge in enumerate(edges):
-            if known is not None and edge <= known[0]:  # nothing of this piece is below the edge
-                continue
-            if known is not None and edge > known[1]:  # all of it is
-                counts[k] += x.size
-                continue
-            np.less(x, edge, out=mask)
-            counts[k] += int(np.count_nonzero(mask))
-
 
 class _Piece:
     """One piece's figures from pass 1 (merged in order, so results do not depend on threads)."""
 
-    __slots__ = ("hi", "lo", "m2", "n", "nan", "neginf", "offset", "ranged", "shift", "zeros")
+    __slots__ = ("bins", "hi", "lo", "m2", "n", "nan", "offset", "shift", "zeros")
 
     def __init__(self) -> None:
-        self.n = self.zeros = self.nan = self.neginf = 0
+        self.n = self.zeros = self.nan = 0
         self.lo: Any = None
         self.hi: Any = None
         self.shift = self.offset = self.m2 = 0.0  # the mean is shift + offset (apart: no digits lost)
-        self.ranged = False  # every value is finite and in [lo, hi]: pass 2 may skip edges outside it
+        self.bins: tuple[Any, ...] | None = None  # the histogram of the piece's finite values (bin_values)
 
 
-def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: float) -> _Piece:
-    """A piece's count, range, zeros, NaN and -Inf counts, mean and sum of squared deviations."""
+def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: float, floor: int) -> _Piece:
+    """A piece's count, range, zeros, NaN count, histogram (bins of 2**k, k >= ``floor``), mean and
+    sum of squared deviations."""
     p = _Piece()
     exact = raw.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
     if raw.dtype.kind == "c":
@@ -245,10 +224,8 @@ def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: flo
         if finite is None:
             p.lo, p.hi = (int(lo), int(hi)) if exact else (float(lo), float(hi))
             p.zeros = scratch.zeros(x) if p.lo <= 0 <= p.hi else 0
-            p.ranged = True
         else:
             p.nan = int(np.count_nonzero(np.isnan(x)))
-            p.neginf = int(np.count_nonzero(x == -np.inf))
     if finite is not None:  # some values are not finite (or complex): leave them out
         p.zeros = scratch.zeros(x)
         if not finite.all():
@@ -257,6 +234,7 @@ def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: flo
             return p
         p.lo, p.hi = float(x.min()), float(x.max())
     p.n = x.size
+    p.bins = bin_values(x, p.lo, p.hi, floor, scratch.bins)
     s1, s2 = scratch.moments(x, shift)
     m2 = s2 - s1 * s1 / p.n
     if math.isfinite(s1) and math.isfinite(m2) and not s1 * s1 <= 16 * p.n * m2:
@@ -296,41 +274,42 @@ def _on_both(chunk: np.ndarray, work: Callable[[int, np.ndarray], T]) -> list[T]
 
 
 class _Accumulator:
-    """Statistics of a tensor fed in flat chunks: ``add`` each chunk (pass 1), then, when
-    ``binning`` says so, ``bin`` each chunk again (pass 2), then ``result``."""
+    """Statistics of a tensor fed in flat chunks, in one pass: ``add`` each chunk, then ``result``."""
 
     def __init__(self, kind: str, count: int, dtype: np.dtype) -> None:
         self.kind, self.count, self.domain = kind, count, _domain(dtype)
-        self.zeros = self.nan = self.neginf = self.n = 0
+        self.zeros = self.nan = self.n = 0
         self.lo: Any = None
         self.hi: Any = None
         self.ref: float | None = None  # the shift of the sums; self.mean is the mean minus it
         self.mean = self.m2 = 0.0
-        self.ranges: list[tuple[float, float] | None] = []  # each piece's [lo, hi] when all its values are finite
-        self.below = np.zeros(HISTOGRAM_BINS - 1, dtype=np.int64)  # values below each inner edge
-        self._edges: np.ndarray | None = None
-        self._piece = 0
+        floor = exponent_floor(np.dtype(np.int64) if kind == "string" else dtype)
+        self.histogram = Histogram(floor)
 
     def add(self, chunk: np.ndarray) -> None:
-        """Pass 1 over one flat chunk (numbers; string tensors are fed their lengths)."""
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # huge values: inf std, no warning
-            if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
-                first = _first_pass(chunk[:PIECE], _scratch(), self.domain, 0.0)
-                self.ref = first.shift  # 0, or that piece's mean where 0 is far from it against the spread
-                self._merge(first)
-                chunk = chunk[PIECE:]
-            ref = self.ref
-            pieces = _on_both(chunk, lambda i, raw: _first_pass(raw, _scratch(), self.domain, ref or 0.0))
+        """One flat chunk (numbers; string tensors are fed their lengths)."""
+        floor = self.histogram.floor
+
+        def work(raw: np.ndarray, shift: float) -> _Piece:
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std
+                return _first_pass(raw, _scratch(), self.domain, shift, floor)
+
+        if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
+            first = work(chunk[:PIECE], 0.0)
+            self.ref = first.shift  # 0, or that piece's mean where 0 is far from it against the spread
+            self._merge(first)
+            chunk = chunk[PIECE:]
+        ref = self.ref or 0.0
+        pieces = _on_both(chunk, lambda i, raw: work(raw, ref))
         for p in pieces:
             self._merge(p)
 
     def _merge(self, p: _Piece) -> None:
         self.zeros += p.zeros
         self.nan += p.nan
-        self.neginf += p.neginf
-        self.ranges.append((float(p.lo), float(p.hi)) if p.ranged else None)
-        if not p.n:
+        if not p.n or p.bins is None:
             return
+        self.histogram.add(*p.bins)
         self.lo = p.lo if self.lo is None else min(self.lo, p.lo)
         self.hi = p.hi if self.hi is None else max(self.hi, p.hi)
         total = self.n + p.n  # Chan et al.'s merge of two means and sums of squared deviations
@@ -339,42 +318,13 @@ class _Accumulator:
         self.m2 += p.m2 + delta * delta * self.n * p.n / total
         self.n = total
 
-    @property
-    def binning(self) -> bool:
-        """Whether ``bin`` must see the values again (there are finite values, not all equal)."""
-        return self.lo is not None and self.lo != self.hi
-
-    def bin(self, chunk: np.ndarray) -> None:
-        """Pass 2 over one flat chunk: count its values below each inner bin edge."""
-        if self._edges is None:
-            self._edges = _inner_edges(float(self.lo), float(self.hi), self.domain)
-        edges, first = self._edges, self._piece
-        self._piece += -(-chunk.size // PIECE)
-
-        def count(i: int, raw: np.ndarray) -> np.ndarray:
-            scratch = _scratch()
-            x = scratch.domain_copy(raw, self.domain)
-            counts = np.zeros(len(edges), dtype=np.int64)
-            known = self.ranges[first + i] if first + i < len(self.ranges) else None
-            scratch.below(x, edges, known, counts)
-            return counts
-
-        with np.errstate(invalid="ignore"):
-            for counts in _on_both(chunk, count):
-                self.below += counts
-
     def result(self) -> TensorStats:
         inf = self.count - self.n - self.nan
         if self.lo is None:
             return TensorStats(self.kind, self.count, self.zeros, self.nan, inf, None, None, None, None, ())
-        hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-        if self.lo == self.hi:
-            hist[HISTOGRAM_BINS // 2] = self.n  # as numpy draws it: a range of one value is widened by 0.5 each side
-        else:
-            below = self.below - self.neginf  # -Inf is below every edge: it is no finite value
-            hist[0], hist[1:-1], hist[-1] = below[0], np.diff(below), self.n - below[-1]
         return TensorStats(self.kind, self.count, self.zeros, self.nan, inf, self.lo, self.hi,
-                           (self.ref or 0.0) + self.mean, math.sqrt(self.m2 / self.n), tuple(int(c) for c in hist))
+                           (self.ref or 0.0) + self.mean, math.sqrt(self.m2 / self.n), self.histogram.counts,
+                           self.histogram.edges)
 
 
 def _string_lengths(flat: np.ndarray) -> np.ndarray:
@@ -383,20 +333,10 @@ def _string_lengths(flat: np.ndarray) -> np.ndarray:
 
 def _stats_of_chunks(kind: str, count: int, dtype: np.dtype,
                      chunks: Callable[[], Iterable[np.ndarray]]) -> TensorStats:
-    """Statistics from ``chunks()`` (flat chunks in order): one pass, and a second one for the
-    histogram unless the values came in one chunk (binned from memory)."""
+    """Statistics from ``chunks()`` (flat chunks in order), in one pass."""
     acc = _Accumulator(kind, count, dtype)
-    only: np.ndarray | None = None
-    n_chunks = 0
     for chunk in chunks():
-        if kind == "string":
-            chunk = _string_lengths(chunk)
-        acc.add(chunk)
-        only, n_chunks = chunk, n_chunks + 1
-    if acc.binning:
-        again: Iterable[np.ndarray] = [only] if n_chunks == 1 and only is not None else chunks()
-        for chunk in again:
-            acc.bin(_string_lengths(chunk) if kind == "string" and chunk is not only else chunk)
+        acc.add(_string_lengths(chunk) if kind == "string" else chunk)
     result = acc.result()
     return replace(result, mean=None, std=None) if kind == "string" else result  # no mean of strings
 

@@ -105,7 +105,8 @@ def _convert(name: str, text: str, default: Any) -> Any:
               help="numpy print options for values, e.g. --printoptions threshold=10000 precision=4.")
 @click.option("--stats", is_flag=True,
               help="Per tensor: min, max, mean, std, NaN and Inf counts, zeros, and a 16-bin histogram "
-                   "from min to max (numpy's np.histogram counts).")
+                   "with power-of-two bin widths (the first bin holds min), printed between its first and "
+                   "last edges.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @reports_errors()
 def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: bool, exclude: str,

@@ -275,10 +275,10 @@ def test_inspect_stats(tmp_path, ext):
     assert result.stdout.splitlines() == [
         "tensor: a (float32) [2, 3]",
         f"  min 0  max 3  mean 1.5  std {finite.std():.6g}  zeros 16.7%  nan 1  inf 1  <- NaN/Inf",
-        "  histogram 0 |█    █    █    █| 3",
+        "  histogram 0 |█   █   █   █   | 4",  # bins of 0.25 from 0: [0, 0.25), ... [3.75, 4)
         "tensor: b (int8) [4]",
         f"  min 0  max 3  mean 1.5  std {finite.std():.6g}  zeros 25.0%",
-        "  histogram 0 |█    █    █    █| 3",
+        "  histogram 0 |████            | 16",  # integers: bins of 1 at least
         "# Tensors with NaN or Inf: 1 (a)",
         "# Total number of params: 10",
     ]

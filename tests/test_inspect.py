@@ -11,6 +11,8 @@ import warnings
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import every_dtype_tensors
 
 import ckpt
@@ -91,6 +93,59 @@ def test_float_stats_skip_non_finite_values():
     assert sum(s.histogram) == 3 and s.nonfinite
 
 
+def _finite(values: np.ndarray) -> list:
+    """The finite values as exact Python numbers (ints stay ints; complex: magnitudes)."""
+    if values.dtype.kind in "biu":
+        return [int(v) for v in values.reshape(-1).tolist()]
+    if values.dtype.kind == "O":
+        return [len(v) for v in values.reshape(-1)]
+    mags = np.abs(values) if values.dtype.kind == "c" else values
+    as64 = mags.astype(np.float64).reshape(-1)
+    return as64[np.isfinite(as64)].tolist()
+
+
+def _resolution(values: np.ndarray) -> int:
+    """The smallest bin exponent for a dtype: 0 for integers, the smallest subnormal's for floats."""
+    import ml_dtypes
+
+    if values.dtype.kind in "biuO":
+        return 0
+    dtype = np.abs(values).dtype if values.dtype.kind == "c" else values.dtype
+    return math.frexp(float(ml_dtypes.finfo(dtype).smallest_subnormal))[1] - 1
+
+
+def _expected_histogram(values: np.ndarray) -> tuple[list[int], list]:
+    """The histogram by brute force from its definition, in exact arithmetic: the smallest k (at least
+    the dtype's resolution; for floats at least exponent(max|x|) - 48) for which [min, max] spans at
+    most 16 bins of [j * 2**k, (j + 1) * 2**k); counts by exact comparison with the edges."""
+    finite = _finite(values)
+    exact = [fractions.Fraction(x) for x in finite]
+    lo, hi = min(exact), max(exact)
+    k = _resolution(values)
+    if values.dtype.kind not in "biuO" and max(abs(lo), abs(hi)):
+        k = max(k, math.frexp(float(max(abs(lo), abs(hi))))[1] - 1 - 48)
+    while math.floor(hi / fractions.Fraction(2) ** k) - math.floor(lo / fractions.Fraction(2) ** k) >= 16:
+        k += 1
+    width = fractions.Fraction(2) ** k
+    j0 = math.floor(lo / width)
+    edges = [(j0 + i) * width for i in range(17)]
+    counts = [sum(1 for x in exact if edges[i] <= x < edges[i + 1]) for i in range(16)]
+    return counts, edges
+
+
+def _check_histogram(s: stats.TensorStats, values: np.ndarray) -> None:
+    counts, edges = _expected_histogram(values)
+    assert list(s.histogram) == counts and sum(counts) == len(_finite(values))
+    for got, want in zip(s.histogram_edges, edges, strict=True):
+        if math.isfinite(got):
+            assert fractions.Fraction(got) == want
+        else:  # beyond float64's range: an infinity of the edge's sign
+            assert abs(want) >= 2 ** 1024 and (got > 0) == (want > 0)
+    if values.dtype.kind not in "biuO" and all(math.isfinite(e) for e in s.histogram_edges):
+        as64 = np.array(_finite(values))  # numpy agrees, given the same edges
+        assert list(s.histogram) == np.histogram(as64, bins=np.array(s.histogram_edges))[0].tolist()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, ckpt.dtypes.bfloat16, np.int16, np.uint8])
 def test_chunked_stats_match_numpy(monkeypatch, dtype):
     monkeypatch.setattr(stats, "PIECE", 7)  # many chunks, the last one short
@@ -102,47 +157,160 @@ def test_chunked_stats_match_numpy(monkeypatch, dtype):
     assert (s.min, s.max) == (as64.min(), as64.max())
     assert s.mean == pytest.approx(as64.mean(), rel=1e-12)
     assert s.std == pytest.approx(as64.std(), rel=1e-9)
-    assert list(s.histogram) == np.histogram(as64, bins=16, range=(as64.min(), as64.max()))[0].tolist()
+    assert list(s.histogram) == np.histogram(as64, bins=np.array(s.histogram_edges, np.float64))[0].tolist()
+    _check_histogram(s, values)
     assert s.zeros == np.count_nonzero(as64 == 0)
 
 
-def _numpy_histogram(values: np.ndarray) -> list[int]:
-    as64 = values.astype(np.float64)
-    as64 = as64[np.isfinite(as64)]
-    return np.histogram(as64, bins=16, range=(as64.min(), as64.max()))[0].tolist()
+def test_histogram_bins_are_powers_of_two_on_the_absolute_grid():
+    s = stats.array_stats(np.array([0.3, -0.2, 1.9], np.float32))
+    width = s.histogram_edges[1] - s.histogram_edges[0]
+    assert width == 0.25 and s.histogram_edges[0] == -0.25 and s.histogram_edges[-1] == 3.75
+    assert s.histogram == (1, 0, 1, 0, 0, 0, 0, 0, 1) + (0,) * 7  # -0.2 in [-0.25, 0), 0.3 in [0.25, 0.5)
+    i = stats.array_stats(np.array([5, 100, 37], np.int32))
+    assert i.histogram_edges[:3] == (0, 8, 16) and i.histogram_edges[-1] == 128 and i.histogram[0] == 1
+    assert stats.array_stats(np.arange(16, dtype=np.uint8)).histogram == (1,) * 16  # width 1: one value a bin
+    assert stats.array_stats(np.arange(17, dtype=np.uint8)).histogram == (2,) * 8 + (1,) + (0,) * 7
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ckpt.dtypes.bfloat16, np.int32, np.int64,
-                                   np.uint16])
-def test_histogram_is_numpys_even_on_the_bin_edges(monkeypatch, dtype):
-    """Values on numpy's bin edges and on their neighbours land where np.histogram puts them."""
-    monkeypatch.setattr(stats, "PIECE", 5)  # many pieces: both threads, the pieces' own ranges
-    lo, hi = (-3.0, 7.1) if np.dtype(dtype).kind == "f" else (0, 4099)
-    edges = np.linspace(lo, hi, 17)
-    near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
-    as_dtype = near.astype(dtype)
-    if np.dtype(dtype).kind == "f" and np.dtype(dtype) != np.float64:  # this dtype's own neighbours of the edges
-        wide = near.astype(np.float32)
-        as_dtype = np.concatenate([as_dtype, np.nextafter(wide, -np.inf).astype(dtype),
-                                   np.nextafter(wide, np.inf).astype(dtype)])
-    values = np.clip(as_dtype.astype(np.float64), lo, hi).astype(dtype)
-    values = np.random.default_rng(3).permutation(values)
+DTYPES = [np.float32, np.float64, np.float16, ckpt.dtypes.bfloat16, "float8_e4m3fn", "float8_e5m2", np.int8,
+          np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64,
+          np.complex128]
+
+
+def _as(dtype) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, dtype)) if isinstance(dtype, str) else np.dtype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: _as(d).name)
+@pytest.mark.parametrize("piece", [5, 64, 1 << 17])
+def test_histogram_on_and_beside_the_edges_of_every_dtype(monkeypatch, dtype, piece):
+    """Values on the grid's edges and on their neighbours (either side, in the tensor's own dtype)
+    land where exact arithmetic puts them, in pieces of any size merged in any grid."""
+    monkeypatch.setattr(stats, "PIECE", piece)
+    dtype = _as(dtype)
+    rng = np.random.default_rng(7)
+    if dtype.kind == "b":
+        values = rng.random(300) > 0.3
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        grid = np.array([info.min, info.max, 0, 1, -1, 15, 16, 17, 255, 256, -256, 4096], dtype=object)
+        grid = np.array([g for g in grid if info.min <= g <= info.max] * 3, dtype=object)
+        values = np.concatenate([grid, rng.integers(info.min, info.max, 200, dtype=dtype, endpoint=True)])
+        values = values.astype(dtype)
+    else:
+        real = np.float32 if dtype.kind == "c" and dtype.itemsize == 8 else dtype
+        real = np.float64 if dtype.kind == "c" and dtype.itemsize == 16 else real
+        edges = np.array([j * 2.0 ** k for k in (-3, 0, 2) for j in range(-9, 10)])
+        near = np.concatenate([edges, np.nextafter(edges.astype(real), np.inf).astype(np.float64),
+                               np.nextafter(edges.astype(real), -np.inf).astype(np.float64)])
+        near = near[np.isfinite(near.astype(real).astype(np.float64))]
+        values = np.concatenate([near, rng.standard_normal(200)]).astype(real)
+        if dtype.kind == "c":
+            values = (values + 1j * values[::-1]).astype(dtype)
+    values = rng.permutation(values)
     s = stats.array_stats(values)
-    assert list(s.histogram) == _numpy_histogram(values)
+    _check_histogram(s, values)
+    whole = stats.array_stats(values) if piece == 1 << 17 else None
+    assert whole is None or whole == s
 
 
-def test_histogram_streams_in_two_passes_and_skips_non_finite_values(monkeypatch):
+@pytest.mark.parametrize("values", [
+    np.array([-1e-45, 1000.0, 0.0, -0.0, 5e-45], np.float32),  # tiny negatives underflow to -0.0 when scaled
+    np.array([-1e-45, -1000.0, -3e-45], np.float32),  # ... and every value negative
+    np.array([-5e-324, 1e300, 5e-324, -0.0]),
+    np.array([-4.9e-324, -1e-310]),  # subnormals only
+    np.array([1e-40, 3e-40, 1.1754942e-38], np.float32),  # subnormal float32 and the smallest normal
+    np.array([-0.0, 0.0, -0.0], np.float32),  # one value (-0.0 == 0.0)
+    np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32),
+    np.array([1.0, np.nextafter(1.0, 2.0)]),  # a range of one ulp of float64: bins no finer than 2**-48
+    np.array([1.0, np.nextafter(np.float32(1), np.float32(2))], np.float32),
+    np.array([3e38, 3.4e38, np.inf, np.nan], np.float32),
+    np.full(7, 0.1),
+    np.full(3, -2.5e-8, np.float16),
+    np.array([6.0e-8, -6.0e-8, 0.0], np.float16),  # float16's smallest subnormal
+    np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0]),
+    np.array([0, 2 ** 64 - 1, 2 ** 63], np.uint64),
+    np.array([-128, 127], np.int8),
+], ids=lambda v: f"{v.dtype}-{v[:2]}")
+def test_histogram_of_awkward_ranges(monkeypatch, values):
+    monkeypatch.setattr(stats, "PIECE", 2)  # a grid per piece, merged
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = stats.array_stats(values)
+    _check_histogram(s, values)
+    assert s.histogram_edges[0] <= s.min < s.histogram_edges[1] and s.max < s.histogram_edges[-1]
+    assert json.dumps(s.to_json(), allow_nan=False)
+
+
+def test_a_range_of_float64_extremes_has_infinite_outer_edges():
+    big = np.finfo(np.float64).max
+    s = stats.array_stats(np.array([-big, 0.0, big]))
+    assert s.histogram_edges[0] == -math.inf and s.histogram_edges[-1] == math.inf  # -2**1024 and 2**1024
+    assert s.histogram == (1,) + (0,) * 7 + (1,) + (0,) * 6 + (1,)
+    assert s.to_json()["histogram_edges"][0] == "-Infinity"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(1, 9), st.data())
+def test_histogram_matches_its_definition(dtype, piece, data):
+    """Random values of every dtype, in random pieces: the brute-force histogram, and numpy's given the edges."""
+    dtype = _as(dtype)
+    if dtype.kind == "b":
+        elements = st.booleans()
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        elements = st.integers(int(info.min), int(info.max))
+    else:
+        width = 64 if dtype.kind == "c" or dtype.itemsize >= 8 else 32 if dtype.itemsize == 4 else 16
+        elements = st.floats(width=min(width, 64), allow_nan=True, allow_infinity=True) if dtype.itemsize > 1 \
+            else st.floats(-400, 400)
+    raw = data.draw(st.lists(elements, min_size=1, max_size=40))
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = np.array(raw, dtype=np.float64 if dtype.kind in "fc" else object).astype(dtype)
+    import unittest.mock
+
+    with unittest.mock.patch.object(stats, "PIECE", piece):
+        s = stats.array_stats(values)
+    if not _finite(values):
+        assert s.histogram == () and s.histogram_edges == ()
+        return
+    _check_histogram(s, values)
+
+
+def test_histogram_is_one_pass_over_chunks_and_skips_non_finite_values(monkeypatch):
     monkeypatch.setattr(stats, "PIECE", 64)
     rng = np.random.default_rng(4)
     values = (rng.standard_normal(5000) * 3).astype(np.float32)
     values[[5, 700, 4000]] = [np.nan, -np.inf, np.inf]
     chunks = [values[:1234], values[1234:3000], values[3000:]]
-    s = stats._stats_of_chunks("float", values.size, values.dtype, lambda: iter(chunks))
+    seen = []
+
+    def once():
+        seen.append(1)  # the statistics ask for the chunks once: the histogram needs no second read
+        return iter(chunks)
+
+    s = stats._stats_of_chunks("float", values.size, values.dtype, once)
     whole = stats.array_stats(values)
+    assert seen == [1]
     assert s.mean == pytest.approx(whole.mean, rel=1e-12) and s.std == pytest.approx(whole.std, rel=1e-12)
     assert dataclasses.replace(s, mean=0, std=0) == dataclasses.replace(whole, mean=0, std=0)
-    assert list(s.histogram) == _numpy_histogram(values)
+    _check_histogram(s, values)
     assert (s.nan, s.inf, s.count) == (1, 2, 5000)
+
+
+def test_a_narrow_first_chunk_then_wide_ones_merge_exactly(monkeypatch):
+    """The grid widens as chunks come (from 2**-20 to 2**7 here): counts move into coarser bins exactly."""
+    monkeypatch.setattr(stats, "PIECE", 16)
+    first = np.linspace(1.0, 1.0 + 2 ** -17, 40, dtype=np.float32)
+    values = np.concatenate([first, np.array([-3.0, 1000.0, 1.5], np.float32), -first])
+    s = stats._stats_of_chunks("float", values.size, values.dtype,
+                               lambda: iter([values[:40], values[40:43], values[43:]]))
+    _check_histogram(s, values)
+    backwards = stats.array_stats(values[::-1].copy())  # wide first, then narrow: the same counts and edges
+    assert (backwards.histogram, backwards.histogram_edges) == (s.histogram, s.histogram_edges)
 
 
 @pytest.mark.parametrize("offset", [0.0, 1e6, -3e9])
@@ -157,7 +325,7 @@ def test_mean_and_std_far_from_zero_keep_their_digits(monkeypatch, offset):
     assert s.mean == pytest.approx(float(mean), rel=1e-15, abs=1e-15)
     assert s.std == pytest.approx(std, rel=1e-9)  # numpy's own np.std is 5e-9 off at -3e9
     constant = stats.array_stats(np.full(1000, 0.1))
-    assert (constant.std, constant.mean, constant.histogram[8]) == (0.0, pytest.approx(0.1, rel=1e-15), 1000)
+    assert (constant.std, constant.mean, constant.histogram[0]) == (0.0, pytest.approx(0.1, rel=1e-15), 1000)
 
 
 def test_integer_extremes_are_exact():

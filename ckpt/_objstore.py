@@ -37,6 +37,8 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import base64
+import bisect
 import io
 import os
 import threading
@@ -62,9 +64,11 @@ MAX_PIECE = 32 << 20
 #: costs a round trip and, on some servers (moto reads the whole object for each ranged GET),
 #: work in proportion to the object's size, so a read of a whole checkpoint uses few of them.
 PART = 128 << 20
-#: S3 uploads up to this size are one PUT streamed from the staged file (S3 takes up to 5 GiB):
-#: one request, nothing held in memory, as fast as any single request. Larger ones are multipart
-#: uploads of CONCURRENCY parts in flight (moto, for one, spends about twice a PUT's time on them).
+#: S3 objects up to this size go up as one PUT (S3 takes up to 5 GiB): a save's (``S3Upload``:
+#: its body read out of the writer's lent buffers) and a local file's (``upload``: streamed from
+#: the file). One request, nothing more held in memory, as fast as any single request; larger
+#: objects are multipart uploads (moto, for one, spends about twice a PUT's time on them: it
+#: re-reads and joins every part to complete one).
 SINGLE_PUT_MAX = 512 << 20
 #: Streamed S3 uploads (``S3Upload``) send parts of this many bytes (S3 wants 5 MiB or more,
 #: at most 10,000 parts: every 1,000 parts the size grows by this much, so objects up to
@@ -417,8 +421,9 @@ class ObjectStore:
     def open_upload(self, url: str, create_only: bool) -> StagedUpload | S3Upload:
         """A :class:`ckpt.storage.WritableBlob` that becomes the object ``url`` on ``finish()``
         (create-only when asked) and never before; ``abort()`` discards it. On S3 the bytes go
-        up in parts while they are written (``S3Upload``); other stores get a local file
-        uploaded on ``finish()`` (``StagedUpload``)."""
+        up as one PUT on ``finish()`` (up to SINGLE_PUT_MAX, lent buffers kept by reference) or
+        in parts while they are written (``S3Upload``); other stores get a local file uploaded
+        on ``finish()`` (``StagedUpload``)."""
         if self._s3:
             return S3Upload(self, url, create_only)
         return StagedUpload(self, url, create_only)
@@ -639,16 +644,123 @@ class StagedUpload:
             pass
 
 
-class S3Upload:
-    """A new S3 object streamed up in parts while it is written: the
-    :class:`ckpt.storage.WritableBlob` of saves to s3:// (no local copy, bounded memory).
+class _Held(io.RawIOBase):
+    """The bytes of an object held for one PUT, as a seekable file: ``segments`` ``(offset,
+    view)`` in offset order (copies, or buffers lent by the writer), zeros between them, ``size``
+    bytes in all. botocore reads it to sign and checksum the request, aiohttp to send it; each
+    read copies the bytes asked for out of the segments, nothing more is held."""
 
-    It relies on the blob write order (``ckpt.storage.WritableBlob``): the first part, which
-    holds the head (patched last), stays in memory until ``finish()``; every later byte arrives
-    front to back and is cut into parts of UPLOAD_PART bytes, uploaded as they fill (a multipart
-    upload, UPLOADS_IN_FLIGHT parts at once). ``finish()`` sends the first part and completes
-    the upload (``If-None-Match: *`` when create-only), so the object appears whole or never;
-    an object no larger than its first part is one PUT. ``abort()`` cancels the parts.
+    def __init__(self, segments: list[tuple[int, memoryview]], size: int) -> None:
+        super().__init__()
+        self._segments, self._size = segments, size
+        self._starts = [offset for offset, _ in segments]
+        self._pos = self._i = 0  # _i: no segment before it ends after _pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        pos = offset if whence == 0 else self._pos + offset if whence == 1 else self._size + offset
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos, self._i = pos, max(0, bisect.bisect_right(self._starts, pos) - 1)
+        return pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), self._size - self._pos))
+        segments, done = self._segments, 0
+        while done < n:
+            pos = self._pos + done
+            while self._i < len(segments) and segments[self._i][0] + len(segments[self._i][1]) <= pos:
+                self._i += 1
+            if self._i < len(segments) and segments[self._i][0] <= pos:
+                offset, view = segments[self._i]
+                take = min(n - done, offset + len(view) - pos)
+                out[done:done + take] = view[pos - offset:pos - offset + take]
+            else:  # a gap: never written, zeros
+                take = min(n - done, (segments[self._i][0] if self._i < len(segments) else self._size) - pos)
+                out[done:done + take] = bytes(take)
+            done += take
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        n = self._size - self._pos if size is None or size < 0 else min(size, max(0, self._size - self._pos))
+        buf = bytearray(n)
+        self.readinto(buf)
+        return bytes(buf)
+
+    def readall(self) -> bytes:
+        return self.read()
+
+    def pread(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset`` (the position is left where it was)."""
+        pos = self._pos
+        self.seek(offset)
+        try:
+            return self.read(n)
+        finally:
+            self.seek(pos)
+
+    def crc32c(self) -> int:
+        """The CRC-32C of all the bytes (segments and gaps, in order)."""
+        from .formats._io import crc32c
+
+        value = pos = 0
+        for offset, view in self._segments:
+            if offset > pos:
+                value = _zeros_crc(value, offset - pos)
+            value, pos = crc32c(view, value), offset + len(view)
+        return _zeros_crc(value, self._size - pos) if self._size > pos else value
+
+
+def _zeros_crc(value: int, n: int) -> int:
+    """``value`` continued over ``n`` zero bytes."""
+    from .formats._io import crc32c
+
+    zeros = bytes(min(n, CHUNK))
+    while n:
+        value = crc32c(zeros[:min(n, len(zeros))], value)
+        n -= min(n, len(zeros))
+    return value
+
+
+def _hold_max(part: int) -> int:
+    """Bytes of copies an upload sent as one PUT may hold before it becomes a multipart upload:
+    what a multipart upload holds at most (the parts in flight, the one being filled, the first)."""
+    return (UPLOADS_IN_FLIGHT + 2) * part
+
+
+class S3Upload:
+    """A new S3 object written as a :class:`ckpt.storage.WritableBlob` (the blob of saves to
+    s3://): one PUT when it is small enough, else a multipart upload streamed while it is
+    written; no local copy, bounded memory either way.
+
+    **One PUT** (objects up to SINGLE_PUT_MAX): the blob keeps what it is given until
+    ``finish()``, then sends it as one request whose body is read straight out of those bytes
+    (``_Held``) with its Content-Length and, unless the client was configured to send
+    checksums only when required, its CRC-32C (S3 checks it). Buffers a writer *lends*
+    (``lend_pieces``: views of the caller's arrays, alive and unchanged until the blob is
+    finished; ``_io.Runs`` lends them for the writers) are kept by reference; everything else
+    is copied, at most ``_hold_max`` bytes of it. One request costs less than a multipart
+    upload: moto, for one, re-reads and joins every part to complete an upload, about a second
+    PUT's work.
+
+    **Multipart** (once the object grows past SINGLE_PUT_MAX, or its copies past
+    ``_hold_max``): what was held goes out as parts of UPLOAD_PART bytes, and every later byte
+    is cut into parts uploaded as they fill (UPLOADS_IN_FLIGHT at once). It relies on the blob
+    write order: the first part, which holds the head (patched last), stays in memory until
+    ``finish()``, which sends it and completes the upload.
+
+    Either way the object appears whole or never, create-only when asked (``If-None-Match: *``
+    on the PUT or on completing the upload); ``abort()`` cancels the parts and drops what was held.
     """
 
     def __init__(self, store: ObjectStore, url: str, create_only: bool, part: int = 0) -> None:
@@ -656,15 +768,23 @@ class S3Upload:
         self._bucket, self._key = store._bucket_key(url)
         self._cond = {"IfNoneMatch": "*"} if create_only else {}
         self._part = part or UPLOAD_PART
-        self._first = bytearray()  # part 1: bytes [0, _first_end), kept until finish()
-        self._first_end = -1  # unknown until the first write
-        self._buf: io.BytesIO | None = None  # the part being filled, from _buf_start; _fill bytes so far
+        self._head_end = -1  # the end of the first write: bytes before it are the head (unknown until then)
+        self._end = 0  # the end of the furthest byte written
+        # one PUT: the head, and the bytes after it as (offset, view) in order; _held bytes are copies
+        self._single = True
+        self._head = bytearray()
+        self._segments: list[tuple[int, memoryview]] = []
+        self._held = 0
+        # multipart: part 1, bytes [0, _first_end), is kept until finish(); the part being filled
+        # starts at _buf_start and has _fill bytes
+        self._first = bytearray()
+        self._first_end = -1
+        self._buf: io.BytesIO | None = None
         self._buf_start = self._fill = 0
         self._upload_id: str | None = None
         self._parts: list[tuple[int, Any]] = []  # (part number, future of its ETag)
         self._in_flight: list[Any] = []  # futures of the parts on their way
         self._tail = b""  # the last OPEN_TAIL bytes before _buf_start
-        self._end = 0
 
     @property
     def name(self) -> str:
@@ -674,22 +794,74 @@ class S3Upload:
     def size(self) -> int:
         return self._end
 
+    @property
+    def single(self) -> bool:
+        """True while the object is to go up as one PUT (False: a multipart upload)."""
+        return self._single
+
     def write_pieces(self, pieces: Sequence[Any], offset: int) -> None:
+        if self._single and len(pieces) > 1:  # one copy of the run, not one per piece
+            self._write(memoryview(b"".join(pieces)), offset, False)
+            return
         for piece in pieces:
-            n = memoryview(piece).nbytes
-            self.write_at(piece, offset)
-            offset += n
+            view = memoryview(piece).cast("B")
+            self._write(view, offset, False)
+            offset += len(view)
+
+    def lend_pieces(self, pieces: Sequence[Any], offset: int) -> None:
+        """Write ``pieces`` back to back from ``offset``, keeping references instead of copies
+        while the object is to go up as one PUT: the caller promises each piece stays alive and
+        unchanged until the blob is finished (``bytes`` objects always do)."""
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            self._write(view, offset, not isinstance(piece, bytes))
+            offset += len(view)
 
     def write_at(self, data: Any, offset: int) -> None:
-        view = memoryview(data).cast("B")
+        self._write(memoryview(data).cast("B"), offset, False)
+
+    def _write(self, view: memoryview, offset: int, lent: bool) -> None:
         n = len(view)
         if not n:
             return
-        if self._first_end < 0:  # the first write: its end closes the head
-            self._first_end = max(self._part, offset + n)
-            self._buf_start = self._first_end
+        if self._head_end < 0:  # the first write: its end closes the head
+            self._head_end = offset + n
+        if not self._single:
+            self._write_parts(view, offset)
+            return
+        if offset < self._head_end:  # the head: in memory, writable at any time
+            take = min(n, self._head_end - offset)
+            if len(self._head) < offset + take:
+                self._head.extend(bytes(offset + take - len(self._head)))
+            self._head[offset:offset + take] = view[:take]
+            self._end = max(self._end, offset + take)
+            view, offset = view[take:], offset + take
+        if view:
+            if offset < self._end:
+                raise ValueError(f"{self.url}: a write at offset {offset} goes back before {self._end}: writers "
+                                 "keep the WritableBlob order (only the head is patched later)")
+            if not lent:
+                view = memoryview(bytes(view))
+                self._held += len(view)
+            self._segments.append((offset, view))
+            self._end = offset + len(view)
+        if self._end > SINGLE_PUT_MAX or self._held + len(self._head) > _hold_max(self._part):
+            with translating(self.url, "uploading the checkpoint", writing=True):
+                self._to_parts()
+
+    def _to_parts(self) -> None:
+        """Turn the upload into a multipart one: what is held goes out in parts (copied)."""
+        self._single = False
+        segments, self._segments, self._held = self._segments, [], 0
+        self._first, self._head = self._head, bytearray()
+        self._first_end = max(self._part, self._head_end)
+        self._buf_start, self._fill = self._first_end, 0
+        for offset, view in segments:
+            self._write_parts(view, offset)
+
+    def _write_parts(self, view: memoryview, offset: int) -> None:
         if offset < self._first_end:  # the first part: in memory, writable at any time
-            take = min(n, self._first_end - offset)
+            take = min(len(view), self._first_end - offset)
             if len(self._first) < offset + take:
                 self._first.extend(bytes(offset + take - len(self._first)))
             self._first[offset:offset + take] = view[:take]
@@ -755,42 +927,65 @@ class S3Upload:
         self.finish()
 
     def finish(self) -> tuple[int, bytes, bytes]:
-        """Send what is left and complete the upload: the object now exists, whole. Return
-        ``(size, its first OPEN_HEAD bytes, its last OPEN_TAIL bytes)`` (the copies a commit
-        record carries). On failure nothing is left in the store (the upload is aborted)."""
+        """Send what is left (the whole object as one PUT, or the last parts) and complete the
+        upload: the object now exists, whole. Return ``(size, its first OPEN_HEAD bytes, its
+        last OPEN_TAIL bytes)`` (the copies a commit record carries). On failure nothing is left
+        in the store (the upload is aborted)."""
+        try:
+            with translating(self.url, "uploading the checkpoint", writing=True):
+                head, tail = self._put_held() if self._single else self._complete()
+                self._store.fs.invalidate_cache(self._store._path(self.url))
+        finally:
+            self.abort()
+        return self._end, head, tail
+
+    def _put_held(self) -> tuple[bytes, bytes]:
+        """One PUT of the held bytes, read out of them as it is sent (no joined copy)."""
+        from ._remote import OPEN_HEAD, OPEN_TAIL
+
+        size = self._end
+        body = _Held(([(0, memoryview(self._head))] if self._head else []) + self._segments, size)
+        checksum = {}
+        config = getattr(getattr(getattr(self._store.fs, "s3", None), "meta", None), "config", None)
+        # S3 checks the CRC-32C on arrival; botocore then computes no CRC32 of its own (it skips a
+        # request carrying a checksum header: botocore >= 1.36, which has this setting)
+        if getattr(config, "request_checksum_calculation", None) == "when_supported":
+            checksum = {"ChecksumAlgorithm": "CRC32C",
+                        "ChecksumCRC32C": base64.b64encode(body.crc32c().to_bytes(4, "big")).decode()}
+        self._store.fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=body, ContentLength=size,
+                               **checksum, **self._cond)
+        head = body.pread(0, min(OPEN_HEAD, size))
+        return head, body.pread(max(len(head), size - OPEN_TAIL), size)
+
+    def _complete(self) -> tuple[bytes, bytes]:
+        """Send the last part and the first, then complete the multipart upload."""
         from fsspec.asyn import sync
 
         from ._remote import OPEN_HEAD, OPEN_TAIL
 
         fs, size = self._store.fs, self._end
         head = bytes(self._first[:OPEN_HEAD])
-        try:
-            with translating(self.url, "uploading the checkpoint", writing=True):
-                if self._upload_id is None and not self._fill:  # it fits in the first part: one PUT
-                    fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=io.BytesIO(self._first),
-                               **self._cond)
-                    tail = bytes(self._first[max(len(head), size - OPEN_TAIL):])
-                else:
-                    if self._fill:
-                        self._send()  # the last part may be short
-                    if len(self._first) < self._first_end:  # never written up to its end: zeros
-                        self._first.extend(bytes(self._first_end - len(self._first)))
-                    tail_start, sent_from = max(len(head), size - OPEN_TAIL), size - len(self._tail)
-                    tail = bytes(self._first[tail_start:sent_from]) + self._tail[max(0, tail_start - sent_from):]
-                    parts = [{"PartNumber": 1, "ETag": sync(fs.loop, self._upload_part, 1, io.BytesIO(self._first))}]
-                    while self._in_flight:
-                        self._in_flight.pop(0).result()
-                    parts += [{"PartNumber": n, "ETag": f.result()} for n, f in self._parts]
-                    fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key,
-                               UploadId=self._upload_id, MultipartUpload={"Parts": parts}, **self._cond)
-                    self._upload_id = None
-                fs.invalidate_cache(self._store._path(self.url))
-        finally:
-            self.abort()
-        return size, head, tail
+        if self._upload_id is None and not self._fill:  # it fits in the first part: one PUT
+            fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=io.BytesIO(self._first), **self._cond)
+            return head, bytes(self._first[max(len(head), size - OPEN_TAIL):])
+        if self._fill:
+            self._send()  # the last part may be short
+        if len(self._first) < self._first_end:  # never written up to its end: zeros
+            self._first.extend(bytes(self._first_end - len(self._first)))
+        tail_start, sent_from = max(len(head), size - OPEN_TAIL), size - len(self._tail)
+        tail = bytes(self._first[tail_start:sent_from]) + self._tail[max(0, tail_start - sent_from):]
+        parts = [{"PartNumber": 1, "ETag": sync(fs.loop, self._upload_part, 1, io.BytesIO(self._first))}]
+        while self._in_flight:
+            self._in_flight.pop(0).result()
+        parts += [{"PartNumber": n, "ETag": f.result()} for n, f in self._parts]
+        fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
+                   MultipartUpload={"Parts": parts}, **self._cond)
+        self._upload_id = None
+        return head, tail
 
     def abort(self) -> None:
-        """Cancel the upload (parts sent so far are discarded by the store); idempotent."""
+        """Cancel the upload (parts sent so far are discarded by the store) and drop what is
+        held (lent buffers included); idempotent."""
         from fsspec.asyn import sync
 
         for future in self._in_flight:
@@ -801,7 +996,7 @@ class S3Upload:
             except BaseException:  # cancelled, or failed: either way it is over
                 pass
         self._in_flight.clear()
-        self._first, self._buf = bytearray(), None
+        self._first, self._buf, self._head, self._segments = bytearray(), None, bytearray(), []
         upload_id, self._upload_id = self._upload_id, None
         if upload_id is not None:
             try:

@@ -4,11 +4,12 @@
 An object store has no rename, so a save to ``<dir>/<name>`` goes (docs/formats.md, "Object
 stores"):
 
-1. the format writes the checkpoint into a blob that streams it to the data object
-   ``<dir>/.ckpt-data/<name>/<token>`` (a unique name) as it is written: on S3 a multipart
-   upload whose parts go up while later ones are written (the first part, which holds the
-   head the format fills in last, goes last), completed create-only, invisible until complete
-   (``_objstore.S3Upload``; other stores: a local temporary file uploaded at the end);
+1. the format writes the checkpoint into a blob that uploads it to the data object
+   ``<dir>/.ckpt-data/<name>/<token>`` (a unique name), create-only, invisible until complete:
+   on S3 one PUT of up to 512 MiB whose body is read out of the writer's (lent) buffers, or a
+   multipart upload whose parts go up while later ones are written (the first part, which
+   holds the head the format fills in last, goes last) (``_objstore.S3Upload``; other
+   stores: a local temporary file uploaded at the end);
 2. optionally the uploaded data object is read back and checked (``ckpt.convert``);
 3. the commit record ``<dir>/<name>`` (small JSON naming the data object) is written with a
    create-only conditional write: from this moment the checkpoint exists, whole; a late or

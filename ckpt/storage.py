@@ -103,6 +103,11 @@ class WritableBlob(Protocol):
     and keep the head small (a header reserved by a first small write), because an object store
     holds the part with the head in memory until the end.
 
+    A blob may also offer ``lend_pieces(pieces, offset)`` (not part of this Protocol): the same
+    as ``write_pieces``, but the caller promises the pieces stay alive and unchanged until the
+    blob is finished, so the blob may keep references instead of copies (an S3 upload sent as
+    one PUT does). ``formats._io.Runs`` lends what a writer marks ``lent``, where it can.
+
     A writer (``WritableFormat.write_blob``) is handed a blob by a :class:`Store` and never
     closes it: the Store finishes it (the file is renamed into place, the upload completed and
     committed) or discards it when the writer raised.

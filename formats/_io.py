@@ -509,16 +509,23 @@ class Runs:
 
     A run holds its pieces (and so their arrays) until it is written: call ``flush()`` before
     reading a lazy source, so a conversion holds one tensor at a time, and at the end.
+
+    ``lent=True`` says ``data`` is a view of an array the writer's caller handed in, alive and
+    unchanged until the blob is finished: a blob that offers ``lend_pieces`` (an S3 upload sent
+    as one PUT) keeps a reference to it instead of a copy. A run goes to ``lend_pieces`` when
+    every piece in it was lent or is an immutable ``bytes`` object.
     """
 
-    __slots__ = ("_end", "_run", "_start", "blob")
+    __slots__ = ("_end", "_lend", "_lendable", "_run", "_start", "blob")
 
     def __init__(self, blob: WritableBlob) -> None:
         self.blob = blob
+        self._lend: Callable[[Sequence[Bytes], int], None] | None = getattr(blob, "lend_pieces", None)
         self._run: list[Bytes] = []
         self._start = self._end = 0
+        self._lendable = True  # every piece of the pending run was lent or is bytes
 
-    def write(self, data: Bytes, offset: int) -> None:
+    def write(self, data: Bytes, offset: int, lent: bool = False) -> None:
         """Write ``data`` at ``offset`` now or with its run (empty data writes nothing)."""
         n = len(data)
         run = self._run
@@ -527,18 +534,27 @@ class Runs:
             self.flush()
             run = self._run
         if n >= BIG:
-            self.blob.write_at(data, offset)
+            if lent and self._lend is not None:
+                self._lend([data], offset)
+            else:
+                self.blob.write_at(data, offset)
         elif n:
             if not run:
                 self._start = offset
             run.append(data)
             self._end = offset + n
+            if not lent and type(data) is not bytes:
+                self._lendable = False
 
     def flush(self) -> None:
         """Write the pending run."""
         if self._run:
             run, self._run = self._run, []
-            self.blob.write_pieces(run, self._start)
+            lendable, self._lendable = self._lendable, True
+            if lendable and self._lend is not None:
+                self._lend(run, self._start)
+            else:
+                self.blob.write_pieces(run, self._start)
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

@@ -298,7 +298,8 @@ def _write_data(blob: WritableBlob, plans: list[_Plan], offsets: list[int | None
             pending, crc = checksums(view, block_bytes), 0
         if n:
             assert offset is not None  # every tensor with data has a place
-            runs.write(view, offset)  # keeps its array alive until the run is written
+            # the caller's own array (not a copy, not encoded strings) is lent to the blob
+            runs.write(view, offset, data is plan.source and plan.lengths is None)
             extents.append((offset, n))
         if pending is not None:
             crc, packed = pending()

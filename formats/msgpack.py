@@ -153,6 +153,7 @@ class MsgpackFormat(WritableFormat):
             if not isinstance(source, np.ndarray):
                 runs.flush()  # earlier tensors are written before a lazy source is read
             arr = _io.c_contiguous(materialize(source))
+            lent = arr is source  # the caller's own array (not a copy, not a lazy source's): lent to the blob
             if dtypes.is_string(arr.dtype):
                 view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
                 extents = [[pos, len(view)]]
@@ -176,7 +177,7 @@ class MsgpackFormat(WritableFormat):
                     pos += len(header)
                     extents.append([pos, len(piece)])
                     objects += 1
-                    runs.write(piece, pos)
+                    runs.write(piece, pos, lent)
                     pos += len(piece)
                 checksum, packed = crc()
                 if packed is not None:

@@ -140,7 +140,7 @@ class SafetensorsFormat(WritableFormat):
                                  f"{dtype} {shape}")
             view = _io.byte_view(arr)
             checksum = _io.checksum_async(view)  # overlaps with the write below
-            runs.write(view, pos)
+            runs.write(view, pos, arr is source)  # the caller's own array is lent to the blob
             pos += len(view)
             crcs[key] = checksum()
         runs.flush()

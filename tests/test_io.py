@@ -101,3 +101,39 @@ def assert_write_order(writes, path):
         assert offset >= end, (offset, end, writes)
         end = offset + n
     assert end == pathlib.Path(path).stat().st_size
+
+
+class _Lending(_io.LocalSink):
+    """A LocalSink that also takes lent pieces (as an S3 upload sent as one PUT does) and records them."""
+
+    lent: ClassVar[list[object]] = []
+
+    def lend_pieces(self, pieces, offset):
+        _Lending.lent.extend(pieces)
+        super().write_pieces(pieces, offset)
+
+
+@pytest.mark.parametrize("ext", [".h5", ".msgpack", ".safetensors"])
+def test_writers_lend_only_the_callers_own_arrays(tmp_path, monkeypatch, ext):
+    # a blob may keep a lent buffer until it is finished: only arrays the caller handed in qualify
+    rng = np.random.default_rng(2)
+    tensors = {f"small/{i}": rng.standard_normal(17).astype(np.float32) for i in range(50)}
+    tensors.update(big=rng.standard_normal(_io.BIG // 4 + 3).astype(np.float32),
+                   strided=rng.standard_normal((600, 2000)).astype(np.float32).T)  # not C-contiguous: copied
+    plain = str(tmp_path / f"plain{ext}")
+    ckpt.save_file(tensors, plain)
+    monkeypatch.setattr(_io, "LocalSink", _Lending)
+    _Lending.lent = []
+    path = str(tmp_path / f"m{ext}")
+    ckpt.save_file(tensors, path)
+    assert pathlib.Path(path).read_bytes() == pathlib.Path(plain).read_bytes()
+    views = [np.frombuffer(p, np.uint8) for p in _Lending.lent if not isinstance(p, bytes)]
+    owners = [next((k for k, v in tensors.items() if np.shares_memory(view, v)), None) for view in views]
+    assert None not in owners  # every lent buffer (but immutable bytes) is a caller's array
+    assert "big" in owners and "strided" not in owners and len(set(owners)) > 10
+    source = str(tmp_path / "source.h5")
+    ckpt.save_file(tensors, source)
+    _Lending.lent = []
+    ckpt.convert(source, path, overwrite=True)  # lazy sources: read into ckpt's own buffers, never lent
+    assert all(isinstance(p, bytes) for p in _Lending.lent)
+    assert pathlib.Path(path).read_bytes() == pathlib.Path(plain).read_bytes()

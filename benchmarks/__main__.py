@@ -20,5 +20,12 @@ parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sha
 parser.add_argument("--cli-gib", type=float, default=1.0, help="case cli: size of the 8-tensor checkpoint")
 parser.add_argument("--s3-model-mib", type=int, default=256, help="case s3: model saved and restored")
 parser.add_argument("--s3-big-mib", type=int, default=1024, help="case s3: checkpoint of the one-tensor read")
+parser.add_argument("--async-interval", type=float, default=10.0,
+                    help="case async: seconds of simulated training between two saves")
+parser.add_argument("--async-rounds", type=int, default=3,
+                    help="case async: rounds of training segments (each configuration once per round)")
+parser.add_argument("--async-modes", default="copy only,async,blocking",
+                    help="case async: comma-separated save configurations of the training table: copy only, "
+                         "async, blocking, 'async nice N' (the writer thread N nice steps lower)")
 parser.add_argument("--systems", default="", help="comma-separated name fragments to keep (default: all)")
 main(parser.parse_args())

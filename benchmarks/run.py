@@ -282,7 +282,8 @@ def main(args: Any) -> None:
             if "async" in cases:
                 from .async_save import report
 
-                report(label, variables, big_count, big_bytes, directory, args.reps)
+                report(label, variables, big_count, big_bytes, directory, args.reps, args.async_interval,
+                       args.async_rounds, tuple(m.strip() for m in args.async_modes.split(",")))
             if "hdf5child" in cases and label == "disk":
                 from .foreign_hdf5 import report as report_hdf5
 

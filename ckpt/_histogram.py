@@ -18,7 +18,7 @@ values per key cost a third of it).
 Example:
     >>> import numpy as np
     >>> h = Histogram(exponent_floor(np.dtype(np.float32)))
-    >>> h.add(*bin_values(np.array([0.1, 0.7, 1.0], np.float32), 0.1, 1.0, h.floor, Scratch()))
+    >>> h.add(bin_values(np.array([0.1, 0.7, 1.0], np.float32), 0.1, 1.0, h.floor, Scratch()))
     >>> h.edges[:2], h.edges[-1], h.counts
     ((0.0625, 0.125), 1.0625, (1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1))
 """
@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -109,25 +109,41 @@ class Scratch:
         return out[:n]
 
 
-def _count(index: np.ndarray, scratch: Scratch) -> np.ndarray:
-    """How many of ``index`` (uint8 values below 16) equal 0, 1, ... 15."""
+def _keys(index: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """How many times each key ``a | b << 4 | c << 8`` occurs, ``a``, ``b``, ``c`` the bin nibbles of
+    the first, second and third third of ``index`` (uint8 values below 16): a 4096-count array."""
     third = index.size // 3
     keys, high = scratch.keys[0, :third], scratch.keys[1, :third]
-    np.left_shift(index[third:2 * third], 4, out=keys, dtype=np.uint16)  # key = a | b << 4 | c << 8
+    np.left_shift(index[third:2 * third], 4, out=keys, dtype=np.uint16)
     np.bitwise_or(keys, index[:third], out=keys, dtype=np.uint16)
     np.left_shift(index[2 * third:3 * third], 8, out=high, dtype=np.uint16)
     np.bitwise_or(keys, high, out=keys)
-    cube = np.bincount(keys, minlength=BINS ** 3).reshape(BINS, BINS, BINS)
-    counts: np.ndarray = cube.sum(axis=(0, 1)) + cube.sum(axis=(0, 2)) + cube.sum(axis=(1, 2))
-    if index.size > 3 * third:
-        counts += np.bincount(index[3 * third:], minlength=BINS)
-    return counts
+    return np.bincount(keys, minlength=BINS ** 3)
+
+
+def _nibbles(keys: np.ndarray) -> np.ndarray:
+    """Counts per bin nibble from a 4096-count array of ``_keys`` (each key holds three values)."""
+    rows = keys.reshape(BINS, BINS * BINS)
+    low = np.add.reduce(rows, axis=0).reshape(BINS, BINS)  # [b, a]
+    out: np.ndarray = np.add.reduce(rows, axis=1) + np.add.reduce(low, axis=0) + np.add.reduce(low, axis=1)
+    return out
+
+
+_LIMITS: dict[np.dtype, tuple[int, int]] = {}
+
+
+def _limits(dtype: np.dtype) -> tuple[int, int]:
+    """(largest exponent of a finite power of two, exponent of the smallest subnormal) of a float dtype."""
+    found = _LIMITS.get(dtype)
+    if found is None:
+        info = np.finfo(dtype)
+        found = _LIMITS[dtype] = (int(info.maxexp) - 1, int(info.minexp) - int(info.nmant))
+    return found
 
 
 def _scale(x: np.ndarray, k: int, out: np.ndarray) -> None:
     """``out = x * 2**-k``, exact (two factors where 2**-k itself is no ``x.dtype`` number)."""
-    info = np.finfo(x.dtype)
-    if -k <= info.maxexp - 1:
+    if -k <= _limits(x.dtype)[0]:
         np.multiply(x, x.dtype.type(math.ldexp(1.0, -k)), out=out)
     else:
         half = -k // 2
@@ -135,47 +151,62 @@ def _scale(x: np.ndarray, k: int, out: np.ndarray) -> None:
         np.multiply(out, x.dtype.type(math.ldexp(1.0, -k - half)), out=out)
 
 
-def bin_values(x: np.ndarray, lo: float | int, hi: float | int, floor: int,
-               scratch: Scratch) -> tuple[int, int, np.ndarray, float | int, float | int]:
-    """Bin finite values ``x`` (min ``lo``, max ``hi``) on the grid of their own range:
-    ``(k, j0, counts, lo, hi)``, ``counts[i]`` holding the values in bin ``j0 + i``."""
+class Bins(NamedTuple):
+    """A piece's histogram on the grid of width 2**k, by bin nibble (bin number j modulo 16): ``keys``
+    (a ``_keys`` array, or None) plus ``extra`` (16 counts). Its values, in [lo, hi], span at most 16
+    bins, so a nibble names one bin."""
+
+    k: int
+    lo: float | int
+    hi: float | int
+    keys: np.ndarray | None
+    extra: np.ndarray
+
+
+def bin_values(x: np.ndarray, lo: float | int, hi: float | int, floor: int, scratch: Scratch,
+               hint: int | None = None) -> Bins:
+    """Bin finite values ``x`` (min ``lo``, max ``hi``) on the grid of their own range, or on the
+    coarser grid 2**``hint`` (pieces binned on one grid add up without regridding)."""
     k = grid_exponent(lo, hi, floor)
-    j0 = floor_bin(lo, k)
+    k = k if hint is None else max(k, hint)
+    extra = np.zeros(BINS, np.int64)
     if lo == hi:  # one value: one bin
-        counts = np.zeros(BINS, np.int64)
-        counts[0] = x.size
-        return k, j0, counts, lo, hi
+        extra[floor_bin(lo, k) & (BINS - 1)] = x.size
+        return Bins(k, lo, hi, None, extra)
     scratch.fit(x.size)
     index = scratch.index[:x.size]
+    lost = 0
     if x.dtype.kind in "biu":
         if k:
             shifted = scratch.buffer(x.dtype, x.size)
             np.right_shift(x, k, out=shifted)  # floor(x / 2**k): numpy's shift is arithmetic
             x = shifted
-        np.copyto(index, x, casting="unsafe")  # bin numbers modulo 256 ...
-        np.subtract(index, np.uint8(j0 & 0xFF), out=index)  # ... minus j0 modulo 256: 0..15 exactly
-        return k, j0, _count(index, scratch), lo, hi
-    y = scratch.buffer(x.dtype, x.size)
-    _scale(x, k, y)
-    np.floor(y, out=y)
-    lost = 0
-    tiny = math.ldexp(1.0, k + np.finfo(x.dtype).minexp - np.finfo(x.dtype).nmant)  # |x| below it may underflow
-    if k >= 1 and lo < 0 and hi > -tiny:  # tiny negative values may have become -0.0 (bin 0): they are in bin -1
-        if hi < 0:
-            np.minimum(y, -1, out=y)  # every value is in bin -1 or below
-        else:
-            lost = int(np.count_nonzero((y == 0) & (x < 0)))
-    if -128 <= j0 and j0 + BINS - 1 <= 127:
-        np.copyto(index.view(np.int8), y, casting="unsafe")
-        np.subtract(index, np.uint8(j0 & 0xFF), out=index)
-    else:  # bin numbers and j0 within a factor of 2 (|j0| > 111): the float subtraction is exact
-        np.subtract(y, y.dtype.type(j0), out=y)
-        np.copyto(index, y, casting="unsafe")
-    counts = _count(index, scratch)
-    if lost:
-        counts[-j0] -= lost
-        counts[-1 - j0] += lost
-    return k, j0, counts, lo, hi
+        np.copyto(index, x, casting="unsafe")  # bin numbers modulo 256
+    else:
+        y = scratch.buffer(x.dtype, x.size)
+        _scale(x, k, y)
+        np.floor(y, out=y)
+        tiny = math.ldexp(1.0, k + _limits(x.dtype)[1])  # a value of |x| below it may underflow to -0.0
+        if k >= 1 and lo < 0 and hi > -tiny:  # tiny negative values may be in bin 0 instead of -1
+            if hi < 0:
+                np.minimum(y, -1, out=y)  # every value is in bin -1 or below
+            else:
+                lost = int(np.count_nonzero((y == 0) & (x < 0)))
+        j0 = floor_bin(lo, k)
+        if -128 <= j0 and j0 + BINS - 1 <= 127:
+            np.copyto(index.view(np.int8), y, casting="unsafe")  # bin numbers modulo 256
+        else:  # minus a multiple of 16 within 31 of them: exact (both large, within a factor of 2)
+            np.subtract(y, y.dtype.type(j0 - (j0 & (BINS - 1))), out=y)
+            np.copyto(index, y, casting="unsafe")
+    np.bitwise_and(index, BINS - 1, out=index)  # the bin nibble
+    keys = _keys(index, scratch)
+    rest = index[3 * (index.size // 3):]
+    if rest.size:
+        extra += np.bincount(rest, minlength=BINS)
+    if lost:  # bin 0 -> bin -1
+        extra[0] -= lost
+        extra[BINS - 1] += lost
+    return Bins(k, lo, hi, keys, extra)
 
 
 class Histogram:
@@ -184,29 +215,47 @@ class Histogram:
     def __init__(self, floor: int) -> None:
         self.floor = floor
         self.k: int | None = None
-        self.j0 = 0
         self.lo: Any = None
         self.hi: Any = None
-        self._counts = np.zeros(BINS, np.int64)
+        self._keys: np.ndarray | None = None
+        self._extra = np.zeros(BINS, np.int64)
 
-    def add(self, k: int, j0: int, counts: np.ndarray, lo: float | int, hi: float | int) -> None:
-        """Merge a piece's counts (bins ``j0 ...`` of width 2**k; values in [lo, hi])."""
+    def add(self, bins: Bins) -> None:
+        """Merge a piece's counts."""
         if self.k is None:
-            self.k, self.j0, self.lo, self.hi = k, j0, lo, hi
-            self._counts = counts.astype(np.int64, copy=True)
+            self.k, self.lo, self.hi = bins.k, bins.lo, bins.hi
+            self._keys = None if bins.keys is None else bins.keys.copy()
+            self._extra = bins.extra.copy()
             return
-        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        wide = grid_exponent(self.lo, self.hi, self.floor)  # >= both k: the grid of a wider range is coarser
-        start = floor_bin(self.lo, wide)
-        merged = np.zeros(BINS, np.int64)
-        for old_k, old_j0, old in ((self.k, self.j0, self._counts), (k, j0, counts)):
-            for i in np.flatnonzero(old):
-                merged[((old_j0 + int(i)) >> (wide - old_k)) - start] += old[i]
-        self.k, self.j0, self._counts = wide, start, merged
+        lo, hi = min(self.lo, bins.lo), max(self.hi, bins.hi)
+        wide = grid_exponent(lo, hi, self.floor)  # >= both k: the grid of a wider range is coarser
+        if wide == self.k == bins.k:  # one grid, still at most 16 bins: nibbles add up
+            if bins.keys is not None:
+                self._keys = bins.keys.copy() if self._keys is None else np.add(self._keys, bins.keys,
+                                                                                out=self._keys)
+            self._extra += bins.extra
+            self.lo, self.hi = lo, hi
+            return
+        merged = np.zeros(BINS, np.int64)  # by nibble on the wide grid (j >> d: the bin twice, ... as wide)
+        for k, pairs in ((self.k, self._bins()), (bins.k, _bins_of(bins.k, bins.lo, bins.keys, bins.extra))):
+            for j, count in pairs:
+                merged[(j >> (wide - k)) & (BINS - 1)] += count
+        self.k, self.lo, self.hi = wide, lo, hi
+        self._keys, self._extra = None, merged
+
+    def _bins(self) -> list[tuple[int, int]]:
+        assert self.k is not None
+        return _bins_of(self.k, self.lo, self._keys, self._extra)
 
     @property
     def counts(self) -> tuple[int, ...]:
-        return () if self.k is None else tuple(int(c) for c in self._counts)
+        if self.k is None:
+            return ()
+        start = floor_bin(self.lo, self.k)
+        counts = [0] * BINS
+        for j, count in self._bins():
+            counts[j - start] += count
+        return tuple(counts)
 
     @property
     def edges(self) -> tuple[float | int, ...]:
@@ -214,9 +263,17 @@ class Histogram:
         float64's range, infinite)."""
         if self.k is None:
             return ()
+        j0 = floor_bin(self.lo, self.k)
         if isinstance(self.lo, int):
-            return tuple((self.j0 + i) << self.k for i in range(BINS + 1))
-        return tuple(edge(self.j0 + i, self.k) for i in range(BINS + 1))
+            return tuple((j0 + i) << self.k for i in range(BINS + 1))
+        return tuple(edge(j0 + i, self.k) for i in range(BINS + 1))
+
+
+def _bins_of(k: int, lo: float | int, keys: np.ndarray | None, extra: np.ndarray) -> list[tuple[int, int]]:
+    """(bin number, count) of the non-empty bins of nibble counts whose values start at ``lo``."""
+    nibbles = extra if keys is None else extra + _nibbles(keys)
+    j0 = floor_bin(lo, k)
+    return [(j0 + (int(n) - j0) % BINS, int(nibbles[n])) for n in np.flatnonzero(nibbles)]
 
 
 def edge(j: int, k: int) -> float:

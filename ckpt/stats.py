@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes
-from ._histogram import BINS, Histogram, Scratch, bin_values, exponent_floor
+from ._histogram import BINS, Bins, Histogram, Scratch, bin_values, exponent_floor
 from ._chunks import OneThread
 from ._json import jsonable
 from ._sources import Checkpoint, Keys, opened, select_keys
@@ -48,7 +48,8 @@ __all__ = ["TensorStats", "array_stats", "tensor_stats", "HISTOGRAM_BINS"]
 
 HISTOGRAM_BINS = BINS
 #: Elements handled per vectorized step (a piece of a chunk: its copies stay in cache).
-PIECE = 1 << 17
+PIECE = 1 << 18
+DOT = 8192  # elements of one BLAS dot product (OpenBLAS threads only longer ones)
 T = TypeVar("T")
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -149,19 +150,18 @@ def _domain(dtype: np.dtype) -> np.dtype:
 
 
 class _Scratch:
-    """One worker's reused buffers for a piece: its float64 copy (next to a row of ones, so one
-    matrix-vector product gives the sum and the sum of squares), a domain copy, a mask and the
+    """One worker's reused buffers for a piece: its float64 copy, a domain copy, a mask and the
     histogram's buffers."""
 
     def __init__(self) -> None:
-        self.rows = np.ones((2, PIECE), dtype=np.float64)
+        self.row = np.empty(PIECE, dtype=np.float64)
         self.mask = np.empty(PIECE, dtype=bool)
         self.values: dict[np.dtype, np.ndarray] = {}
         self.bins = Scratch()
 
     def fit(self) -> None:
-        if self.rows.shape[1] != PIECE:  # PIECE was changed (tests): follow it
-            self.rows, self.mask = np.ones((2, PIECE), dtype=np.float64), np.empty(PIECE, dtype=bool)
+        if self.row.size != PIECE:  # PIECE was changed (tests): follow it
+            self.row, self.mask = np.empty(PIECE, dtype=np.float64), np.empty(PIECE, dtype=bool)
             self.values.clear()
 
     def domain_copy(self, raw: np.ndarray, domain: np.dtype) -> np.ndarray:
@@ -186,13 +186,17 @@ class _Scratch:
     def moments(self, x: np.ndarray, shift: float) -> tuple[float, float]:
         """Sum and sum of squares of ``x - shift``, in float64."""
         n = x.size
-        row = self.rows[1, :n]
+        row = self.row[:n]
         if shift:
             np.subtract(x, np.float64(shift), out=row, casting="unsafe")
         else:
             np.copyto(row, x, casting="unsafe")
-        s1, s2 = np.dot(self.rows[:, :n], row)
-        return float(s1), float(s2)
+        # the squares by dot products of DOT elements: BLAS runs those on this thread (a longer one may
+        # wake its own threads, which then spin on the core the other half of the work needs)
+        whole = n - n % DOT
+        rows = row[:whole].reshape(-1, DOT)
+        s2 = float(np.add.reduce(np.vecdot(rows, rows))) + float(np.dot(row[whole:], row[whole:]))
+        return float(np.add.reduce(row)), s2
 
 
 class _Piece:
@@ -205,12 +209,13 @@ class _Piece:
         self.lo: Any = None
         self.hi: Any = None
         self.shift = self.offset = self.m2 = 0.0  # the mean is shift + offset (apart: no digits lost)
-        self.bins: tuple[Any, ...] | None = None  # the histogram of the piece's finite values (bin_values)
+        self.bins: Bins | None = None  # the histogram of the piece's finite values
 
 
-def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: float, floor: int) -> _Piece:
-    """A piece's count, range, zeros, NaN count, histogram (bins of 2**k, k >= ``floor``), mean and
-    sum of squared deviations."""
+def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: float, floor: int,
+                hint: int | None = None) -> _Piece:
+    """A piece's count, range, zeros, NaN count, histogram (bins of 2**k, k >= ``floor`` and >= ``hint``),
+    mean and sum of squared deviations."""
     p = _Piece()
     exact = raw.dtype.kind in "biu"  # integer min/max are reported exactly, not through float64
     if raw.dtype.kind == "c":
@@ -234,7 +239,7 @@ def _first_pass(raw: np.ndarray, scratch: _Scratch, domain: np.dtype, shift: flo
             return p
         p.lo, p.hi = float(x.min()), float(x.max())
     p.n = x.size
-    p.bins = bin_values(x, p.lo, p.hi, floor, scratch.bins)
+    p.bins = bin_values(x, p.lo, p.hi, floor, scratch.bins, hint)
     s1, s2 = scratch.moments(x, shift)
     m2 = s2 - s1 * s1 / p.n
     if math.isfinite(s1) and math.isfinite(m2) and not s1 * s1 <= 16 * p.n * m2:
@@ -291,8 +296,9 @@ class _Accumulator:
         floor = self.histogram.floor
 
         def work(raw: np.ndarray, shift: float) -> _Piece:
+            hint = self.histogram.k  # the grid so far (fixed while a chunk is binned): pieces on it add up
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std
-                return _first_pass(raw, _scratch(), self.domain, shift, floor)
+                return _first_pass(raw, _scratch(), self.domain, shift, floor, hint)
 
         if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
             first = work(chunk[:PIECE], 0.0)
@@ -309,7 +315,7 @@ class _Accumulator:
         self.nan += p.nan
         if not p.n or p.bins is None:
             return
-        self.histogram.add(*p.bins)
+        self.histogram.add(p.bins)
         self.lo = p.lo if self.lo is None else min(self.lo, p.lo)
         self.hi = p.hi if self.hi is None else max(self.hi, p.hi)
         total = self.n + p.n  # Chan et al.'s merge of two means and sums of squared deviations

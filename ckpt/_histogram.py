@@ -6,14 +6,16 @@ of the values (integers: bins of width 1 at least; floats: ``2**k`` at least the
 subnormal and at least ``max|value| * 2**-48``, so every edge is an exact float64). The first bin
 is the one holding min.
 
-Built in one streaming pass: each piece of a tensor is binned on the grid of its own range, and
-grids merge exactly into the grid of a wider range, because a bin index on a grid twice as coarse
-is ``floor(floor(x / w) / 2) = floor(x / 2w)`` (``j >> 1``). A float piece's bin indices are
-``floor(x * 2**-k)``: multiplying by a power of two and rounding down are exact in floating point,
-except that a tiny negative value can underflow to -0.0 (corrected: it belongs to bin -1).
-Integers bin by an arithmetic shift. The 16 counts of a piece come from one ``bincount`` of 12-bit
-keys packing three bin indices each (numpy's counting loop costs about 1 ns per key, so three
-values per key cost a third of it).
+Built in one streaming pass: each piece of a tensor is binned on the grid of the range seen so
+far (or of its own range, where it reaches beyond), and grids merge exactly into the grid of a
+wider range, because a bin number on a grid twice as coarse is ``floor(floor(x / w) / 2) =
+floor(x / 2w)`` (``j >> 1``). A float piece's bin numbers are ``floor(x * 2**-k)``: multiplying
+by a power of two and rounding down are exact in floating point, except that a tiny negative
+value can underflow to -0.0 (corrected: it belongs to bin -1); integers bin by an arithmetic
+shift. A piece's values span at most 16 bins, so a bin number modulo 16 (its nibble) names its
+bin: three nibbles make a 12-bit key and one ``bincount`` of 4096 bins counts the piece (numpy's
+counting loop costs about 1 ns per key, so three values per key cost a third of it); pieces on
+one grid add their key counts, which are reduced to 16 counts once, at the end.
 
 Example:
     >>> import numpy as np

@@ -45,7 +45,7 @@ def test_chunks_stream_the_whole_tensor_in_order(big):
 
 def test_statistics_from_chunks_match_the_array(big, monkeypatch):
     path, x = big
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)  # three chunks, and a second pass for the histogram
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)  # three chunks, one pass (the histogram merges their grids)
     streamed = ckpt.tensor_stats(path, ["x"])["x"]
     expected = ckpt.array_stats(x)
     assert streamed.mean == pytest.approx(expected.mean, rel=1e-12) and streamed.std == pytest.approx(expected.std)

@@ -151,6 +151,19 @@ def test_the_held_body_reads_like_the_bytes_it_stands_for():
     assert _objstore._Held([], 5).read() == bytes(5) and _objstore._Held([], 0).crc32c() == crc32c(b"")
 
 
+def test_ckpt_sends_its_own_crc32c_only_where_botocore_would_compute_one_in_a_header():
+    from types import SimpleNamespace as NS
+
+    def client(endpoint, setting="when_supported"):
+        return NS(meta=NS(endpoint_url=endpoint, config=NS(request_checksum_calculation=setting)))
+
+    assert _objstore._sends_own_checksum(client("http://127.0.0.1:9000"))
+    assert not _objstore._sends_own_checksum(client("https://s3.amazonaws.com"))  # botocore: unsigned trailer
+    assert not _objstore._sends_own_checksum(client("http://127.0.0.1:9000", "when_required"))
+    assert not _objstore._sends_own_checksum(NS(meta=NS(endpoint_url="http://x", config=NS())))  # old botocore
+    assert not _objstore._sends_own_checksum(None)
+
+
 def test_a_write_going_back_past_the_head_is_refused(s3_bucket, mode):
     blob = _objstore.ObjectStore(s3_bucket).open_upload(f"{s3_bucket}/blob", create_only=True)
     blob.write_at(b"head", 0)

@@ -697,10 +697,21 @@ class _Held:
             got += len(parts[-1])
         return b"".join(parts)
 
-    async def __aiter__(self) -> AsyncIterator[memoryview]:
-        """The bytes from the position on, in views of at most CHUNK bytes (aiohttp's body)."""
+    async def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
+        """The bytes from the position on, in views of at most CHUNK bytes (aiohttp's body);
+        runs of small pieces (many small tensors) are joined, so each send is large."""
+        small: list[memoryview] = []
+        held = 0
         while self._pos < self._size:
-            yield self._next(CHUNK)
+            view = self._next(CHUNK)
+            if len(view) >= _SMALL_SEND and not small:
+                yield view
+                continue
+            small.append(view)
+            held += len(view)
+            if held >= _SMALL_SEND or self._pos >= self._size:
+                yield b"".join(small)
+                small, held = [], 0
 
     def pread(self, offset: int, n: int) -> bytes:
         """``n`` bytes at ``offset`` (the position is left where it was)."""
@@ -732,6 +743,11 @@ def _zeros_crc(value: int, n: int) -> int:
         value = crc32c(zeros[:min(n, len(zeros))], value)
         n -= min(n, len(zeros))
     return value
+
+
+#: Pieces of a one-PUT body smaller than this are joined before they are sent (one send each
+#: would cost a system call per small tensor).
+_SMALL_SEND = 256 << 10
 
 
 def _sends_own_checksum(client: Any) -> bool:

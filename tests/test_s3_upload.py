@@ -148,6 +148,15 @@ def test_the_held_body_reads_like_the_bytes_it_stands_for():
 
     for start in (0, 5, 705, 2999, 3000):
         assert b"".join(asyncio.run(sent(start))) == bytes(expected[start:])
+    pieces = [(i * 1000, memoryview(bytes([i % 251]) * 1000)) for i in range(700)]  # small tensors: sent joined
+    many = _objstore._Held(pieces + [(700_000, memoryview(bytes(300_000)))], 1_000_000)
+
+    async def collect():
+        return [bytes(v) async for v in many]
+
+    chunks = asyncio.run(collect())
+    assert b"".join(chunks) == b"".join(bytes(v) for _, v in pieces) + bytes(300_000)
+    assert [len(c) for c in chunks] == [263_000, 263_000, 474_000]  # 1000-byte pieces joined past 256 KiB
     assert _objstore._Held([], 5).read() == bytes(5) and _objstore._Held([], 0).crc32c() == crc32c(b"")
 
 

@@ -56,13 +56,64 @@ class _Counting:
         return chunks
 
 
-class S3Server:
-    """Start moto's ThreadedMotoServer on 127.0.0.1 (a free port) and point botocore at it."""
+def self_signed(directory: str) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, written as PEM files in ``directory`` (cryptography
+    comes with moto): (certificate path, key path). Clients trust it through AWS_CA_BUNDLE or
+    botocore's ``verify``."""
+    import datetime
 
-    def __init__(self) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def _tls_moto_server(cert: tuple[str, str]) -> Any:
+    """moto's ThreadedMotoServer serving https with ``cert`` (it has no TLS option of its own)."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class TlsMotoServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(self._ip_address, self._port, app, True,
+                                       request_handler=MotoRequestHandler, ssl_context=cert)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return TlsMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+
+
+class S3Server:
+    """Start moto's ThreadedMotoServer on 127.0.0.1 (a free port) and point botocore at it; with
+    ``cert`` (a certificate and key path, see ``self_signed``) it serves https, and the environment
+    sets nothing (a test passes the endpoint and CA through storage_options)."""
+
+    def __init__(self, cert: tuple[str, str] | None = None) -> None:
         from moto.server import ThreadedMotoServer
 
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._tls = cert is not None
+        self._server = (_tls_moto_server(cert) if cert is not None
+                        else ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False))
         self.traffic = Traffic()
         self._saved_env: dict[str, str | None] = {}
 
@@ -72,7 +123,9 @@ class S3Server:
         wsgi = self._server._server  # the werkzeug server: count what its app answers
         wsgi.app = _Counting(wsgi.app, self.traffic)
         host, port = self._server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
+        self.endpoint = f"{'https' if self._tls else 'http'}://{host}:{port}"
+        if self._tls:
+            return self.endpoint
         for name, value in {**ENV, "AWS_ENDPOINT_URL": self.endpoint}.items():
             self._saved_env[name] = os.environ.get(name)
             os.environ[name] = value

@@ -37,15 +37,16 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ckpt import boxes, dtypes
+from ckpt._localstore import LocalStore
 from ckpt.atomic import replace_atomically
 from ckpt._urls import is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
 from ._blocks import BLOCK_BYTES, read_part
-from .base import Format
-from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version, dtype_or_raise,
-                   format_for_path, offering, open_blob, key_problem, normalize_metadata, validate_keys)
+from .base import (BaseReader, Format, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
+                   dtype_or_raise, format_for_path, offering, open_blob, key_problem, normalize_metadata,
+                   validate_keys, write_into)
 from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
@@ -149,8 +150,6 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
         ...     r.read_slice("w", np.s_[1:3]).tolist(), len(r.files)
         ([[2.0, 3.0], [4.0, 5.0]], 2)
     """
-    from ckpt._localstore import LocalStore
-
     validate_keys((key for key, _, _ in specs), directory)
     metadata = normalize_metadata(metadata, directory)
     if format_for_path("x" + ext) is None or parts < 1:
@@ -167,8 +166,6 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
     directory, an object-store data prefix), each read back for its stored checksums; return
     the commit record naming them (the caller commits it: ``write_commit``, or an object
     store's create-only commit)."""
-    from .base import write_into
-
     fmt = format_for_path("x" + ext)
     if not isinstance(fmt, WritableFormat) or parts < 1:
         raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
@@ -219,7 +216,7 @@ def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
     path = os.path.join(directory, COMMIT)
     try:
         if is_url(directory):
-            from ckpt._remote import RemoteFile
+            from ckpt._remote import RemoteFile  # lazy: object-store code loads only for URLs
 
             with closing(open_blob(directory)) as blob:
                 assert isinstance(blob, RemoteFile)

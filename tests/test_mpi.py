@@ -5,6 +5,7 @@ Every run is bounded by a timeout; each rank reports in a JSON file the test rea
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -27,6 +28,27 @@ MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shuti
 BLOCK = sharded.BLOCK_BYTES
 
 
+SHM_SEGMENTS = "/dev/shm/mpich_shm_*"
+
+
+def _remove_leaked_segments(before: set[str]) -> None:
+    """Unlink the shared-memory segments mpich made since ``before`` that no live process maps: a
+    rank killed on purpose never unlinks its node's segment (3 MiB in /dev/shm, each, for good)."""
+    new = set(glob.glob(SHM_SEGMENTS)) - before
+    for maps in glob.glob("/proc/[0-9]*/maps") if new else ():
+        try:
+            with open(maps) as f:
+                text = f.read()
+        except OSError:  # the process ended meanwhile
+            continue
+        new = {path for path in new if path not in text}  # still mapped: another job's, in use
+    for path in new:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def mpirun(n: int, mode: str, out: str, *args: str, expect_ok: bool = True) -> list[dict]:
     """Run mpi_child.py on ``n`` processes; return each rank's report (None where it wrote none)."""
     assert MPIEXEC, "mpiexec not found (pip install mpich)"
@@ -34,8 +56,12 @@ def mpirun(n: int, mode: str, out: str, *args: str, expect_ok: bool = True) -> l
     for name in os.listdir(out):
         if name.startswith("result-"):  # (and a .tmp a killed rank left)
             os.unlink(os.path.join(out, name))
-    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, CHILD, mode, out, *args],
-                          capture_output=True, text=True, timeout=90)
+    segments = set(glob.glob(SHM_SEGMENTS))
+    try:
+        proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, CHILD, mode, out, *args],
+                              capture_output=True, text=True, timeout=90)
+    finally:
+        _remove_leaked_segments(segments)
     if expect_ok:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = []

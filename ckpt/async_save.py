@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .formats import _io
 from .staging import StagingArena
 
 __all__ = ["SaveFuture", "BackgroundSaves"]
@@ -140,8 +141,6 @@ class BackgroundSaves:
                write: Callable[[Sequence[tuple[str, Any]]], str]) -> SaveFuture:
         """Snapshot ``tensors``, start ``write(sources)`` in a thread, return once the live
         tensors are no longer needed. The caller has already waited for the previous save."""
-        from .formats import _io  # (the formats are loaded by now: the Saver picked one)
-
         with self._lock:
             sources, gate = self.arena.stage(tensors, self.staging_bytes)
             future = SaveFuture(path)

@@ -4,6 +4,7 @@ partial reads. The same code paths run under real MPI processes in test_mpi.py."
 from __future__ import annotations
 
 import os
+import re
 import pathlib
 import struct
 
@@ -602,3 +603,53 @@ def test_a_commit_record_opened_by_its_own_path_opens_its_checkpoint(tmp_path):
     with ckpt.load_checkpoint(os.path.join(path, sharded.COMMIT)) as reader:
         assert reader.format == "ckpt-sharded" and reader.path == path
         assert_bit_exact(global_tensors()["emb"], reader.get_tensor("emb"))
+
+
+def _replicas(rank: int, agree: bool = False) -> dict:
+    """A sharded "w" and replicated variables: "same" (NaNs) agrees everywhere; unless ``agree``,
+    "bias" differs on rank 1 and "names" (strings) on rank 2."""
+    odd = not agree
+    return {"w": ckpt.Variable(np.arange(2.0) + 2 * rank, name="w", shard=ckpt.Shard((6,), (2 * rank,))),
+            "same": ckpt.Variable(np.full(3, np.nan, np.float32), name="same"),
+            "bias": ckpt.Variable(np.arange(4.0) + (odd and rank == 1), name="bias"),
+            "names": ckpt.Variable(np.array([b"a", b"c" if odd and rank == 2 else b"b"], dtype=object),
+                                   name="names", dtype=object)}
+
+
+@pytest.mark.parametrize("blocking,staging", [(True, None), (False, None), (False, 0)],
+                         ids=["blocking", "async", "async-unstaged"])
+def test_replicated_variables_that_differ_between_ranks_are_refused_on_every_rank(tmp_path, blocking, staging):
+    """Without a Shard a variable is written by one rank for all: if the ranks hold different values
+    the save is refused on every rank before anything is written, naming the keys and the ranks;
+    the next save (values agreeing) works on every rank. Asynchronous saves compare them in the
+    background, unstaged (live) values included."""
+    def fn(comm: distributed.Communicator) -> list:
+        variables = _replicas(comm.rank)
+        saver = ckpt.Saver(variables, comm=comm, timeout=20, staging_bytes=staging)
+        out: list = []
+        for step in (1, 2):
+            try:
+                future = saver.save(str(tmp_path / "m.msgpack"), global_step=step, blocking=blocking)
+                out.append(future if blocking else future.result(timeout=30))
+            except Exception as exc:
+                out.append(exc)
+            if step == 1:
+                assert sorted(os.listdir(tmp_path)) == []  # every rank raised before anything was written
+                for key, var in _replicas(comm.rank, agree=True).items():
+                    variables[key].assign(var.numpy())
+        return out
+
+    results = run_ranks(3, fn)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    for first, second in results:
+        assert isinstance(first, ckpt.MismatchError), first
+        message = str(first)
+        assert "the ranks disagree; nothing was written" in message
+        assert re.search(r"bias: replicated \(no Shard\), but the ranks hold different values: crc32c "
+                         r"[0-9a-f]{8} on ranks 0, 2; [0-9a-f]{8} on rank 1", message), message
+        assert re.search(r"names: .* on ranks 0, 1; [0-9a-f]{8} on rank 2", message), message
+        assert "same:" not in message and "w:" not in message
+        assert second == str(tmp_path / "m-2.msgpack")
+    with ckpt.load_checkpoint(str(tmp_path)) as reader:
+        assert_bit_exact(np.arange(4.0), reader.get_tensor("bias"))
+        assert reader.get_tensor("names").tolist() == [b"a", b"b"]

@@ -48,6 +48,7 @@ from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteE
                       UninitializedVariableError)
 from ..formats.base import format_for_path, write_into  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
+from ..staging import peek
 from ..state import state_lock
 from . import plan as planning
 from .comm import CollectiveTimeoutError, Communicator, decode, encode
@@ -72,10 +73,12 @@ def _sharded() -> Any:
 def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, Any] | None,
                 ) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
     """This rank's plan message, and its (key, variable, value) items; ``values`` (key -> a
-    snapshot or None for an uninitialized variable) replaces reading the variables."""
+    snapshot or None for an uninitialized variable) replaces reading the variables. The plan
+    carries the digest of every replicated value: rank 0 refuses values that differ by rank."""
     from ..formats.msgpack import _dtype_name
 
     specs, items, error = [], [], None
+    digests: dict[str, int] = {}
     for key, var in saver._vars.items():
         try:
             if values is None:
@@ -91,7 +94,9 @@ def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, 
         specs.append((key, _dtype_name(var.dtype), shard.global_shape if shard else var.shape,
                       shard.offset if shard else None, var.shape))
         items.append((key, var, value))
-    return planning.local_plan(path, step, error, specs), items
+        if shard is None:
+            digests[key] = planning.digest(peek(value))  # a lazy (unstaged) value: its writer reads it later
+    return planning.local_plan(path, step, error, specs, digests), items
 
 
 def _raise(message: dict[str, Any]) -> None:

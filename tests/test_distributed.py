@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import pathlib
 import struct
 
@@ -653,3 +654,78 @@ def test_replicated_variables_that_differ_between_ranks_are_refused_on_every_ran
     with ckpt.load_checkpoint(str(tmp_path)) as reader:
         assert_bit_exact(np.arange(4.0), reader.get_tensor("bias"))
         assert reader.get_tensor("names").tolist() == [b"a", b"b"]
+
+
+class _Held:
+    """A rank's communicator that arrives at its ``hold``-th collective (0: the save's plan
+    allgather, 1: the verdict broadcast, 2: the reports allgather, 3: the outcome broadcast) only
+    once the ranks in ``wait_for`` have set their ``failed`` events, and gives up on the collectives
+    in ``short`` after a fraction of a second: a slow rank, simulated in order, without sleeps."""
+
+    def __init__(self, comm: distributed.ThreadCommunicator, failed: dict, hold: int | None = None,
+                 wait_for: tuple = (), short: tuple = ()) -> None:
+        self.inner, self.rank, self.size = comm, comm.rank, comm.size
+        self.failed, self.hold, self.wait_for, self.short, self.calls = failed, hold, wait_for, short, 0
+
+    def _next(self, timeout: float) -> float:
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.hold:
+            for rank in self.wait_for:
+                assert self.failed[rank].wait(30)
+        return 0.3 if call in self.short else timeout
+
+    def barrier(self, timeout: float) -> None:
+        self.inner.barrier(self._next(timeout))
+
+    def allgather(self, data: bytes, timeout: float) -> list:
+        return self.inner.allgather(data, self._next(timeout))
+
+    def broadcast(self, data: bytes | None, root: int, timeout: float) -> bytes:
+        return self.inner.broadcast(data, root, self._next(timeout))
+
+    def dup(self, timeout: float | None = None) -> _Held:  # an async save's collectives: on the duplicate
+        held = _Held(self.inner.dup(), self.failed, self.hold, self.wait_for, self.short)
+        self.hold = None
+        return held
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
+@pytest.mark.parametrize("slow", ["commit", "writer"])
+def test_a_rank_that_cannot_know_whether_the_save_committed_says_so(tmp_path, blocking, slow):
+    """"commit": rank 0's commit outlasts the others' timeout; "writer": rank 2 reports its file after
+    rank 1 gave up waiting for the reports, yet in time for rank 0, which commits. Rank 0 knows
+    the checkpoint is committed and returns its path; a rank that timed out after handing in its
+    report cannot know: it raises OutcomeUnknownError saying so (never "the previous checkpoint is
+    still the latest"), and the next collective restore settles it: every rank finds the same
+    latest checkpoint."""
+    failed = {r: threading.Event() for r in range(3)}
+    setups = {"commit": {0: dict(hold=3, wait_for=(1, 2), short=(3,)), 1: dict(short=(3,)), 2: dict(short=(3,))},
+              "writer": {0: dict(short=(3,)), 1: dict(short=(2,)), 2: dict(hold=2, wait_for=(1,), short=(3,))}}
+
+    def fn(comm: distributed.ThreadCommunicator) -> object:
+        v = ckpt.Variable(np.arange(2.0) + 2 * comm.rank, name="v", shard=ckpt.Shard((6,), (2 * comm.rank,)))
+        saver = ckpt.Saver([v], comm=_Held(comm, failed, **setups[slow][comm.rank]), timeout=20)
+        try:
+            if blocking:
+                return saver.save(str(tmp_path / "m.msgpack"), global_step=1)
+            return saver.save(str(tmp_path / "m.msgpack"), global_step=1, blocking=False).result(timeout=60)
+        except Exception as exc:
+            failed[comm.rank].set()
+            return exc
+
+    results = run_ranks(3, fn)
+    path = str(tmp_path / "m-1.msgpack")
+    assert results[0] == path, results[0]
+    assert ckpt.latest_checkpoint(str(tmp_path)) == path
+    for exc in results[1:]:
+        assert isinstance(exc, distributed.OutcomeUnknownError), exc
+        assert isinstance(exc, ckpt.CheckpointWriteError) and isinstance(exc, TimeoutError)
+        message = str(exc)
+        assert "may or may not be committed" in message and f"latest_checkpoint({str(tmp_path)!r})" in message
+        assert "still the latest" not in message
+
+    def restore(comm: distributed.Communicator) -> tuple:
+        v = ckpt.Variable(np.zeros(3), name="v", shard=ckpt.Shard((6,), (3 * comm.rank,)))
+        return ckpt.Saver([v], comm=comm, timeout=20).restore(str(tmp_path)).path, v.numpy().tolist()
+
+    assert run_ranks(2, restore) == [(path, [0.0, 1.0, 2.0]), (path, [3.0, 4.0, 5.0])]

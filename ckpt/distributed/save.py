@@ -51,7 +51,7 @@ from ..gcpause import gc_paused
 from ..staging import peek
 from ..state import state_lock
 from . import plan as planning
-from .comm import CollectiveTimeoutError, Communicator, decode, encode
+from .comm import CollectiveTimeoutError, Communicator, OutcomeUnknownError, decode, encode
 
 if TYPE_CHECKING:
     from .._remote import RemoteDirectory
@@ -172,7 +172,12 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         else:
             report = _write_mine(files, fmt, save_id, rank, size, items, writers, sharded,
                                  background=values is not None)
-        reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
+        try:
+            reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
+        except CollectiveTimeoutError as exc:  # rank 0 may have got every report, this one included
+            if rank != 0 and report["error"] is None:
+                raise _unknown(path, rank, size, exc) from exc
+            raise
         if rank == 0:
             try:
                 if data is None:
@@ -181,15 +186,30 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
                     outcome = _commit_remote(saver, path, data, build_record(lay, reports, step, metadata), reports)
             except Exception as exc:
                 outcome = {"kind": "write", "error": f"{path}: rank 0 could not commit: {type(exc).__name__}: {exc}"}
-            outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
+            try:
+                outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
+            except CollectiveTimeoutError:
+                pass  # the others gave up waiting (and say they cannot know); rank 0 knows its own outcome
         else:
-            outcome = decode(comm.broadcast(None, 0, timeout), path)
+            try:
+                outcome = decode(comm.broadcast(None, 0, timeout), path)
+            except CollectiveTimeoutError as exc:
+                raise _unknown(path, rank, size, exc) from exc
     finally:
         if lock_fd is not None:
             _unlock(path, save_id, lock_fd)
     _raise(outcome)
     saver._last_checkpoints, saver._saved = list(outcome["kept"]), True  # every rank sees what rank 0 kept
     return path
+
+
+def _unknown(path: str, rank: int, size: int, exc: CollectiveTimeoutError) -> OutcomeUnknownError:
+    """The error of a rank that timed out after handing in its file: rank 0 may be committing (a
+    slow file system, a large retention delete) or have committed; this rank cannot know which."""
+    return OutcomeUnknownError(
+        f"{path}: rank 0 did not report the outcome of the sharded save to rank {rank} of {size} in time ({exc}); "
+        "the checkpoint may or may not be committed (rank 0 commits once every rank has handed in its file, "
+        f"as this one did); latest_checkpoint({os.path.dirname(path)!r}) tells")
 
 
 def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:

@@ -729,3 +729,50 @@ def test_a_rank_that_cannot_know_whether_the_save_committed_says_so(tmp_path, bl
         return ckpt.Saver([v], comm=comm, timeout=20).restore(str(tmp_path)).path, v.numpy().tolist()
 
     assert run_ranks(2, restore) == [(path, [0.0, 1.0, 2.0]), (path, [3.0, 4.0, 5.0])]
+
+
+def test_a_collective_restore_racing_a_resave_of_its_step_never_mixes_versions(tmp_path):
+    """Rank 0 reads the checkpoint, then the same step is saved again (a new commit record, the old
+    files deleted), then rank 1 reads: the ranks must not restore different versions without a
+    word. Every rank restores the commit record rank 0 read: rank 1 finds that version's files gone
+    and every rank raises, saying the checkpoint was saved again (not that it is damaged); the next
+    restore gives every rank the new version."""
+    def save(comm: distributed.Communicator, base: float) -> str:
+        n = 6 // comm.size
+        v = ckpt.Variable(np.arange(n) + n * comm.rank + base, name="v", shard=ckpt.Shard((6,), (n * comm.rank,)))
+        return ckpt.Saver([v], comm=comm, timeout=20).save(str(tmp_path / "m.msgpack"), global_step=1)
+
+    path = run_ranks(2, lambda comm: save(comm, 0.0))[0]
+    rank0_read = threading.Event()
+
+    class Racing:
+        def __init__(self, comm: distributed.ThreadCommunicator) -> None:
+            self.inner, self.rank, self.size = comm, comm.rank, comm.size
+
+        def broadcast(self, data: bytes | None, root: int, timeout: float) -> bytes:
+            message = self.inner.broadcast(data, root, timeout)  # the checkpoint to restore, from rank 0
+            if self.rank == 1:
+                assert rank0_read.wait(30)
+                assert save(distributed.local(), 100.0) == path  # saved again under the same name
+            return message
+
+        def allgather(self, data: bytes, timeout: float) -> list:
+            if self.rank == 0:
+                rank0_read.set()  # rank 0 has restored its variables: it exchanges outcomes
+            return self.inner.allgather(data, timeout)
+
+    def restore(comm: distributed.Communicator, wrap: bool) -> object:
+        v = ckpt.Variable(np.zeros(3), name="v", shard=ckpt.Shard((6,), (3 * comm.rank,)))
+        try:
+            result = ckpt.Saver([v], comm=Racing(comm) if wrap else comm, timeout=20).restore(str(tmp_path))
+        except Exception as exc:
+            return exc
+        return result.path, v.numpy().tolist()
+
+    results = run_ranks(2, lambda comm: restore(comm, True))
+    for exc in results:
+        assert isinstance(exc, ckpt.CheckpointNotFoundError), results
+        assert "saved again" in str(exc) and "restore again" in str(exc)
+    assert "failed on rank(s) 1" in str(results[0])
+    assert run_ranks(2, lambda comm: restore(comm, False)) == [(path, [100.0, 101.0, 102.0]),
+                                                               (path, [103.0, 104.0, 105.0])]

@@ -31,8 +31,8 @@ class CollectiveTimeoutError(CheckpointError, TimeoutError):
 
 
 class OutcomeUnknownError(CheckpointWriteError, TimeoutError):
-    """A sharded save timed out on this rank after it had handed in its file, before rank 0 told
-    the outcome: the checkpoint may or may not be committed (``latest_checkpoint`` tells)."""
+    """A sharded save timed out on this rank after it reported its part written, before rank 0
+    told the outcome: the checkpoint may or may not be committed (``latest_checkpoint`` tells)."""
 
 
 @runtime_checkable

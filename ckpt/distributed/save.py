@@ -95,7 +95,7 @@ def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, 
                       shard.offset if shard else None, var.shape))
         items.append((key, var, value))
         if shard is None:
-            digests[key] = planning.digest(peek(value))  # a lazy (unstaged) value: its writer reads it later
+            digests[key] = planning.digest(peek(value))  # peek: an unstaged value's one read stays the writer's
     return planning.local_plan(path, step, error, specs, digests), items
 
 
@@ -204,12 +204,12 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
 
 
 def _unknown(path: str, rank: int, size: int, exc: CollectiveTimeoutError) -> OutcomeUnknownError:
-    """The error of a rank that timed out after handing in its file: rank 0 may be committing (a
-    slow file system, a large retention delete) or have committed; this rank cannot know which."""
+    """The error of a rank that timed out after reporting its part written: rank 0 may be committing
+    (a slow file system, a large retention delete) or have committed; this rank cannot know which."""
     return OutcomeUnknownError(
         f"{path}: rank 0 did not report the outcome of the sharded save to rank {rank} of {size} in time ({exc}); "
-        "the checkpoint may or may not be committed (rank 0 commits once every rank has handed in its file, "
-        f"as this one did); latest_checkpoint({os.path.dirname(path)!r}) tells")
+        "the checkpoint may or may not be committed (rank 0 commits once every rank has reported its part "
+        f"written, as this one did); latest_checkpoint({os.path.dirname(path)!r}) tells")
 
 
 def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:

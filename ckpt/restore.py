@@ -38,7 +38,7 @@ from .module import Module
 from .reader import open_checkpoint, read_box_into, read_in_batches
 from .variables import Variable, global_variables
 
-__all__ = ["RestoreResult", "restore_variables", "init_from_checkpoint"]
+__all__ = ["RestoreResult", "restore_variables", "restore_from", "init_from_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -205,10 +205,17 @@ def restore_variables(path: str | os.PathLike[str], variables: Mapping[str, Vari
     With ``strict=False`` missing keys are skipped and reported instead of raising; with
     ``allow_cast=True`` tensors whose dtype the assign rule converts (same_kind) are cast.
     """
+    return restore_from(lambda: open_checkpoint(path, storage_options), variables, strict, allow_cast)
+
+
+def restore_from(open_reader: Callable[[], Reader], variables: Mapping[str, Variable], strict: bool = True,
+                 allow_cast: bool = False) -> RestoreResult:
+    """``restore_variables`` from the reader ``open_reader()`` opens (a collective restore opens
+    the one commit record rank 0 read)."""
     # the collector waits from before the index is parsed until the index and the plan are freed:
     # otherwise its next pass walks their 10,000s of young objects (a tenth of a small-tensor restore)
     with gc_paused():
-        with open_checkpoint(path, storage_options) as reader:
+        with open_reader() as reader:
             pairs, missing, cast = _plan(reader, list(variables.items()), allow_missing=not strict,
                                          allow_cast=allow_cast)
             _read_into_variables(reader, pairs, staged=_read_cast(reader, pairs, cast))

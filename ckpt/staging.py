@@ -29,7 +29,7 @@ import numpy as np
 from .buffers import ALIGN_MIN_BYTES, PAGE, aligned_empty
 from .errors import CheckpointWriteError
 
-__all__ = ["StagingArena", "Gate", "slot_bytes"]
+__all__ = ["StagingArena", "Gate", "slot_bytes", "peek"]
 
 #: Small tensors are packed at cache-line offsets (enough alignment for every dtype).
 _SMALL_ALIGN = 64
@@ -126,6 +126,13 @@ class _Source:
         if (dtype is not None and np.dtype(dtype) != self.array.dtype) or copy:
             return np.array(self.array, dtype=dtype, copy=True)
         return self.array
+
+
+def peek(source: Any) -> np.ndarray:
+    """The array behind a source ``StagingArena.stage`` returned (or an array), without telling the
+    gate: a look before the writer starts (a sharded save's replicated-value check), while the gate
+    is still closed, so training cannot change a live tensor meanwhile."""
+    return source.array if isinstance(source, _Source) else np.asarray(source)
 
 
 class StagingArena:

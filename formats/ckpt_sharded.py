@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
            "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "write_shards",
-           "referenced_files",
+           "referenced_files", "read_commit",
            "BLOCK_BYTES"]
 
 #: The commit record's file name inside a sharded checkpoint directory.
@@ -235,6 +235,14 @@ def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
+def read_commit(directory: str) -> bytes:
+    """The bytes of a local sharded checkpoint's ``COMMIT``, as ``ShardedReader(directory, commit=)``
+    takes them (a collective restore: rank 0 reads them, every rank opens that version)."""
+    if is_url(directory):
+        raise ValueError(f"{directory}: read_commit reads local checkpoints")
+    return _read_commit(directory)[0]
+
+
 def _read_record(directory: str) -> dict[str, Any]:
     return _parse_commit(_read_commit(directory)[0], os.path.join(directory, COMMIT))
 
@@ -394,16 +402,21 @@ def _open_shard(target: str, where: str | RemoteDirectory, size: int) -> Readabl
 class ShardedReader(BaseReader):
     """A sharded checkpoint seen as global tensors; each shard file is opened when first needed.
 
+    ``commit``: the bytes of its ``COMMIT`` read before (``read_commit``): the reader opens that
+    version, whatever the directory's record says now (the files of another version are not read).
+
     ``bytes_read`` counts the tensor bytes read from shard files so far.
     """
 
     format_name = "ckpt-sharded"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, commit: bytes | None = None) -> None:
         if not is_url(path) and os.path.basename(path) == COMMIT and os.path.isfile(path):
             path = os.path.dirname(path)  # the commit record itself, opened by its content
         self.path = path
-        raw, self._where = _read_commit(path)
+        if commit is not None and is_url(path):
+            raise ValueError(f"{path}: a commit record is given only for local checkpoints (read_commit)")
+        raw, self._where = (commit, path) if commit is not None else _read_commit(path)
         record = _parse_commit(raw, os.path.join(path, COMMIT))
         self._metadata = check_metadata(record.get("metadata", {}), os.path.join(path, COMMIT))
         step = record.get("step")

@@ -152,14 +152,19 @@ def async_world(comm: distributed.Communicator, directory: str) -> dict:
 
 
 def disagree(comm: distributed.Communicator, directory: str) -> dict:
-    """Rank 2 holds a float64 block of a float32 tensor: every rank raises before writing."""
+    """Rank 2 holds a float64 block of a float32 tensor, then (a second save) a replicated value
+    of its own: every rank raises before writing, both times."""
     v = ckpt.Variable(np.zeros(2, np.float64 if comm.rank == 2 else np.float32), name="w",
                       shard=ckpt.Shard((2 * comm.size,), (2 * comm.rank,)))
-    try:
-        ckpt.Saver([v], comm=comm, timeout=30).save(os.path.join(directory, "model.h5"))
-        return {"error": None}
-    except ckpt.CheckpointError as exc:
-        return {"error": str(exc), "type": type(exc).__name__}
+    bias = ckpt.Variable(np.arange(3.0) + (comm.rank == 2), name="bias")
+    out: dict = {}
+    for name, variables in (("dtypes", [v]), ("replicated", [bias])):
+        try:
+            ckpt.Saver(variables, comm=comm, timeout=30).save(os.path.join(directory, "model.h5"))
+            out[name] = {"error": None}
+        except ckpt.CheckpointError as exc:
+            out[name] = {"error": str(exc), "type": type(exc).__name__}
+    return out
 
 
 def blocking_failure(comm: distributed.Communicator, directory: str) -> dict:

@@ -4,6 +4,8 @@ partial reads. The same code paths run under real MPI processes in test_mpi.py."
 from __future__ import annotations
 
 import os
+import re
+import threading
 import pathlib
 import struct
 
@@ -602,3 +604,175 @@ def test_a_commit_record_opened_by_its_own_path_opens_its_checkpoint(tmp_path):
     with ckpt.load_checkpoint(os.path.join(path, sharded.COMMIT)) as reader:
         assert reader.format == "ckpt-sharded" and reader.path == path
         assert_bit_exact(global_tensors()["emb"], reader.get_tensor("emb"))
+
+
+def _replicas(rank: int, agree: bool = False) -> dict:
+    """A sharded "w" and replicated variables: "same" (NaNs) agrees everywhere; unless ``agree``,
+    "bias" differs on rank 1 and "names" (strings) on rank 2."""
+    odd = not agree
+    return {"w": ckpt.Variable(np.arange(2.0) + 2 * rank, name="w", shard=ckpt.Shard((6,), (2 * rank,))),
+            "same": ckpt.Variable(np.full(3, np.nan, np.float32), name="same"),
+            "bias": ckpt.Variable(np.arange(4.0) + (odd and rank == 1), name="bias"),
+            "names": ckpt.Variable(np.array([b"a", b"c" if odd and rank == 2 else b"b"], dtype=object),
+                                   name="names", dtype=object)}
+
+
+@pytest.mark.parametrize("blocking,staging", [(True, None), (False, None), (False, 0)],
+                         ids=["blocking", "async", "async-unstaged"])
+def test_replicated_variables_that_differ_between_ranks_are_refused_on_every_rank(tmp_path, blocking, staging):
+    """Without a Shard a variable is written by one rank for all: if the ranks hold different values
+    the save is refused on every rank before anything is written, naming the keys and the ranks;
+    the next save (values agreeing) works on every rank. Asynchronous saves compare them in the
+    background, unstaged (live) values included."""
+    def fn(comm: distributed.Communicator) -> list:
+        variables = _replicas(comm.rank)
+        saver = ckpt.Saver(variables, comm=comm, timeout=20, staging_bytes=staging)
+        out: list = []
+        for step in (1, 2):
+            try:
+                future = saver.save(str(tmp_path / "m.msgpack"), global_step=step, blocking=blocking)
+                out.append(future if blocking else future.result(timeout=30))
+            except Exception as exc:
+                out.append(exc)
+            if step == 1:
+                assert sorted(os.listdir(tmp_path)) == []  # every rank raised before anything was written
+                for key, var in _replicas(comm.rank, agree=True).items():
+                    variables[key].assign(var.numpy())
+        return out
+
+    results = run_ranks(3, fn)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    for first, second in results:
+        assert isinstance(first, ckpt.MismatchError), first
+        message = str(first)
+        assert "the ranks disagree; nothing was written" in message
+        assert re.search(r"bias: replicated \(no Shard\), but the ranks hold different values: crc32c "
+                         r"[0-9a-f]{8} on ranks 0, 2; [0-9a-f]{8} on rank 1", message), message
+        assert re.search(r"names: .* on ranks 0, 1; [0-9a-f]{8} on rank 2", message), message
+        assert "same:" not in message and "w:" not in message
+        assert second == str(tmp_path / "m-2.msgpack")
+    with ckpt.load_checkpoint(str(tmp_path)) as reader:
+        assert_bit_exact(np.arange(4.0), reader.get_tensor("bias"))
+        assert reader.get_tensor("names").tolist() == [b"a", b"b"]
+
+
+class _Held:
+    """A rank's communicator that arrives at its ``hold``-th collective (0: the save's plan
+    allgather, 1: the verdict broadcast, 2: the reports allgather, 3: the outcome broadcast) only
+    once the ranks in ``wait_for`` have set their ``failed`` events, and gives up on the collectives
+    in ``short`` after a fraction of a second: a slow rank, simulated in order, without sleeps."""
+
+    def __init__(self, comm: distributed.ThreadCommunicator, failed: dict, hold: int | None = None,
+                 wait_for: tuple = (), short: tuple = ()) -> None:
+        self.inner, self.rank, self.size = comm, comm.rank, comm.size
+        self.failed, self.hold, self.wait_for, self.short, self.calls = failed, hold, wait_for, short, 0
+
+    def _next(self, timeout: float) -> float:
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.hold:
+            for rank in self.wait_for:
+                assert self.failed[rank].wait(30)
+        return 0.3 if call in self.short else timeout
+
+    def barrier(self, timeout: float) -> None:
+        self.inner.barrier(self._next(timeout))
+
+    def allgather(self, data: bytes, timeout: float) -> list:
+        return self.inner.allgather(data, self._next(timeout))
+
+    def broadcast(self, data: bytes | None, root: int, timeout: float) -> bytes:
+        return self.inner.broadcast(data, root, self._next(timeout))
+
+    def dup(self, timeout: float | None = None) -> _Held:  # an async save's collectives: on the duplicate
+        held = _Held(self.inner.dup(), self.failed, self.hold, self.wait_for, self.short)
+        self.hold = None
+        return held
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
+@pytest.mark.parametrize("slow", ["commit", "writer"])
+def test_a_rank_that_cannot_know_whether_the_save_committed_says_so(tmp_path, blocking, slow):
+    """"commit": rank 0's commit outlasts the others' timeout; "writer": rank 2 reports its file after
+    rank 1 gave up waiting for the reports, yet in time for rank 0, which commits. Rank 0 knows
+    the checkpoint is committed and returns its path; a rank that timed out after handing in its
+    report cannot know: it raises OutcomeUnknownError saying so (never "the previous checkpoint is
+    still the latest"), and the next collective restore settles it: every rank finds the same
+    latest checkpoint."""
+    failed = {r: threading.Event() for r in range(3)}
+    setups = {"commit": {0: dict(hold=3, wait_for=(1, 2), short=(3,)), 1: dict(short=(3,)), 2: dict(short=(3,))},
+              "writer": {0: dict(short=(3,)), 1: dict(short=(2,)), 2: dict(hold=2, wait_for=(1,), short=(3,))}}
+
+    def fn(comm: distributed.ThreadCommunicator) -> object:
+        v = ckpt.Variable(np.arange(2.0) + 2 * comm.rank, name="v", shard=ckpt.Shard((6,), (2 * comm.rank,)))
+        saver = ckpt.Saver([v], comm=_Held(comm, failed, **setups[slow][comm.rank]), timeout=20)
+        try:
+            if blocking:
+                return saver.save(str(tmp_path / "m.msgpack"), global_step=1)
+            return saver.save(str(tmp_path / "m.msgpack"), global_step=1, blocking=False).result(timeout=60)
+        except Exception as exc:
+            failed[comm.rank].set()
+            return exc
+
+    results = run_ranks(3, fn)
+    path = str(tmp_path / "m-1.msgpack")
+    assert results[0] == path, results[0]
+    assert ckpt.latest_checkpoint(str(tmp_path)) == path
+    for exc in results[1:]:
+        assert isinstance(exc, distributed.OutcomeUnknownError), exc
+        assert isinstance(exc, ckpt.CheckpointWriteError) and isinstance(exc, TimeoutError)
+        message = str(exc)
+        assert "may or may not be committed" in message and f"latest_checkpoint({str(tmp_path)!r})" in message
+        assert "still the latest" not in message
+
+    def restore(comm: distributed.Communicator) -> tuple:
+        v = ckpt.Variable(np.zeros(3), name="v", shard=ckpt.Shard((6,), (3 * comm.rank,)))
+        return ckpt.Saver([v], comm=comm, timeout=20).restore(str(tmp_path)).path, v.numpy().tolist()
+
+    assert run_ranks(2, restore) == [(path, [0.0, 1.0, 2.0]), (path, [3.0, 4.0, 5.0])]
+
+
+def test_a_collective_restore_racing_a_resave_of_its_step_never_mixes_versions(tmp_path):
+    """Rank 0 reads the checkpoint, then the same step is saved again (a new commit record, the old
+    files deleted), then rank 1 reads: the ranks must not restore different versions without a
+    word. Every rank restores the commit record rank 0 read: rank 1 finds that version's files gone
+    and every rank raises, saying the checkpoint was saved again (not that it is damaged); the next
+    restore gives every rank the new version."""
+    def save(comm: distributed.Communicator, base: float) -> str:
+        n = 6 // comm.size
+        v = ckpt.Variable(np.arange(n) + n * comm.rank + base, name="v", shard=ckpt.Shard((6,), (n * comm.rank,)))
+        return ckpt.Saver([v], comm=comm, timeout=20).save(str(tmp_path / "m.msgpack"), global_step=1)
+
+    path = run_ranks(2, lambda comm: save(comm, 0.0))[0]
+    rank0_read = threading.Event()
+
+    class Racing:
+        def __init__(self, comm: distributed.ThreadCommunicator) -> None:
+            self.inner, self.rank, self.size = comm, comm.rank, comm.size
+
+        def broadcast(self, data: bytes | None, root: int, timeout: float) -> bytes:
+            message = self.inner.broadcast(data, root, timeout)  # the checkpoint to restore, from rank 0
+            if self.rank == 1:
+                assert rank0_read.wait(30)
+                assert save(distributed.local(), 100.0) == path  # saved again under the same name
+            return message
+
+        def allgather(self, data: bytes, timeout: float) -> list:
+            if self.rank == 0:
+                rank0_read.set()  # rank 0 has restored its variables: it exchanges outcomes
+            return self.inner.allgather(data, timeout)
+
+    def restore(comm: distributed.Communicator, wrap: bool) -> object:
+        v = ckpt.Variable(np.zeros(3), name="v", shard=ckpt.Shard((6,), (3 * comm.rank,)))
+        try:
+            result = ckpt.Saver([v], comm=Racing(comm) if wrap else comm, timeout=20).restore(str(tmp_path))
+        except Exception as exc:
+            return exc
+        return result.path, v.numpy().tolist()
+
+    results = run_ranks(2, lambda comm: restore(comm, True))
+    for exc in results:
+        assert isinstance(exc, ckpt.CheckpointNotFoundError), results
+        assert "saved again" in str(exc) and "restore again" in str(exc)
+    assert "failed on rank(s) 1" in str(results[0])
+    assert run_ranks(2, lambda comm: restore(comm, False)) == [(path, [100.0, 101.0, 102.0]),
+                                                               (path, [103.0, 104.0, 105.0])]

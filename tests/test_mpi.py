@@ -209,8 +209,11 @@ def test_asynchronous_save_on_a_duplicated_communicator(scenarios):
 def test_ranks_that_disagree_all_raise(scenarios):
     root, results = scenarios[0] / "disagree", [r["disagree"] for r in scenarios[1]]
     for report in results:
-        assert report["type"] == "MismatchError"
-        assert "float32 on ranks 0, 1; float64 on rank 2" in report["error"]
+        assert report["dtypes"]["type"] == "MismatchError"
+        assert "float32 on ranks 0, 1; float64 on rank 2" in report["dtypes"]["error"]
+        assert report["replicated"]["type"] == "MismatchError"
+        assert "bias: replicated (no Shard), but the ranks hold different values" in report["replicated"]["error"]
+        assert "on ranks 0, 1; " in report["replicated"]["error"]
     assert os.listdir(root) == []
 
 

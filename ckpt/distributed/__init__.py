@@ -22,11 +22,12 @@ from __future__ import annotations
 from .comm import CollectiveTimeoutError as CollectiveTimeoutError
 from .comm import Communicator as Communicator
 from .comm import LocalCommunicator as LocalCommunicator
+from .comm import OutcomeUnknownError as OutcomeUnknownError
 from .comm import local as local
 from .mpi import MPICommunicator as MPICommunicator
 from .mpi import mpi as mpi
 from .threads import ThreadCommunicator as ThreadCommunicator
 from .threads import threads as threads
 
-__all__ = ["Communicator", "CollectiveTimeoutError", "LocalCommunicator", "MPICommunicator",
+__all__ = ["Communicator", "CollectiveTimeoutError", "LocalCommunicator", "MPICommunicator", "OutcomeUnknownError",
            "ThreadCommunicator", "local", "mpi", "threads"]

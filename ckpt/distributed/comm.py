@@ -20,13 +20,19 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointWriteError
 
-__all__ = ["Communicator", "LocalCommunicator", "CollectiveTimeoutError", "local", "encode", "decode", "duplicate"]
+__all__ = ["Communicator", "LocalCommunicator", "CollectiveTimeoutError", "OutcomeUnknownError", "local", "encode",
+           "decode", "duplicate"]
 
 
 class CollectiveTimeoutError(CheckpointError, TimeoutError):
     """A collective did not complete in time: another rank died, hangs, or never called it."""
+
+
+class OutcomeUnknownError(CheckpointWriteError, TimeoutError):
+    """A sharded save timed out on this rank after it reported its part written, before rank 0
+    told the outcome: the checkpoint may or may not be committed (``latest_checkpoint`` tells)."""
 
 
 @runtime_checkable

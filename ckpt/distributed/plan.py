@@ -6,7 +6,9 @@ string, and its blocks' offsets and shapes as int64 arrays in the same key order
 compares the static parts as bytes (one comparison per rank, whatever the number of keys),
 then checks the blocks of every key with array operations; only when something is wrong
 does it look key by key, to name the keys and ranks. Replicated tensors are written once,
-each by one rank, spread so every rank writes about as many bytes.
+each by one rank, spread so every rank writes about as many bytes: so every rank also sends
+the crc32c of each replicated tensor it holds (4 bytes a key, in the same message), and rank 0
+refuses a save whose ranks hold different values under one replicated key.
 
 Example:
     >>> from ckpt.distributed import plan
@@ -17,32 +19,52 @@ Example:
     >>> b = plan.local_plan("m", 1, None, [("w", "float32", (4,), (1,), (2,))])
     >>> print(plan.problems([a, b]))
     w: the blocks of rank 0 and rank 1 overlap (both hold element (1,))
+    >>> c = plan.local_plan("m", 1, None, [("b", "float32", (2,), None, (2,))], {"b": 7})
+    >>> d = plan.local_plan("m", 1, None, [("b", "float32", (2,), None, (2,))], {"b": 9})
+    >>> print(plan.problems([c, c, d]).splitlines()[0])
+    b: replicated (no Shard), but the ranks hold different values: crc32c 00000007 on ranks 0, 1; 00000009 on rank 2
 """
 
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .. import boxes, dtypes
+from ..formats import _io  # the crc32c every format uses
 from .comm import decode, encode
 
-__all__ = ["local_plan", "Layout", "problems", "layout", "replicated_writers"]
+__all__ = ["local_plan", "Layout", "problems", "layout", "replicated_writers", "digest"]
 
 _SHOWN = 5  # problems listed in one error before "... and more"
 
 
 def local_plan(path: str, step: int | None, error: str | None,
-               specs: Sequence[tuple[str, str, Sequence[int], Sequence[int] | None, Sequence[int]]]) -> dict[str, Any]:
-    """A rank's plan message from ``(key, dtype name, global shape, offset or None, block shape)``."""
+               specs: Sequence[tuple[str, str, Sequence[int], Sequence[int] | None, Sequence[int]]],
+               digests: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """A rank's plan message from ``(key, dtype name, global shape, offset or None, block shape)``
+    and the ``digest`` of each replicated (offset None) key's value (0 where not given)."""
     ordered = sorted(specs, key=lambda s: s[0])
     static = encode([[k, d, list(g), o is not None] for k, d, g, o, _ in ordered])
     offsets = [v for _, _, g, o, _ in ordered for v in (o if o is not None else [0] * len(g))]
     shapes = [v for _, _, _, _, s in ordered for v in s]
+    replicas = [(digests or {}).get(k, 0) for k, _, _, o, _ in ordered if o is None]
     return {"path": path, "step": step, "error": error, "static": static,
-            "offsets": np.asarray(offsets, "<i8").tobytes(), "shapes": np.asarray(shapes, "<i8").tobytes()}
+            "offsets": np.asarray(offsets, "<i8").tobytes(), "shapes": np.asarray(shapes, "<i8").tobytes(),
+            "digests": np.asarray(replicas, "<u4").tobytes()}
+
+
+def digest(value: np.ndarray) -> int:
+    """The crc32c of a tensor's bytes (of its elements, msgpack-encoded, for byte strings): what
+    the ranks compare for each replicated tensor. One pass over memory (several GB/s)."""
+    if dtypes.is_string(value.dtype):
+        return int(_io.crc32c(encode([bytes(x) for x in value.reshape(-1)])))
+    arr = _io.c_contiguous(value)
+    if arr.dtype.byteorder == ">":  # one byte order on every rank, whatever each one's buffer uses
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return int(_io.crc32c(_io.byte_view(arr)))
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -88,7 +110,8 @@ def problems(plans: Sequence[dict[str, Any]]) -> str | None:
         return "\n".join(out)
     if any(p["static"] != plans[0]["static"] for p in plans):
         return _static_problems(plans)
-    return _block_problems(Layout(plans))
+    lay = Layout(plans)
+    return _block_problems(lay) or _value_problems(lay, plans)
 
 
 def _static_problems(plans: Sequence[dict[str, Any]]) -> str:
@@ -144,6 +167,24 @@ def _block_problems(lay: Layout) -> str | None:
         if len(out) > _SHOWN:
             break
     return _join(out) or None
+
+
+def _value_problems(lay: Layout, plans: Sequence[dict[str, Any]]) -> str | None:
+    """Name the replicated keys whose value (its digest) differs between ranks, and the ranks."""
+    held = np.stack([np.frombuffer(p["digests"], "<u4") for p in plans])  # (ranks, replicated keys)
+    differ = np.flatnonzero((held != held[0]).any(axis=0))
+    if not len(differ):
+        return None
+    keys = [spec[0] for spec in lay.keys if not spec[3]]
+    out = []
+    for column in differ[:_SHOWN + 1].tolist():
+        values: dict[int, list[int]] = {}
+        for r, value in enumerate(held[:, column].tolist()):
+            values.setdefault(value, []).append(r)
+        out.append(f"{keys[column]}: replicated (no Shard), but the ranks hold different values: crc32c " +
+                   "; ".join(f"{v:08x} on {_ranks(rs)}" for v, rs in values.items()))
+    return _join(out) + ("\n(a variable without a Shard is written by one rank for all: make the ranks agree "
+                         "before saving, or give a per-rank value a Shard of a tensor with one row per rank)")
 
 
 def _join(lines: list[str]) -> str:

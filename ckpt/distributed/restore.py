@@ -1,9 +1,13 @@
 """The collective restore: one checkpoint for every rank, one outcome for every rank.
 
 Rank 0 resolves the path (a directory -> its latest checkpoint) and broadcasts it, so a save
-finishing meanwhile cannot make ranks read different checkpoints. Each rank then plans and
-reads its own variables (sharded ones read only their block, whatever layout wrote it), and
-the ranks exchange outcomes: if any rank failed, every rank raises, naming the ranks.
+finishing meanwhile cannot make ranks read different checkpoints; for a sharded checkpoint it
+also reads the commit record and broadcasts its bytes, and every rank opens that version, so a
+re-save of the same step meanwhile (a new record, new files, the old ones deleted) cannot make
+ranks restore different versions: a rank that finds that version's files gone fails, saying so.
+Each rank then plans and reads its own variables (sharded ones read only their block, whatever
+layout wrote it), and the ranks exchange outcomes: if any rank failed, every rank raises,
+naming the ranks.
 
 Example:
     >>> import numpy as np, ckpt, tempfile, os
@@ -21,10 +25,12 @@ import os
 from typing import Any
 from collections.abc import Mapping
 
-from ..errors import CheckpointError
-from ..restore import RestoreResult, restore_variables
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..formats import ckpt_sharded as sharded
+from ..reader import open_checkpoint
+from ..restore import RestoreResult, restore_from
 from .._locations import resolve_checkpoint, using
-from .._urls import StorageOptions
+from .._urls import StorageOptions, is_url
 from ..variables import Variable
 from .comm import Communicator, decode, encode
 
@@ -41,6 +47,8 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
         try:
             with using(where, storage_options):
                 message: dict[str, Any] = {"path": resolve_checkpoint(where)}
+            if not is_url(message["path"]) and sharded.is_sharded(message["path"]):
+                message["commit"] = sharded.read_commit(message["path"])  # the version every rank opens
         except (CheckpointError, OSError) as exc:
             message = {"error": str(exc), "type": type(exc).__name__}
         message = decode(comm.broadcast(encode(message), 0, timeout), where)
@@ -49,11 +57,12 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
     if "error" in message:
         raise _error_type(message["type"])(message["error"])
     result, error = None, None
+    target, commit = message["path"], message.get("commit")
     try:
-        result = restore_variables(message["path"], variables, strict=strict, allow_cast=allow_cast,
-                                   storage_options=storage_options)
+        result = restore_from(lambda: sharded.ShardedReader(target, commit=commit) if commit is not None
+                              else open_checkpoint(target, storage_options), variables, strict, allow_cast)
     except Exception as exc:
-        error = exc
+        error = _saved_again(target, commit, exc) or exc
     outcome = None if error is None else {"error": str(error), "type": type(error).__name__}
     outcomes = [decode(raw, where) for raw in comm.allgather(encode(outcome), timeout)]
     failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
@@ -67,6 +76,23 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
             f"variables); rank {failed[0][0]}: {first['error']}")
     assert result is not None
     return result
+
+
+def _saved_again(path: str, commit: bytes | None, exc: Exception) -> CheckpointError | None:
+    """The error to raise when the version of ``path`` the ranks restore (``commit``) lost files
+    because the checkpoint was saved again, or deleted, meanwhile (not damage); else None."""
+    if commit is None or not isinstance(exc, (CorruptCheckpointError, CheckpointNotFoundError)):
+        return None
+    try:
+        if sharded.read_commit(path) == commit:
+            return None  # still the same version: the failure is what it says
+    except CheckpointError:
+        pass  # no record any more: deleted (retention), or being saved again
+    replaced = CheckpointNotFoundError(
+        f"{path}: saved again (or deleted) while the ranks restored it: the version rank 0 found is gone; "
+        f"restore again ({exc})")
+    replaced.__cause__ = exc
+    return replaced
 
 
 def _error_type(name: str) -> type[CheckpointError]:

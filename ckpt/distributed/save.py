@@ -48,9 +48,10 @@ from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteE
                       UninitializedVariableError)
 from ..formats.base import format_for_path, write_into  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
+from ..staging import peek
 from ..state import state_lock
 from . import plan as planning
-from .comm import CollectiveTimeoutError, Communicator, decode, encode
+from .comm import CollectiveTimeoutError, Communicator, OutcomeUnknownError, decode, encode
 
 if TYPE_CHECKING:
     from .._remote import RemoteDirectory
@@ -72,10 +73,12 @@ def _sharded() -> Any:
 def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, Any] | None,
                 ) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
     """This rank's plan message, and its (key, variable, value) items; ``values`` (key -> a
-    snapshot or None for an uninitialized variable) replaces reading the variables."""
+    snapshot or None for an uninitialized variable) replaces reading the variables. The plan
+    carries the digest of every replicated value: rank 0 refuses values that differ by rank."""
     from ..formats.msgpack import _dtype_name
 
     specs, items, error = [], [], None
+    digests: dict[str, int] = {}
     for key, var in saver._vars.items():
         try:
             if values is None:
@@ -91,7 +94,9 @@ def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, 
         specs.append((key, _dtype_name(var.dtype), shard.global_shape if shard else var.shape,
                       shard.offset if shard else None, var.shape))
         items.append((key, var, value))
-    return planning.local_plan(path, step, error, specs), items
+        if shard is None:
+            digests[key] = planning.digest(peek(value))  # peek: an unstaged value's one read stays the writer's
+    return planning.local_plan(path, step, error, specs, digests), items
 
 
 def _raise(message: dict[str, Any]) -> None:
@@ -167,7 +172,12 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         else:
             report = _write_mine(files, fmt, save_id, rank, size, items, writers, sharded,
                                  background=values is not None)
-        reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
+        try:
+            reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
+        except CollectiveTimeoutError as exc:  # rank 0 may have got every report, this one included
+            if rank != 0 and report["error"] is None:
+                raise _unknown(path, rank, size, exc) from exc
+            raise
         if rank == 0:
             try:
                 if data is None:
@@ -176,15 +186,30 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
                     outcome = _commit_remote(saver, path, data, build_record(lay, reports, step, metadata), reports)
             except Exception as exc:
                 outcome = {"kind": "write", "error": f"{path}: rank 0 could not commit: {type(exc).__name__}: {exc}"}
-            outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
+            try:
+                outcome = decode(comm.broadcast(encode(outcome), 0, timeout), path)
+            except CollectiveTimeoutError:
+                pass  # the others gave up waiting (and say they cannot know); rank 0 knows its own outcome
         else:
-            outcome = decode(comm.broadcast(None, 0, timeout), path)
+            try:
+                outcome = decode(comm.broadcast(None, 0, timeout), path)
+            except CollectiveTimeoutError as exc:
+                raise _unknown(path, rank, size, exc) from exc
     finally:
         if lock_fd is not None:
             _unlock(path, save_id, lock_fd)
     _raise(outcome)
     saver._last_checkpoints, saver._saved = list(outcome["kept"]), True  # every rank sees what rank 0 kept
     return path
+
+
+def _unknown(path: str, rank: int, size: int, exc: CollectiveTimeoutError) -> OutcomeUnknownError:
+    """The error of a rank that timed out after reporting its part written: rank 0 may be committing
+    (a slow file system, a large retention delete) or have committed; this rank cannot know which."""
+    return OutcomeUnknownError(
+        f"{path}: rank 0 did not report the outcome of the sharded save to rank {rank} of {size} in time ({exc}); "
+        "the checkpoint may or may not be committed (rank 0 commits once every rank has reported its part "
+        f"written, as this one did); latest_checkpoint({os.path.dirname(path)!r}) tells")
 
 
 def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,8 @@ WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
 #: metadata.json and config.json larger than this are not read into the metadata.
 _MAX_JSON = 16 << 20
+#: Where Keras 3 stores a variable: "vars/0", "layers/dense/vars/1", "optimizer/vars/12".
+_KERAS3_KEY = re.compile(r"(?:[^/]+/)*vars/\d+")
 
 
 class KerasFormat(Format):
@@ -114,7 +117,7 @@ def _open_hdf5(path: str) -> KerasReader:
         inner.close()
         raise
     if reader is None:
-        decline(path, "an HDF5 file without Keras's layout (no layer_names, layers or vars)", inner)
+        decline(path, "an HDF5 file without Keras's layout (no layer_names; not every dataset in a vars group)", inner)
     return reader
 
 
@@ -142,13 +145,25 @@ def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlo
         _resolve_bfloat16(inner, h5, legacy)
         refuse_opaque(inner)
         order, meta = _legacy_order(inner, h5, legacy)
-    elif isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group) or required:
+    elif _keras3_layout(inner) or required:
         order, meta = _keras3_order(inner, h5)
     else:
         return None
     refuse_opaque(inner)
     tensors = {key: inner.tensors[key] for key in order}  # H5pyReader honours Keras's bfloat16 tag
     return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
+
+
+def _keras3_layout(inner: H5pyReader) -> bool:
+    """Keras 3 keeps every variable at "<path>/vars/<n>" (saving_lib's H5IOStore). A shard of a
+    sharded save may hold any subset of them (only optimizer/vars, say), so no group is sure to be there."""
+    import h5py
+
+    h5 = inner.file
+    if isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group):
+        return True
+    keys = [*inner.tensors, *inner.opaque]
+    return bool(keys) and all(_KERAS3_KEY.fullmatch(key) for key in keys)
 
 
 def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any) -> None:

@@ -13,8 +13,8 @@ Keys are the dataset paths in the HDF5 file, as they are:
 Legacy files list their weights in model order (layer_names, weight_names) and so does
 the reader; Keras 3 files are listed in natural order ("vars/10" after "vars/9"). Bfloat16
 weights (Keras 3 marks them with a ``dtype`` attribute) read as bfloat16; so do a legacy file's
-opaque 2-byte weights when the model config in the file gives their layer the bfloat16 policy
-(otherwise they are refused, naming the dataset).
+opaque 2-byte weights when the model config in the file gives their layer the bfloat16 policy, and
+their optimizer slots (otherwise they are listed as non-tensors and refused when read, naming the dataset).
 
 HDF5 files are read through libhdf5 (ckpt's guarded H5pyReader: no external links,
 external storage or virtual datasets) and carry no checksums, so a damaged .h5 file is
@@ -42,7 +42,7 @@ from ckpt.storage import ReadableBlob
 
 from . import _h5head, _io, _zip
 from .base import BaseReader, Format, TensorInfo, decline, open_blob
-from .h5plain import H5pyReader, open_foreign, refuse_opaque
+from .h5plain import H5pyReader, opaque_error, opaque_notes, open_foreign
 
 WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
@@ -90,6 +90,11 @@ class KerasReader(BaseReader):
         self._tensors, self._metadata = tensors, metadata
         self._archive, self._member = archive, member  # the .keras file and (offset, size, crc32)
         self.checksummed = member is not None
+
+    def info(self, key: str) -> TensorInfo:
+        if key in self._inner.opaque:
+            raise opaque_error(self.path, key)
+        return super().info(key)
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         self._inner._read_many(pairs)
@@ -142,16 +147,17 @@ def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlo
         return None
     legacy = h5 if "layer_names" in h5.attrs else h5.get("model_weights")
     if isinstance(legacy, h5py.Group) and "layer_names" in legacy.attrs:
-        _resolve_bfloat16(inner, h5, legacy)
-        refuse_opaque(inner)
-        order, meta = _legacy_order(inner, h5, legacy)
+        layers, weights = _legacy_weights(inner, legacy)
+        _resolve_bfloat16(inner, h5, legacy, weights)
+        order, meta = _legacy_order(inner, h5, layers, weights)
     elif _keras3_layout(inner) or required:
         order, meta = _keras3_order(inner, h5)
     else:
         return None
-    refuse_opaque(inner)
     tensors = {key: inner.tensors[key] for key in order}  # H5pyReader honours Keras's bfloat16 tag
-    return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
+    notes = opaque_notes(inner.opaque)  # what no layout typed: listed, refused when read (KerasReader.info)
+    return KerasReader(inner, tensors, {**meta, **metadata, **({"non_tensors": notes} if notes else {})},
+                       archive, member)
 
 
 def _keras3_layout(inner: H5pyReader) -> bool:
@@ -166,20 +172,38 @@ def _keras3_layout(inner: H5pyReader) -> bool:
     return bool(keys) and all(_KERAS3_KEY.fullmatch(key) for key in keys)
 
 
-def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any) -> None:
+def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any, weights: list[tuple[str, str]]) -> None:
     """Legacy .h5 files store a bfloat16 layer's weights as opaque 2-byte data; the layer's dtype
-    policy in the model config (same file) says they are bfloat16. Others stay opaque (refused)."""
+    policy in the model config (same file) says they are bfloat16, and an optimizer slot has its
+    variable's dtype. Others stay opaque (refused when read)."""
     if not inner.opaque or "model_config" not in h5.attrs:
         return
     try:
         config = json.loads(_attr(h5.attrs["model_config"]))
-    except (TypeError, ValueError, RecursionError):
-        return  # no usable config: refuse_opaque refuses the opaque datasets
+    except (TypeError, ValueError, RecursionError):  # ValueError: also an int literal past Python's digit limit
+        return  # no usable config: the opaque datasets stay untyped
     policies = _layer_policies(config)
-    prefix = group.name.strip("/")
+    prefix = group.name.strip("/") + "/" if group.name.strip("/") else ""
     for key in list(inner.opaque):
-        layer = key[len(prefix) + 1:] if prefix else key
-        if policies.get(layer.split("/", 1)[0]) == "bfloat16":
+        if key.startswith(prefix) and policies.get(key[len(prefix):].split("/", 1)[0]) == "bfloat16":
+            inner.resolve_opaque(key, dtypes.bfloat16)
+    _resolve_slots(inner, weights)
+
+
+def _resolve_slots(inner: H5pyReader, weights: list[tuple[str, str]]) -> None:
+    """Keras 3 saves an optimizer's slot for a variable as "optimizer_weights/<optimizer>/<variable path
+    with "/" as "_">_<slot>" ("adam/sequential_d2_bias_momentum") with the variable's dtype: a 2-byte
+    opaque slot is bfloat16 when every variable its name can belong to is bfloat16."""
+    slots = [key for key in inner.opaque if key.startswith("optimizer_weights/")]
+    if not slots:
+        return
+    variables: dict[str, list[TensorInfo | None]] = {}  # "sequential_d2_bias_" -> its variables' infos
+    for weight, key in weights:
+        variables.setdefault(weight.replace("/", "_") + "_", []).append(inner.tensors.get(key))
+    for key in slots:
+        name = key.rpartition("/")[2]
+        found = [info for i, c in enumerate(name) if c == "_" for info in variables.get(name[:i + 1], [])]
+        if found and all(info is not None and info.dtype == dtypes.bfloat16 for info in found):
             inner.resolve_opaque(key, dtypes.bfloat16)
 
 
@@ -232,12 +256,12 @@ def _natural(key: str) -> list[tuple[int, int, str]]:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("/")]
 
 
-def _legacy_order(inner: H5pyReader, h5: Any, group: Any) -> tuple[list[str], dict[str, Any]]:
-    """Keys in model order from layer_names / weight_names, then any other datasets."""
+def _legacy_weights(inner: H5pyReader, group: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """layer_names, and every weight they list as (its name in weight_names, its dataset), in model order."""
     prefix = group.name.strip("/")
     prefix = prefix + "/" if prefix else ""
     layers = _names(group.attrs["layer_names"], inner.path, "layer_names")
-    order: list[str] = []
+    out: list[tuple[str, str]] = []
     for layer in layers:
         weights = group[layer].attrs.get("weight_names", []) if layer in group else None
         if weights is None:
@@ -246,10 +270,17 @@ def _legacy_order(inner: H5pyReader, h5: Any, group: Any) -> tuple[list[str], di
         weights = _names(weights, inner.path, f"weight_names of layer {layer!r}")
         for weight in weights:
             key = f"{prefix}{layer}/{weight}"
-            if key not in inner.tensors:
+            if key not in inner.tensors and key not in inner.opaque:
                 raise CorruptCheckpointError(f"{inner.path}: Keras layer {layer!r} lists weight {weight!r}, "
                                              f"but the file has no dataset {key!r}")
-            order.append(key)
+            out.append((weight, key))
+    return layers, out
+
+
+def _legacy_order(inner: H5pyReader, h5: Any, layers: list[str],
+                  weights: list[tuple[str, str]]) -> tuple[list[str], dict[str, Any]]:
+    """Keys in model order (layer_names / weight_names), then any other datasets."""
+    order = [key for _, key in weights if key in inner.tensors]
     listed = set(order)
     order += sorted((k for k in inner.tensors if k not in listed), key=_natural)
     meta = {name: _attr(h5.attrs[name]) for name in ("keras_version", "backend", "model_config")

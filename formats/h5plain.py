@@ -36,6 +36,7 @@ from ._io import LocalFile
 from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, handed, key_problem, open_blob
 from ._codec import HDF5_VERSION as VERSION
 from ._codec import decode_strings
+from ._foreign import json_int
 
 #: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
 _DEFLATE_RATIO = 1032
@@ -90,9 +91,9 @@ class H5pyReader(BaseReader):
                 raise CorruptCheckpointError(f"{path}: the ckpt_version attribute is {version!r}, not a number")
             check_version(int(version), VERSION, "HDF5", path)
         try:
-            self._metadata = check_metadata(json.loads(metadata), path)
+            self._metadata = check_metadata(json.loads(metadata, parse_int=json_int), path)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
+            raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON: {str(exc)[:200]}") from exc
         self._tensors = {}
         self._datasets: dict[str, Any] = {}
         #: 2-byte opaque datasets (Keras's legacy .h5 stores bfloat16 so): no tensors until a layout

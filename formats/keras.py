@@ -41,6 +41,7 @@ from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedChec
 from ckpt.storage import ReadableBlob
 
 from . import _h5head, _io, _zip
+from ._foreign import MAX_INT_DIGITS, json_int
 from .base import BaseReader, Format, TensorInfo, decline, open_blob
 from .h5plain import H5pyReader, opaque_error, opaque_notes, open_foreign
 
@@ -179,8 +180,9 @@ def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any, weights: list[tupl
     if not inner.opaque or "model_config" not in h5.attrs:
         return
     try:
-        config = json.loads(_attr(h5.attrs["model_config"]))
-    except (TypeError, ValueError, RecursionError):  # ValueError: also an int literal past Python's digit limit
+        # only dtype policies are read: an integer too long for int() (a hostile "units") stays text
+        config = json.loads(_attr(h5.attrs["model_config"]), parse_int=_config_int)
+    except (TypeError, ValueError, RecursionError):
         return  # no usable config: the opaque datasets stay untyped
     policies = _layer_policies(config)
     prefix = group.name.strip("/") + "/" if group.name.strip("/") else ""
@@ -205,6 +207,10 @@ def _resolve_slots(inner: H5pyReader, weights: list[tuple[str, str]]) -> None:
         found = [info for i, c in enumerate(name) if c == "_" for info in variables.get(name[:i + 1], [])]
         if found and all(info is not None and info.dtype == dtypes.bfloat16 for info in found):
             inner.resolve_opaque(key, dtypes.bfloat16)
+
+
+def _config_int(text: str) -> int | str:
+    return text if len(text) > MAX_INT_DIGITS else int(text)
 
 
 def _layer_policies(config: Any) -> dict[str, str]:
@@ -339,9 +345,9 @@ def _zip_metadata(archive: Any, path: str) -> dict[str, Any]:
             out["model_config"] = text
             continue
         try:
-            fields = json.loads(text)
+            fields = json.loads(text, parse_int=json_int)
         except (ValueError, RecursionError) as exc:
-            raise CorruptCheckpointError(f"{path}: metadata.json is not JSON") from exc
+            raise CorruptCheckpointError(f"{path}: metadata.json is not JSON: {str(exc)[:200]}") from exc
         if isinstance(fields, dict):
             out.update({k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))})
     return out

@@ -79,6 +79,21 @@ def test_without_a_bfloat16_policy_only_the_opaque_data_is_refused(tmp_path, edi
             assert_refused_when_read(reader, f"model_weights/d2/sequential/d2/{weight}")
 
 
+@pytest.mark.parametrize("n", [5000, 9000])
+def test_a_config_integer_past_pythons_digit_limit_still_types_the_layers(tmp_path, n):
+    """json.loads refuses int literals past 4,300 digits; only the dtype policies matter here."""
+    want = np.load(os.path.join(FIXTURES, "keras_legacy_bf16_expected.npz"))
+
+    def edit(f):
+        f.attrs["model_config"] = f.attrs["model_config"].replace('"units": 2', '"units": ' + "9" * n)
+
+    with ckpt.load_checkpoint(edited(tmp_path, edit)) as reader:
+        value = reader.get_tensor("model_weights/d2/sequential/d2/kernel")
+        assert value.dtype == ckpt.dtypes.bfloat16
+        assert_bit_exact(want["d2__0__bits"], value.view(np.uint16))
+        assert len(reader.metadata["model_config"]) > n  # kept as the file's text
+
+
 def test_opaque_data_in_a_plain_hdf5_file_is_refused_when_read(tmp_path):
     path = str(tmp_path / "plain.h5")
     with h5py.File(path, "w") as f:

@@ -19,6 +19,9 @@ from .base import key_problem, unique_pairs
 
 #: JSON files of other frameworks (index files, orbax's metadata) larger than this are refused.
 MAX_JSON = 64 << 20
+#: The longest integer literal JSON may hold here: Python's default int_max_str_digits, far past any
+#: size, offset or count a checkpoint needs.
+MAX_INT_DIGITS = 4300
 
 #: numpy-style dtype names -> dtypes, for names read from files (never ``np.dtype(name)``,
 #: which would also accept "object" and structured types).
@@ -62,6 +65,18 @@ def read_json(path: str, limit: int = MAX_JSON) -> Any:
     return parse_json(raw, path)
 
 
+def json_int(text: str) -> int:
+    """A JSON integer literal (``json.loads``'s ``parse_int``); ValueError past MAX_INT_DIGITS digits.
+
+    Python refuses such literals too, but its message sends users to sys.set_int_max_str_digits,
+    which is no advice for a damaged or hostile file: this one says what was found.
+    """
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits (ckpt reads integers of up to {MAX_INT_DIGITS} digits)")
+    return int(text)
+
+
 def parse_json(raw: bytes, path: str) -> Any:
     """JSON bytes as ``read_json`` checks them (``path`` names them in errors)."""
 
@@ -69,6 +84,7 @@ def parse_json(raw: bytes, path: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant)
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant,
+                          parse_int=json_int)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise CorruptCheckpointError(f"{path}: not valid JSON: {str(exc)[:200]}") from None

@@ -355,7 +355,10 @@ class Unpickler:
                 not isinstance(pid[1], _ElementType) or type(pid[2]) is not str or \
                 type(pid[4]) is not int or pid[4] < 0:
             raise UnsupportedCheckpointError(f"{self._path}: the pickle refers to an external object "
-                                             f"{pid!r}; ckpt reads torch's storages only")
+                                             f"{shown(pid)}; ckpt reads torch's storages only")
+        if pid[4] >= 2 ** 63:  # no storage holds that many (and str() of such an int can fail)
+            raise CorruptCheckpointError(f"{self._path}: storage {pid[2]!r} declares {shown(pid[4])} elements, "
+                                         "more than any storage holds")
         stack.append(self._persistent_load(StorageRef(pid[2], pid[1].dtype, pid[4])))
 
     # --- the allowed functions -----------------------------------------------------------
@@ -373,7 +376,7 @@ class Unpickler:
     def _rebuild_tensor_v2(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
                            hooks: Any, metadata: Any = None) -> TensorRef:
         if not isinstance(storage, StorageRef):
-            raise CorruptCheckpointError(f"{self._path}: a tensor is rebuilt from {storage!r}, not a storage")
+            raise CorruptCheckpointError(f"{self._path}: a tensor is rebuilt from {shown(storage)}, not a storage")
         return self._tensor(storage, storage.dtype, offset, size, stride, metadata)
 
     def _rebuild_tensor(self, storage: Any, offset: Any, size: Any, stride: Any) -> TensorRef:
@@ -383,7 +386,7 @@ class Unpickler:
     def _rebuild_tensor_v3(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
                            hooks: Any, dtype: Any, metadata: Any = None) -> TensorRef:
         if not isinstance(storage, StorageRef) or not isinstance(dtype, _ElementType):
-            raise CorruptCheckpointError(f"{self._path}: a tensor is rebuilt from {storage!r} as {dtype!r}")
+            raise CorruptCheckpointError(f"{self._path}: a tensor is rebuilt from {shown(storage)} as {shown(dtype)}")
         return self._tensor(storage, dtype.dtype, offset, size, stride, metadata)
 
     def _tensor(self, storage: StorageRef, dtype: np.dtype, offset: Any, size: Any, stride: Any,
@@ -395,7 +398,7 @@ class Unpickler:
         if metadata:  # torch's lazy views: values conjugated or negated relative to the storage
             if type(metadata) not in (dict, _OrderedDict) or not set(metadata) <= set(flags) or \
                     not all(type(v) is bool for v in metadata.values()):
-                raise UnsupportedCheckpointError(f"{self._path}: a tensor carries metadata {metadata!r}; ckpt "
+                raise UnsupportedCheckpointError(f"{self._path}: a tensor carries metadata {shown(metadata)}; ckpt "
                                                  "reads plain tensors and conjugated or negated views only")
             flags.update(metadata)
             if flags["conj"] and dtype.kind != "c":
@@ -403,12 +406,12 @@ class Unpickler:
         if type(offset) is not int or offset < 0 or not ints(size) or not ints(stride) or \
                 len(size) != len(stride):
             raise CorruptCheckpointError(f"{self._path}: a tensor has an invalid offset, size or stride "
-                                         f"({offset!r}, {size!r}, {stride!r})")
+                                         f"({shown(offset)}, {shown(size)}, {shown(stride)})")
         return TensorRef(storage, dtype, offset, tuple(size), tuple(stride), flags["conj"], flags["neg"])
 
     def _rebuild_parameter(self, data: Any, requires_grad: Any, hooks: Any) -> Any:
         if not isinstance(data, TensorRef):
-            raise CorruptCheckpointError(f"{self._path}: a parameter wraps {data!r}, not a tensor")
+            raise CorruptCheckpointError(f"{self._path}: a parameter wraps {shown(data)}, not a tensor")
         return data
 
     def _encode(self, text: Any, encoding: Any = "utf-8") -> bytes:
@@ -433,3 +436,13 @@ def load(data: bytes | PickleStream, path: str, persistent_load: Callable[[Stora
     just after its STOP opcode (the legacy torch.save format is several pickles in a row).
     """
     return Unpickler(data, path, persistent_load).load()
+
+
+def shown(value: Any) -> str:
+    """repr() for error messages about hostile values: an int past 4,300 digits makes repr() raise."""
+    if type(value) is int and value.bit_length() >= 4096:
+        return f"<int of {value.bit_length()} bits>"
+    try:
+        return repr(value)
+    except ValueError:  # such an int inside a container
+        return f"<a {type(value).__name__} holding an integer too long to print>"

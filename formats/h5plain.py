@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import closing
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from ._io import LocalFile
 from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, handed, key_problem, open_blob
 from ._codec import HDF5_VERSION as VERSION
 from ._codec import decode_strings
+from ._foreign import json_int
 
 #: deflate's best case (about 1032:1): a compressed dataset cannot hold more than that.
 _DEFLATE_RATIO = 1032
@@ -89,14 +91,14 @@ class H5pyReader(BaseReader):
                 raise CorruptCheckpointError(f"{path}: the ckpt_version attribute is {version!r}, not a number")
             check_version(int(version), VERSION, "HDF5", path)
         try:
-            self._metadata = check_metadata(json.loads(metadata), path)
+            self._metadata = check_metadata(json.loads(metadata, parse_int=json_int), path)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON") from exc
+            raise CorruptCheckpointError(f"{path}: the ckpt_metadata attribute is not JSON: {str(exc)[:200]}") from exc
         self._tensors = {}
         self._datasets: dict[str, Any] = {}
         #: 2-byte opaque datasets (Keras's legacy .h5 stores bfloat16 so): no tensors until a layout
-        #: names their type (resolve_opaque); adopt_layout refuses a file that keeps any
-        self.opaque: dict[str, Any] = {}
+        #: names their type (resolve_opaque); those left are listed as non-tensors and refused when read
+        self.opaque: dict[str, TensorInfo] = {}
 
         def visit(group: Any, prefix: str) -> None:
             for name in group:
@@ -157,6 +159,16 @@ class H5pyReader(BaseReader):
         if dtype != dtypes.bfloat16:
             raise ValueError(f"opaque 2-byte data can only be read as bfloat16, not {dtype}")
         self._tensors[key] = self.opaque.pop(key)._replace(dtype=dtype)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        notes = opaque_notes(self.opaque)
+        return {**self._metadata, "non_tensors": notes} if notes else self._metadata
+
+    def info(self, key: str) -> TensorInfo:
+        if key in self.opaque:
+            raise opaque_error(self.path, key)
+        return super().info(key)
 
     def _dtype_of(self, key: str, ds: Any) -> np.dtype:
         """The tensor dtype of a dataset; HDF5 types no Variable can hold are refused."""
@@ -274,14 +286,17 @@ def open_foreign(path: str) -> H5pyReader:
     return H5pyReader(path)
 
 
-def refuse_opaque(reader: H5pyReader) -> None:
-    """Raise for a 2-byte opaque dataset no layout gave a type: its bytes would be read as a guess
-    (the reader stays open: its caller closes it)."""
-    if reader.opaque:
-        key = next(iter(reader.opaque))
-        raise UnsupportedCheckpointError(
-            f"{reader.path}: dataset {key!r} holds opaque 2-byte values (how Keras's legacy .h5 stores "
-            "bfloat16) and nothing in the file says which type they are; ckpt does not guess")
+def opaque_notes(opaque: Mapping[str, TensorInfo]) -> dict[str, str]:
+    """The "non_tensors" entries for 2-byte opaque datasets no layout gave a type."""
+    return {key: f"opaque 2-byte values {list(info.shape)} of unknown type (how Keras's legacy .h5 stores "
+                 "bfloat16)" for key, info in opaque.items()}
+
+
+def opaque_error(path: str, key: str) -> UnsupportedCheckpointError:
+    """The error for reading a 2-byte opaque dataset no layout gave a type: its bytes would be a guess."""
+    return UnsupportedCheckpointError(
+        f"{path}: dataset {key!r} holds opaque 2-byte values (how Keras's legacy .h5 stores bfloat16) and "
+        "nothing in the file says which type they are; ckpt does not guess")
 
 
 def _all() -> Any:

@@ -88,13 +88,7 @@ class Hdf5Format(WritableFormat):
             return Hdf5Reader(path)  # ckpt's own files: the reader opens the file once, checks the magic
         except _NotCkptFile:
             pass
-        reader = h5plain.open_foreign(path)  # the keras format (asked first) may have opened it already
-        try:
-            h5plain.refuse_opaque(reader)
-        except BaseException:
-            reader.close()
-            raise
-        return reader
+        return h5plain.open_foreign(path)  # the keras format (asked first) may have opened it already
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any]) -> None:

@@ -13,8 +13,8 @@ Keys are the dataset paths in the HDF5 file, as they are:
 Legacy files list their weights in model order (layer_names, weight_names) and so does
 the reader; Keras 3 files are listed in natural order ("vars/10" after "vars/9"). Bfloat16
 weights (Keras 3 marks them with a ``dtype`` attribute) read as bfloat16; so do a legacy file's
-opaque 2-byte weights when the model config in the file gives their layer the bfloat16 policy
-(otherwise they are refused, naming the dataset).
+opaque 2-byte weights when the model config in the file gives their layer the bfloat16 policy, and
+their optimizer slots (otherwise they are listed as non-tensors and refused when read, naming the dataset).
 
 HDF5 files are read through libhdf5 (ckpt's guarded H5pyReader: no external links,
 external storage or virtual datasets) and carry no checksums, so a damaged .h5 file is
@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -40,13 +41,16 @@ from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedChec
 from ckpt.storage import ReadableBlob
 
 from . import _h5head, _io, _zip
+from ._foreign import MAX_INT_DIGITS, json_int
 from .base import BaseReader, Format, TensorInfo, decline, open_blob
-from .h5plain import H5pyReader, open_foreign, refuse_opaque
+from .h5plain import H5pyReader, opaque_error, opaque_notes, open_foreign
 
 WEIGHTS_MEMBER = "model.weights.h5"
 _ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
 #: metadata.json and config.json larger than this are not read into the metadata.
 _MAX_JSON = 16 << 20
+#: Where Keras 3 stores a variable: "vars/0", "layers/dense/vars/1", "optimizer/vars/12".
+_KERAS3_KEY = re.compile(r"(?:[^/]+/)*vars/\d+")
 
 
 class KerasFormat(Format):
@@ -88,6 +92,11 @@ class KerasReader(BaseReader):
         self._archive, self._member = archive, member  # the .keras file and (offset, size, crc32)
         self.checksummed = member is not None
 
+    def info(self, key: str) -> TensorInfo:
+        if key in self._inner.opaque:
+            raise opaque_error(self.path, key)
+        return super().info(key)
+
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         self._inner._read_many(pairs)
 
@@ -114,7 +123,7 @@ def _open_hdf5(path: str) -> KerasReader:
         inner.close()
         raise
     if reader is None:
-        decline(path, "an HDF5 file without Keras's layout (no layer_names, layers or vars)", inner)
+        decline(path, "an HDF5 file without Keras's layout (no layer_names; not every dataset in a vars group)", inner)
     return reader
 
 
@@ -139,33 +148,69 @@ def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlo
         return None
     legacy = h5 if "layer_names" in h5.attrs else h5.get("model_weights")
     if isinstance(legacy, h5py.Group) and "layer_names" in legacy.attrs:
-        _resolve_bfloat16(inner, h5, legacy)
-        refuse_opaque(inner)
-        order, meta = _legacy_order(inner, h5, legacy)
-    elif isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group) or required:
+        layers, weights = _legacy_weights(inner, legacy)
+        _resolve_bfloat16(inner, h5, legacy, weights)
+        order, meta = _legacy_order(inner, h5, layers, weights)
+    elif _keras3_layout(inner) or required:
         order, meta = _keras3_order(inner, h5)
     else:
         return None
-    refuse_opaque(inner)
     tensors = {key: inner.tensors[key] for key in order}  # H5pyReader honours Keras's bfloat16 tag
-    return KerasReader(inner, tensors, {**meta, **metadata}, archive, member)
+    notes = opaque_notes(inner.opaque)  # what no layout typed: listed, refused when read (KerasReader.info)
+    return KerasReader(inner, tensors, {**meta, **metadata, **({"non_tensors": notes} if notes else {})},
+                       archive, member)
 
 
-def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any) -> None:
+def _keras3_layout(inner: H5pyReader) -> bool:
+    """Keras 3 keeps every variable at "<path>/vars/<n>" (saving_lib's H5IOStore). A shard of a
+    sharded save may hold any subset of them (only optimizer/vars, say), so no group is sure to be there."""
+    import h5py
+
+    h5 = inner.file
+    if isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group):
+        return True
+    keys = [*inner.tensors, *inner.opaque]
+    return bool(keys) and all(_KERAS3_KEY.fullmatch(key) for key in keys)
+
+
+def _resolve_bfloat16(inner: H5pyReader, h5: Any, group: Any, weights: list[tuple[str, str]]) -> None:
     """Legacy .h5 files store a bfloat16 layer's weights as opaque 2-byte data; the layer's dtype
-    policy in the model config (same file) says they are bfloat16. Others stay opaque (refused)."""
+    policy in the model config (same file) says they are bfloat16, and an optimizer slot has its
+    variable's dtype. Others stay opaque (refused when read)."""
     if not inner.opaque or "model_config" not in h5.attrs:
         return
     try:
-        config = json.loads(_attr(h5.attrs["model_config"]))
+        # only dtype policies are read: an integer too long for int() (a hostile "units") stays text
+        config = json.loads(_attr(h5.attrs["model_config"]), parse_int=_config_int)
     except (TypeError, ValueError, RecursionError):
-        return  # no usable config: refuse_opaque refuses the opaque datasets
+        return  # no usable config: the opaque datasets stay untyped
     policies = _layer_policies(config)
-    prefix = group.name.strip("/")
+    prefix = group.name.strip("/") + "/" if group.name.strip("/") else ""
     for key in list(inner.opaque):
-        layer = key[len(prefix) + 1:] if prefix else key
-        if policies.get(layer.split("/", 1)[0]) == "bfloat16":
+        if key.startswith(prefix) and policies.get(key[len(prefix):].split("/", 1)[0]) == "bfloat16":
             inner.resolve_opaque(key, dtypes.bfloat16)
+    _resolve_slots(inner, weights)
+
+
+def _resolve_slots(inner: H5pyReader, weights: list[tuple[str, str]]) -> None:
+    """Keras 3 saves an optimizer's slot for a variable as "optimizer_weights/<optimizer>/<variable path
+    with "/" as "_">_<slot>" ("adam/sequential_d2_bias_momentum") with the variable's dtype: a 2-byte
+    opaque slot is bfloat16 when every variable its name can belong to is bfloat16."""
+    slots = [key for key in inner.opaque if key.startswith("optimizer_weights/")]
+    if not slots:
+        return
+    variables: dict[str, list[TensorInfo | None]] = {}  # "sequential_d2_bias_" -> its variables' infos
+    for weight, key in weights:
+        variables.setdefault(weight.replace("/", "_") + "_", []).append(inner.tensors.get(key))
+    for key in slots:
+        name = key.rpartition("/")[2]
+        found = [info for i, c in enumerate(name) if c == "_" for info in variables.get(name[:i + 1], [])]
+        if found and all(info is not None and info.dtype == dtypes.bfloat16 for info in found):
+            inner.resolve_opaque(key, dtypes.bfloat16)
+
+
+def _config_int(text: str) -> int | str:
+    return text if len(text) > MAX_INT_DIGITS else int(text)
 
 
 def _layer_policies(config: Any) -> dict[str, str]:
@@ -217,12 +262,12 @@ def _natural(key: str) -> list[tuple[int, int, str]]:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("/")]
 
 
-def _legacy_order(inner: H5pyReader, h5: Any, group: Any) -> tuple[list[str], dict[str, Any]]:
-    """Keys in model order from layer_names / weight_names, then any other datasets."""
+def _legacy_weights(inner: H5pyReader, group: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """layer_names, and every weight they list as (its name in weight_names, its dataset), in model order."""
     prefix = group.name.strip("/")
     prefix = prefix + "/" if prefix else ""
     layers = _names(group.attrs["layer_names"], inner.path, "layer_names")
-    order: list[str] = []
+    out: list[tuple[str, str]] = []
     for layer in layers:
         weights = group[layer].attrs.get("weight_names", []) if layer in group else None
         if weights is None:
@@ -231,10 +276,17 @@ def _legacy_order(inner: H5pyReader, h5: Any, group: Any) -> tuple[list[str], di
         weights = _names(weights, inner.path, f"weight_names of layer {layer!r}")
         for weight in weights:
             key = f"{prefix}{layer}/{weight}"
-            if key not in inner.tensors:
+            if key not in inner.tensors and key not in inner.opaque:
                 raise CorruptCheckpointError(f"{inner.path}: Keras layer {layer!r} lists weight {weight!r}, "
                                              f"but the file has no dataset {key!r}")
-            order.append(key)
+            out.append((weight, key))
+    return layers, out
+
+
+def _legacy_order(inner: H5pyReader, h5: Any, layers: list[str],
+                  weights: list[tuple[str, str]]) -> tuple[list[str], dict[str, Any]]:
+    """Keys in model order (layer_names / weight_names), then any other datasets."""
+    order = [key for _, key in weights if key in inner.tensors]
     listed = set(order)
     order += sorted((k for k in inner.tensors if k not in listed), key=_natural)
     meta = {name: _attr(h5.attrs[name]) for name in ("keras_version", "backend", "model_config")
@@ -293,9 +345,9 @@ def _zip_metadata(archive: Any, path: str) -> dict[str, Any]:
             out["model_config"] = text
             continue
         try:
-            fields = json.loads(text)
+            fields = json.loads(text, parse_int=json_int)
         except (ValueError, RecursionError) as exc:
-            raise CorruptCheckpointError(f"{path}: metadata.json is not JSON") from exc
+            raise CorruptCheckpointError(f"{path}: metadata.json is not JSON: {str(exc)[:200]}") from exc
         if isinstance(fields, dict):
             out.update({k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))})
     return out

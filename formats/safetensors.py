@@ -40,7 +40,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import WritableBlob
 
 from . import _io
-from ._foreign import NUMPY_DTYPES, check_key
+from ._foreign import NUMPY_DTYPES, check_key, json_int
 from .base import WritableFormat
 from .base import FileReader, TensorInfo, materialize, normalize_metadata, source_chunks, unique_pairs, validate_keys
 
@@ -225,7 +225,8 @@ def _parse_header(raw: bytes, path: str) -> dict[str, Any]:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant)
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_pairs, parse_constant=no_constant,
+                            parse_int=json_int)
     except (ValueError, RecursionError) as exc:  # includes UnicodeDecodeError and JSONDecodeError
         raise CorruptCheckpointError(f"{path}: the header is not valid: {exc}") from exc
     if not isinstance(header, dict):

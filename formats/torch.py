@@ -31,7 +31,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io, _zip
 from ._foreign import check_key
-from ._unpickler import StorageRef, TensorRef, load
+from ._unpickler import StorageRef, TensorRef, load, shown
 from .base import MAX_ELEMENTS, FileReader, Format, TensorInfo, check_shape
 
 #: How torch.save files written before PyTorch 1.6 (not zips) begin: pickle protocol 2, then
@@ -107,7 +107,7 @@ class TorchReader(FileReader):
         info = load(f, path, _no_storage)
         if not isinstance(info, dict) or info.get("little_endian") is not True:
             raise UnsupportedCheckpointError(f"{path}: not written on a little-endian machine (system info "
-                                             f"{info!r}); ckpt reads little-endian files")
+                                             f"{shown(info)}); ckpt reads little-endian files")
         self.checksummed = False
         refs: dict[str, StorageRef] = {}
         start = f.tell()
@@ -183,8 +183,12 @@ class TorchReader(FileReader):
                                                  "nested too deeply")
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for name, child in items:
-                if type(name) is int:
+                if type(name) is int and name.bit_length() < 4096:  # optimizer state numbers its params
                     name = str(name)
+                elif type(name) is int:  # str() refuses past 4,300 digits, and no state dict needs one
+                    raise UnsupportedCheckpointError(f"{self.path}: {'/'.join(where) or 'the top level'} has an "
+                                                     f"integer key of {name.bit_length()} bits; ckpt keys are "
+                                                     "names, and integer ones are indexes")
                 elif type(name) is not str:
                     raise UnsupportedCheckpointError(f"{self.path}: {'/'.join(where) or 'the top level'} has a "
                                                      f"{type(name).__name__} key; ckpt keys are strings")

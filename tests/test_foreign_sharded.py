@@ -102,6 +102,31 @@ def test_keras_sharded_weights():
                 assert_bit_exact(want[name], value)
 
 
+
+def test_keras_sharded_shards_holding_only_optimizer_state():
+    """Shards 00002 and 00003 hold only optimizer/vars (bfloat16 slots among them): still Keras shards."""
+    want = expected("keras_sharded_opt_expected.npz")
+    directory = os.path.join(FIXTURES, "keras_sharded_opt")
+    with ckpt.load_checkpoint(os.path.join(directory, "model.weights.json")) as reader:
+        assert reader.format == "keras"
+        names = reader.metadata["layer_names"]
+        assert names["optimizer/vars"] == "adam" and names["layers/dense_1/vars"] == "proj_bf16"
+        keys = list(reader.get_variable_to_shape_map())
+        assert len(keys) == len(want) == 22
+        for key in keys:
+            group, _, index = key.rpartition("/")
+            name = npz_key(f"{names[group]}/{index}")
+            value = reader.get_tensor(key)
+            if name + "__bits" in want:
+                assert value.dtype == ckpt.dtypes.bfloat16
+                assert_bit_exact(want[name + "__bits"], value.view(np.uint16))
+            else:
+                assert_bit_exact(want[name], value)
+    with ckpt.load_checkpoint(os.path.join(directory, "model_00003.weights.h5")) as shard:  # on its own too
+        assert shard.format == "keras"
+        assert shard.tensors["optimizer/vars/7"].dtype == ckpt.dtypes.bfloat16
+
+
 # --- hostile indexes ---------------------------------------------------------------------------------
 
 def sharded_copy(tmp_path, layout="hf_sharded_safetensors", index="model.safetensors.index.json"):

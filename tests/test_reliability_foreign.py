@@ -16,7 +16,11 @@ or verified (or read back exactly, for the ordinary HDF5 cases).
 from __future__ import annotations
 
 import collections
+import pathlib
+import re
+import shutil
 import struct
+import zipfile
 
 import crc32c
 import h5py
@@ -341,3 +345,89 @@ def test_huge_integers_in_every_foreign_format_are_refused(tmp_path):
     for name, path in cases.items():
         assert outcome(path) == "error at open", name
     assert len(cases) == 10
+
+
+# --- integers past Python's 4,300-digit limit for int <-> str (issue 24) --------------------------------
+def digits(n: int) -> str:
+    """An n-digit integer literal (str() of such an int raises, so it is written as text)."""
+    return "9" * n
+
+
+@pytest.mark.parametrize("n", [5000, 9000])
+def test_integer_keys_past_the_digit_limit_in_a_torch_state_dict(tmp_path, n):
+    huge = 10 ** n - 1
+    w = torch_tensor("0", 2, 0, (2,), (1,))
+    data = {"0": np.arange(2, dtype=np.float32).tobytes()}
+    top = torch_zip(tmp_path / "top.pt", b"\x80\x02}(" + long1(huge) + w + b"u.", data)
+    nested = torch_zip(tmp_path / "nested.pt", b"\x80\x02}(" + text("opt") + b"}(" + long1(-huge) + w + b"uu.", data)
+    for path, where in ((top, "the top level"), (nested, "opt")):
+        with pytest.raises(ckpt.UnsupportedCheckpointError, match=f"{path}: {where} has an integer key of "):
+            ckpt.load_checkpoint(path)
+    small = torch_zip(tmp_path / "small.pt", b"\x80\x02}(" + text("opt") + b"}(" + long1(0) + w + b"uu.", data)
+    with ckpt.load_checkpoint(small) as reader:  # optimizer state numbers its parameters: those stay keys
+        assert reader.get_tensor("opt/0").tolist() == [0.0, 1.0]
+
+
+def test_integers_past_the_digit_limit_inside_a_torch_pickle_are_named(tmp_path):
+    huge = 7 ** 6000
+    storage = MARK + text("storage") + glob("torch", "FloatStorage") + text("0") + text("cpu") + long1(huge) + b"tQ"
+    view = (glob("torch._utils", "_rebuild_tensor_v2") + MARK + storage + num(0) + MARK + num(2) + b"t" + MARK
+            + num(1) + b"t" + b"\x89" + ordered_dict() + b"tR")
+    path = torch_zip(tmp_path / "numel.pt", state_dict([("w", view)]), {"0": bytes(8)})
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{path}: storage '0' declares <int of {huge.bit_length()} bits> elem"):
+        ckpt.load_checkpoint(path)
+    storage = MARK + text("storage") + glob("torch", "FloatStorage") + long1(huge) + text("cpu") + num(2) + b"tQ"
+    path = torch_zip(tmp_path / "key.pt", state_dict([("w", storage)]), {"0": bytes(8)})
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=f"{path}: .*external object <a tuple holding an int"):
+        ckpt.load_checkpoint(path)
+    legacy = tmp_path / "legacy.pt"  # the legacy format's system info, shown in its error
+    legacy.write_bytes(b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19." + b"\x80\x02M\xe9\x03."
+                       + b"\x80\x02}(X\x0d\x00\x00\x00little_endian\x89X\x01\x00\x00\x00x" + long1(huge) + b"u.")
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="little-endian machine .*holding an integer too long"):
+        ckpt.load_checkpoint(str(legacy))
+
+
+def json_cases(directory, n: int) -> dict[str, tuple[str, str]]:
+    """name: (path to open, the JSON file named in the error) with an n-digit integer in JSON a reader parses."""
+    fixtures = pathlib.Path(__file__).parent / "fixtures" / "foreign"
+    big = digits(n)
+    cases = {}
+    for name, head in (("shape", '{"w": {"dtype": "F32", "shape": [' + big + '], "data_offsets": [0, 8]}}'),
+                       ("metadata", '{"__metadata__": {"x": ' + big + '}, "w": {"dtype": "F32", "shape": [2], '
+                                    '"data_offsets": [0, 8]}}')):
+        path = directory / f"{name}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(head)) + head.encode() + bytes(8))
+        cases[f"safetensors {name}"] = (str(path), str(path))
+    for layout, index in (("hf_sharded_safetensors", "model.safetensors.index.json"),
+                          ("keras_sharded", "model.weights.json")):
+        copy = directory / layout
+        shutil.copytree(fixtures / layout, copy)
+        raw = (copy / index).read_text()
+        (copy / index).write_text(re.sub(r'"total_size":\s*[0-9.]+', f'"total_size": {big}', raw))
+        cases[layout] = (str(copy / index), str(copy / index))
+    copy = directory / "orbax_zarr"
+    shutil.copytree(fixtures / "orbax_zarr", copy)
+    meta = copy / "_METADATA"
+    meta.write_text(meta.read_text().replace("{", '{"step": ' + big + ", ", 1))
+    cases["orbax _METADATA"] = (str(copy), str(meta))
+    copy = directory / "orbax_zarray"
+    shutil.copytree(fixtures / "orbax_zarr", copy)
+    zarray = copy / "params.emb" / ".zarray"
+    zarray.write_text(re.sub(r'"shape":\s*\[\d+', '"shape": [' + big, zarray.read_text()))
+    cases["orbax .zarray"] = (str(copy), str(zarray))
+    keras = directory / "m.keras"
+    with zipfile.ZipFile(fixtures / "keras3_model.keras") as src, zipfile.ZipFile(keras, "w") as out:
+        for name in src.namelist():
+            out.writestr(name, '{"date_saved": ' + big + "}" if name == "metadata.json" else src.read(name))
+    cases["keras metadata.json"] = (str(keras), str(keras) + ": metadata.json")
+    return cases
+
+
+@pytest.mark.parametrize("n", [5000, 9000])
+def test_json_integers_past_the_digit_limit_name_the_file_and_the_number(tmp_path, n):
+    cases = json_cases(tmp_path, n)
+    for name, (path, named) in cases.items():
+        with pytest.raises(ckpt.CorruptCheckpointError) as info:
+            ckpt.load_checkpoint(path)
+        assert named in str(info.value) and f"an integer of {n} digits" in str(info.value), name
+    assert len(cases) == 7

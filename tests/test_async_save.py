@@ -114,6 +114,23 @@ def test_checkpoint_holds_the_values_of_the_call(tmp_path, fmt, staging):
         assert saver._background.arena.nbytes <= max(staging, 64 << 10)  # the arena's minimum block
 
 
+@pytest.mark.parametrize("staging", [None, 0], ids=["model", "zero"])
+@pytest.mark.parametrize("shapes", [[(0,), (0, 3)], [(4,), (0, 3)]], ids=["all-empty", "empty-last"])
+@pytest.mark.parametrize("ext", [".h5", ".msgpack"])
+def test_empty_tensors_need_no_staging_memory(tmp_path, ext, shapes, staging):
+    """Nothing to copy (every staged tensor empty) is a save like any other."""
+    values = {f"v{i}": np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+              for i, shape in enumerate(shapes)}
+    variables = {key: ckpt.Variable(value) for key, value in values.items()}
+    saver = ckpt.Saver(variables, staging_bytes=staging)
+    future = saver.save(str(tmp_path / ("m" + ext)), global_step=1, blocking=False)
+    for variable in variables.values():
+        variable.assign(np.full(variable.shape, -1, np.float32))
+    saved = load_all(future.result())
+    for key, value in values.items():
+        assert_bit_exact(value, saved[key])
+
+
 @pytest.mark.parametrize("ext", [".h5", ".msgpack"])
 def test_large_tensors_snapshot_with_a_bound_between(tmp_path, ext):
     """Half the model staged: the first tensors are written before save returns, the rest later."""

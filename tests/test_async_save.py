@@ -434,6 +434,38 @@ def test_exit_waits_for_the_save_in_flight(tmp_path, fail, how, code):
         np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(1000.0))
 
 
+ATEXIT_SCRIPT = """
+import atexit, os, sys
+import numpy as np
+import ckpt
+
+v = ckpt.Variable(np.arange(6.0), name="v")
+saver = ckpt.Saver([v])
+
+@atexit.register
+def checkpoint_on_exit():
+    saved = saver.save(os.path.join(sys.argv[1], "m.h5"), global_step=9, blocking=sys.argv[2] == "blocking")
+    if not isinstance(saved, str):
+        saved.result()
+"""
+
+
+@pytest.mark.parametrize("how", ["blocking", "background"])
+def test_an_hdf5_save_from_an_atexit_handler_exits_cleanly(tmp_path, how):
+    """h5py first imported during shutdown loses its own exit hook, and libhdf5's then calls into a
+    finalized interpreter (SIGSEGV): a Saver has h5py loaded before then."""
+    script = tmp_path / "train.py"
+    script.write_text(ATEXIT_SCRIPT)
+    directory = tmp_path / "run"
+    directory.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(directory), how], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path = ckpt.latest_checkpoint(str(directory))
+    assert path == str(directory / "m-9.h5")
+    np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(6.0))
+
+
 # --- the staging bound ---------------------------------------------------------------------------
 class RecordingFormat(MsgpackFormat):
     """Records, for each tensor the writer reads, whether save() had already returned."""

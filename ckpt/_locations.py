@@ -80,8 +80,9 @@ def _why_none(directory: str) -> str:
     if not entries:
         return f" (no '{STATE_FILE}' state file naming an existing checkpoint)"
     missing = os.path.join(directory, entries[-1].path)  # an absolute path stays as recorded
+    what = "is not a checkpoint file" if os.path.lexists(missing) else "does not exist"  # a FIFO, say
     earlier = f"; nor do the {len(entries) - 1} earlier ones it lists" if len(entries) > 1 else ""
-    return f": its '{STATE_FILE}' state file names {missing}, which does not exist{earlier}"
+    return f": its '{STATE_FILE}' state file names {missing}, which {what}{earlier}"
 
 
 def using(location: str | os.PathLike[str],

@@ -217,6 +217,8 @@ class Saver:
                 cannot be created (missing ones are); the previous checkpoint and the state
                 file are untouched.
             UninitializedVariableError: a variable has no value yet.
+            InvalidMetadataError: ``metadata`` that no format stores (a ValueError too);
+                nothing is written.
         """
         if self._comm is not None and not blocking:
             return self._save_sharded_async(path, global_step, metadata)

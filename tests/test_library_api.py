@@ -106,6 +106,24 @@ def test_convert_into_sharded_safetensors(tmp_path, how):
             assert_bit_exact(value, reader.get_tensor(key))
 
 
+@pytest.mark.parametrize("metadata, where", [
+    ({"x": object()}, "'x'"), ({"run": {"opts": [1, {2}]}}, "'run.opts[1]'"), ({"big": 2 ** 64}, "'big'"),
+    ({"ok": 1, 7: "seven"}, "7"), ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "'deep"),
+])
+@pytest.mark.parametrize("how", ["Saver.save", "save_file"])
+def test_metadata_that_cannot_be_stored_is_a_checkpoint_error(tmp_path, metadata, where, how):
+    path = tmp_path / "m.h5"
+    with pytest.raises(ckpt.InvalidMetadataError) as info:
+        if how == "Saver.save":
+            ckpt.Saver({"v": ckpt.Variable(1.0)}).save(str(path), metadata=metadata)
+        else:
+            ckpt.save_file({"v": np.ones(2)}, path, metadata=metadata)
+    assert isinstance(info.value, ckpt.CheckpointError) and isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert message.startswith(f"{path}: metadata key {where}"), message
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
 # -- compare ---------------------------------------------------------------------------------
 
 def test_compare_reports_every_kind_of_change(tmp_path):

@@ -67,10 +67,22 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
         if latest is None and any(f.claims(path) for f in formats()):  # a Hugging Face model directory, say
             return path
         if latest is None:
-            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory (no '{STATE_FILE}' "
-                                          "state file naming an existing checkpoint)")
+            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}")
         return latest
     return path
+
+
+def _why_none(directory: str) -> str:
+    """What the state file of a directory without checkpoints names (a copied TensorFlow
+    directory's state file names the old machine's absolute paths)."""
+    state = open_store(directory).read_state()
+    entries = state.all_entries() if state is not None else []
+    if not entries:
+        return f" (no '{STATE_FILE}' state file naming an existing checkpoint)"
+    missing = os.path.join(directory, entries[-1].path)  # an absolute path stays as recorded
+    what = "is not a checkpoint file" if os.path.lexists(missing) else "does not exist"  # a FIFO, say
+    earlier = f"; nor do the {len(entries) - 1} earlier ones it lists" if len(entries) > 1 else ""
+    return f": its '{STATE_FILE}' state file names {missing}, which {what}{earlier}"
 
 
 def using(location: str | os.PathLike[str],

@@ -26,6 +26,7 @@ __all__ = [
     "CorruptCheckpointError",
     "UnsupportedCheckpointError",
     "UninitializedVariableError",
+    "InvalidMetadataError",
     "CheckpointWriteError",
     "ReplacedWriteError",
     "StorageError",
@@ -71,6 +72,11 @@ class UnsupportedCheckpointError(CheckpointError, ValueError):
 
 class UninitializedVariableError(CheckpointError, RuntimeError):
     """A variable was read before it was initialized or restored."""
+
+
+class InvalidMetadataError(CheckpointError, ValueError):
+    """Metadata given to a save that no format stores: not JSON-like data, a key that is not a
+    string, an int beyond 64 bits, nesting deeper than 32 levels."""
 
 
 class CheckpointWriteError(CheckpointError, OSError):

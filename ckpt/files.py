@@ -45,7 +45,8 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         The path written.
 
     Raises:
-        ValueError: an unknown extension, an invalid key or metadata that is not JSON-like.
+        ValueError: an unknown extension or an invalid key.
+        InvalidMetadataError: metadata that is not JSON-like (a ValueError too).
         TypeError: a value of a dtype no checkpoint holds.
         CheckpointWriteError: the file could not be written; a previous file is untouched.
     """

@@ -90,6 +90,15 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     return keys
 
 
+def _load_hdf5_library() -> None:
+    """Import h5py now, while the interpreter is whole: the HDF5 writer imports it on first use,
+    and a first use inside an atexit handler ("checkpoint on exit") imports it during shutdown,
+    where h5py's own exit hook is never run and libhdf5's then calls into the finalized
+    interpreter (SIGSEGV after the checkpoint committed)."""
+    # lazy: only Savers that write HDF5 load h5py (`import ckpt` stays free of it)
+    import h5py  # noqa: F401
+
+
 class Saver:
     """Saves variables to checkpoint files and restores them.
 
@@ -139,6 +148,8 @@ class Saver:
         if not fmt.can_write:
             raise ValueError(f"format {format!r} can be read but not written")
         self._format = fmt
+        if fmt.name == "hdf5":
+            _load_hdf5_library()
         self._max_to_keep = max_to_keep or None  # TF1: 0 keeps every checkpoint
         self._keep_hours = keep_checkpoint_every_n_hours
         self._last_checkpoints: list[str] = []
@@ -206,6 +217,8 @@ class Saver:
                 cannot be created (missing ones are); the previous checkpoint and the state
                 file are untouched.
             UninitializedVariableError: a variable has no value yet.
+            InvalidMetadataError: ``metadata`` that no format stores (a ValueError too);
+                nothing is written.
         """
         if self._comm is not None and not blocking:
             return self._save_sharded_async(path, global_step, metadata)

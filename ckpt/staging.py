@@ -181,6 +181,9 @@ class StagingArena:
             if arr.dtype.kind == "O":
                 staged.append((key, arr.copy()))
                 continue
+            if arr.size == 0:  # nothing to snapshot, and no arena when every staged tensor is empty
+                staged.append((key, np.empty(arr.shape, arr.dtype)))
+                continue
             assert block is not None and arr.flags.c_contiguous
             copies.append((block[offset:offset + arr.nbytes], arr.reshape(-1).view(np.uint8)))
             staged.append((key, block[offset:offset + arr.nbytes].view(arr.dtype).reshape(arr.shape)))

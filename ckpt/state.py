@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -104,7 +105,11 @@ def read_state(directory: str) -> CheckpointState | None:
             raw = f.read(min(os.fstat(f.fileno()).st_size, 16 << 20))  # read(N) mallocs N bytes first
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return parse_state(raw, path)
+    state = parse_state(raw, path)
+    if state.written_by == "tensorflow":  # local files only: parse_state also reads object stores' state
+        state.checkpoints = [CheckpointEntry(_found_beside(e.path, directory), e.time, e.step)
+                             for e in state.checkpoints]
+    return state
 
 
 def parse_state(raw: bytes, path: str) -> CheckpointState:
@@ -154,6 +159,26 @@ def _read_tensorflow_state(raw: bytes, path: str) -> CheckpointState:
         raise CorruptCheckpointError(f"{path}: malformed TensorFlow checkpoint timestamps") from None
     times = times if len(times) == len(paths) else [0.0] * len(paths)
     return CheckpointState([CheckpointEntry(p, t) for p, t in zip(paths, times)], written_by="tensorflow")
+
+
+def _found_beside(prefix: str, directory: str) -> str:
+    """``prefix`` when its checkpoint exists, else its file name when that exists in ``directory``.
+
+    TensorFlow records absolute paths, and directories get copied between machines: a copy's
+    state file names the old machine's paths, while the same files sit beside it. When neither
+    exists the path stays as recorded, so errors name what is missing.
+    """
+    if _tensorflow_exists(os.path.join(directory, prefix)):  # an absolute prefix: join keeps it
+        return prefix
+    name = re.split(r"[\\/]", prefix)[-1]  # a Windows machine's paths too
+    if name not in ("", ".", "..") and _tensorflow_exists(os.path.join(directory, name)):
+        return name
+    return prefix
+
+
+def _tensorflow_exists(prefix: str) -> bool:
+    """True when a TensorFlow prefix (model.ckpt-7 -> model.ckpt-7.index) or a file exists there."""
+    return os.path.isfile(prefix + ".index") or os.path.exists(prefix)
 
 
 def write_state(directory: str, state: CheckpointState) -> None:

@@ -222,6 +222,11 @@ class FileReader(BaseReader):
         crc = getattr(self.info(key).extra, "crc32c", None)
         return crc if isinstance(crc, int) and self.data_extents(key) is not None else None
 
+    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
+        """The crc32c of each block of a tensor's stored bytes and the block size in bytes, as the
+        file stores them; None when it stores no such table (one checksum for the tensor, or none)."""
+        return None
+
     def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
         """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
         caller verifies)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError, InvalidMetadataError, UnsupportedCheckpointError
 
 if TYPE_CHECKING:  # check_tensors' annotation only: the readers' module imports this one
     from ._readers import TensorInfo
@@ -216,7 +216,8 @@ def check_metadata(metadata: Any, path: str) -> dict[str, Any]:
 
 
 def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
-    """Return ``metadata`` as plain JSON-like data both formats store, or raise ValueError.
+    """Return ``metadata`` as plain JSON-like data both formats store, or raise InvalidMetadataError
+    (a ValueError) naming ``path`` and the key.
 
     Keys are strings; values are None, bool, int (64-bit), float, str, lists and maps of
     these. numpy scalars and arrays are converted with ``tolist()``.
@@ -224,14 +225,14 @@ def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[st
 
     def convert(value: Any, where: str, depth: int) -> Any:
         if depth > 32:
-            raise ValueError(f"{path}: metadata {where} is nested too deeply")
+            raise InvalidMetadataError(f"{path}: metadata key {where!r} is nested more than 32 levels deep")
         if isinstance(value, (np.generic, np.ndarray)) and value.dtype.kind in "biufc":
             value = value.tolist()
         if value is None or isinstance(value, (bool, float, str)):
             return value
         if isinstance(value, int):
             if not -(2 ** 63) <= value < 2 ** 64:
-                raise ValueError(f"{path}: metadata {where} = {value} does not fit in 64 bits")
+                raise InvalidMetadataError(f"{path}: metadata key {where!r} = {value} does not fit in 64 bits")
             return value
         if isinstance(value, (list, tuple)):
             return [convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
@@ -239,15 +240,17 @@ def normalize_metadata(metadata: Mapping[str, Any] | None, path: str) -> dict[st
             out: dict[str, Any] = {}
             for k, v in value.items():
                 if not isinstance(k, str):
-                    raise ValueError(f"{path}: metadata keys must be strings, got {k!r} in {where}")
+                    inside = f" (in {where!r})" if where else ""
+                    raise InvalidMetadataError(f"{path}: metadata key {k!r}{inside} is a {type(k).__name__}; "
+                                               "metadata keys must be strings")
                 out[k] = convert(v, f"{where}.{k}" if where else k, depth + 1)
             return out
-        raise ValueError(f"{path}: metadata {where or 'value'} is a {type(value).__name__}; use None, "
-                         "bool, int, float, str, lists and dicts")
+        raise InvalidMetadataError(f"{path}: metadata key {where!r} holds a {type(value).__name__}; ckpt "
+                                   "stores None, bool, int, float, str, lists and dicts")
 
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
-        raise ValueError(f"{path}: metadata must be a dict, got {type(metadata).__name__}")
+        raise InvalidMetadataError(f"{path}: metadata must be a dict, got {type(metadata).__name__}")
     normalized: dict[str, Any] = convert(metadata, "", 0)
     return normalized

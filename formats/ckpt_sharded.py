@@ -43,7 +43,7 @@ from ckpt._urls import is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
-from ._blocks import BLOCK_BYTES, read_part
+from ._blocks import BLOCK_BYTES, block_crcs, read_part
 from .base import (BaseReader, Format, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
                    dtype_or_raise, format_for_path, offering, open_blob, key_problem, normalize_metadata,
                    validate_keys, write_into)
@@ -89,14 +89,19 @@ def stored_crcs(reader: Any, key: str) -> list[int] | None:
     """The crc32c of each ``BLOCK_BYTES`` of a block a shard file holds, as that file stores them
     (its block checksums, or the tensor's own crc32c when it fills one block); None for strings.
 
-    The shard file's writer computed them from the bytes it wrote: nothing is read or checksummed again.
+    The shard file's writer computed them from the bytes it wrote: nothing is read or checksummed
+    again, except for a format that stores one checksum per tensor (safetensors) and a block over
+    ``BLOCK_BYTES``: its bytes are read back (checked against that checksum) and checksummed.
     """
     info = reader.tensors[key]
     if dtypes.is_string(info.dtype) or not info.nbytes:
         return None if dtypes.is_string(info.dtype) else []
     table = reader.block_checksums(key)
     if table is None:
-        return [int(info.extra.crc32c)]
+        crc = reader.stored_crc32c(key)
+        if crc is not None and info.nbytes <= BLOCK_BYTES:
+            return [int(crc)]
+        return block_crcs(_io.byte_view(reader.read(key)))
     crcs, block_bytes = table
     if block_bytes != BLOCK_BYTES:
         raise CorruptCheckpointError(f"{reader.path}: {block_bytes}-byte checksum blocks; the commit record "

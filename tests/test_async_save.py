@@ -114,6 +114,23 @@ def test_checkpoint_holds_the_values_of_the_call(tmp_path, fmt, staging):
         assert saver._background.arena.nbytes <= max(staging, 64 << 10)  # the arena's minimum block
 
 
+@pytest.mark.parametrize("staging", [None, 0], ids=["model", "zero"])
+@pytest.mark.parametrize("shapes", [[(0,), (0, 3)], [(4,), (0, 3)]], ids=["all-empty", "empty-last"])
+@pytest.mark.parametrize("ext", [".h5", ".msgpack"])
+def test_empty_tensors_need_no_staging_memory(tmp_path, ext, shapes, staging):
+    """Nothing to copy (every staged tensor empty) is a save like any other."""
+    values = {f"v{i}": np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+              for i, shape in enumerate(shapes)}
+    variables = {key: ckpt.Variable(value) for key, value in values.items()}
+    saver = ckpt.Saver(variables, staging_bytes=staging)
+    future = saver.save(str(tmp_path / ("m" + ext)), global_step=1, blocking=False)
+    for variable in variables.values():
+        variable.assign(np.full(variable.shape, -1, np.float32))
+    saved = load_all(future.result())
+    for key, value in values.items():
+        assert_bit_exact(value, saved[key])
+
+
 @pytest.mark.parametrize("ext", [".h5", ".msgpack"])
 def test_large_tensors_snapshot_with_a_bound_between(tmp_path, ext):
     """Half the model staged: the first tensors are written before save returns, the rest later."""
@@ -415,6 +432,38 @@ def test_exit_waits_for_the_save_in_flight(tmp_path, fail, how, code):
         path = ckpt.latest_checkpoint(str(directory))
         assert path == str(directory / "m-7.aftermain")
         np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(1000.0))
+
+
+ATEXIT_SCRIPT = """
+import atexit, os, sys
+import numpy as np
+import ckpt
+
+v = ckpt.Variable(np.arange(6.0), name="v")
+saver = ckpt.Saver([v])
+
+@atexit.register
+def checkpoint_on_exit():
+    saved = saver.save(os.path.join(sys.argv[1], "m.h5"), global_step=9, blocking=sys.argv[2] == "blocking")
+    if not isinstance(saved, str):
+        saved.result()
+"""
+
+
+@pytest.mark.parametrize("how", ["blocking", "background"])
+def test_an_hdf5_save_from_an_atexit_handler_exits_cleanly(tmp_path, how):
+    """h5py first imported during shutdown loses its own exit hook, and libhdf5's then calls into a
+    finalized interpreter (SIGSEGV): a Saver has h5py loaded before then."""
+    script = tmp_path / "train.py"
+    script.write_text(ATEXIT_SCRIPT)
+    directory = tmp_path / "run"
+    directory.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(directory), how], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path = ckpt.latest_checkpoint(str(directory))
+    assert path == str(directory / "m-9.h5")
+    np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(6.0))
 
 
 # --- the staging bound ---------------------------------------------------------------------------

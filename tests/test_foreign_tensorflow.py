@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import struct
 
 import crc32c
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import assert_bit_exact
 
 import ckpt
+from ckpt.cli import main
 from ckpt.formats import _sstable
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "foreign")
@@ -139,6 +143,69 @@ def test_the_checkpoint_tf2_wrote():
             reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
     value = ckpt.load_variable(path, "model/w/.ATTRIBUTES/VARIABLE_VALUE")
     assert_bit_exact(expected["model__w__.ATTRIBUTES__VARIABLE_VALUE"], value)
+
+
+# --- a directory copied from another machine ---------------------------------------------------
+#: Where the run lived on the machine that wrote it (exists nowhere here).
+ELSEWHERE = ["/home/ckpt-elsewhere/run", "C:\\Users\\ckpt-elsewhere\\run"]
+
+
+def tf_state(directory, *prefixes):
+    """A TensorFlow state file as the v1 Saver writes it: absolute paths, the last one latest."""
+    quoted = [json.dumps(p) for p in prefixes]  # TF's text format escapes like JSON here
+    lines = [f"model_checkpoint_path: {quoted[-1]}"] + [f"all_model_checkpoint_paths: {q}" for q in quoted]
+    (directory / "checkpoint").write_text("\n".join(lines) + "\n")
+
+
+def run_cli(*args):
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 always keeps stderr apart
+        runner = CliRunner()
+    return runner.invoke(main, [str(a) for a in args], prog_name="ckpt", catch_exceptions=False)
+
+
+@pytest.mark.parametrize("elsewhere", ELSEWHERE)
+def test_a_copied_directory_whose_state_file_names_the_old_machines_paths(tmp_path, elsewhere):
+    """The prefix the state file names is gone, the same name sits beside the state file: that one."""
+    copy = tmp_path / "copied"
+    shutil.copytree(os.path.join(FIXTURES, "tf1_saver"), copy, copy_function=shutil.copyfile)
+    sep = "\\" if "\\" in elsewhere else "/"
+    tf_state(copy, f"{elsewhere}{sep}model.ckpt-5", f"{elsewhere}{sep}model.ckpt-7")
+    assert ckpt.latest_checkpoint(copy) == str(copy / "model.ckpt-7")
+    with ckpt.load_checkpoint(copy) as reader, np.load(os.path.join(FIXTURES, "tf1_saver_expected.npz")) as want:
+        assert reader.path == str(copy / "model.ckpt-7")
+        assert_bit_exact(want["encoder__dense__kernel"], reader.get_tensor("encoder/dense/kernel"))
+    rows = {(c.path, c.note) for c in ckpt.list_checkpoints(copy)}
+    assert rows == {("model.ckpt-7", "latest"), (f"{elsewhere}{sep}model.ckpt-5", "missing")}
+    inspected = run_cli("inspect", copy)
+    assert inspected.exit_code == 0 and "encoder/dense/kernel" in inspected.stdout
+    listed = run_cli("ls", copy)
+    assert listed.exit_code == 0 and "model.ckpt-7" in listed.stdout and "latest" in listed.stdout
+
+
+def test_a_state_file_whose_paths_match_nothing_names_the_missing_path(tmp_path):
+    copy = tmp_path / "copied"
+    shutil.copytree(os.path.join(FIXTURES, "tf1_saver"), copy, copy_function=shutil.copyfile)
+    missing = f"{ELSEWHERE[0]}/model.ckpt-9"  # step 9 was never copied
+    tf_state(copy, missing)
+    assert ckpt.latest_checkpoint(copy) is None
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=f"{re.escape(missing)}.*does not exist"):
+        ckpt.load_checkpoint(copy)
+    inspected = run_cli("inspect", copy)
+    assert inspected.exit_code == 1 and missing in inspected.stderr
+    rows = ckpt.list_checkpoints(copy)
+    assert (rows[0].path, rows[0].note) == (missing, "missing")
+
+
+def test_an_existing_absolute_path_is_used_as_it_is(tmp_path):
+    """A state file beside a same-named copy still reads the path it names when that exists."""
+    original = tmp_path / "original"
+    shutil.copytree(os.path.join(FIXTURES, "tf1_saver"), original, copy_function=shutil.copyfile)
+    other = tmp_path / "other"
+    shutil.copytree(os.path.join(FIXTURES, "tf1_saver"), other, copy_function=shutil.copyfile)
+    tf_state(other, str(original / "model.ckpt-7"))
+    assert ckpt.latest_checkpoint(other) == str(original / "model.ckpt-7")
 
 
 # --- hand-built bundles ----------------------------------------------------------------------

@@ -362,14 +362,14 @@ def test_damaged_msgpack_padding_is_reported_by_verify(tmp_path):
 def test_unreadable_files_are_not_reported_as_missing(tmp_path, monkeypatch):
     """Code that starts afresh on CheckpointNotFoundError must not do so on an I/O error."""
     path = write(base.get_format("msgpack"), tmp_path / "m.msgpack", [("a", np.ones(2))])
-    real_open = open
+    real_open = os.open
 
     def failing(name, *args, **kwargs):
         if str(name) == path:
             raise OSError(5, "Input/output error")
         return real_open(name, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", failing)
+    monkeypatch.setattr(os, "open", failing)  # LocalFile opens with os.open (non-blocking, then fstat)
     with pytest.raises(ckpt.CorruptCheckpointError, match="Input/output error") as info:
         base.open_reader(path)
     assert not isinstance(info.value, FileNotFoundError)

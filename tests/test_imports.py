@@ -55,3 +55,16 @@ def test_lazy_formats_match_the_formats_they_load():
         real = fmt.load()  # TypeError if the registered name, extensions or can_write differ
         assert fmt.load() is real and isinstance(fmt, ckpt.WritableFormat) == isinstance(real, ckpt.WritableFormat)
         assert repr(fmt).endswith("loaded)>")
+
+
+def test_only_an_hdf5_saver_loads_h5py_when_created():
+    """An HDF5 Saver has h5py loaded before an atexit save could need it (tests/test_async_save.py);
+    a msgpack Saver leaves it unloaded."""
+    code = ("import sys, ckpt\n"
+            "ckpt.Saver({'v': ckpt.Variable(1.0)}, format='msgpack')\n"
+            "print('h5py' in sys.modules)\n"
+            "ckpt.Saver({'v': ckpt.Variable(1.0)})\n"
+            "print('h5py' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=OUTSIDE_CHECKOUT)
+    assert out.stdout.split() == ["False", "True"]

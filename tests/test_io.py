@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
+import socket
+import subprocess
+import sys
 from typing import ClassVar
 
 import crc32c
@@ -10,6 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt
+import ckpt.state
 from ckpt.formats import _io
 from ckpt.storage import ReadableBlob
 
@@ -137,3 +143,56 @@ def test_writers_lend_only_the_callers_own_arrays(tmp_path, monkeypatch, ext):
     ckpt.convert(source, path, overwrite=True)  # lazy sources: read into ckpt's own buffers, never lent
     assert all(isinstance(p, bytes) for p in _Lending.lent)
     assert pathlib.Path(path).read_bytes() == pathlib.Path(plain).read_bytes()
+
+
+FIFO_CHILD = """
+import json, os, sys
+from click.testing import CliRunner
+import ckpt
+from ckpt.cli import main
+
+path = sys.argv[1]
+out = {}
+try:
+    ckpt.load_checkpoint(path)
+except ckpt.CheckpointError as exc:
+    out["load_checkpoint"] = [type(exc).__name__, str(exc)]
+try:
+    ckpt.load_checkpoint(os.path.dirname(path))  # the directory's state file names the FIFO
+except ckpt.CheckpointError as exc:
+    out["load_directory"] = [type(exc).__name__, str(exc)]
+for args in (["inspect", path], ["verify", path], ["convert", path, path + ".msgpack"]):
+    result = CliRunner().invoke(main, args, prog_name="ckpt", catch_exceptions=False)
+    out[args[0]] = [result.exit_code, result.output]
+print(json.dumps(out))
+"""
+
+
+def test_a_fifo_named_like_a_checkpoint_is_refused_without_blocking(tmp_path):
+    """open() of a FIFO waits for a writer for ever: a child process, so a hang fails on its timeout."""
+    run = tmp_path / "run"
+    run.mkdir()
+    fifo = run / "m-1.h5"
+    os.mkfifo(fifo)
+    ckpt.state.write_state(str(run), ckpt.state.CheckpointState([ckpt.state.CheckpointEntry("m-1.h5", 1.0, 1)]))
+    child = subprocess.run([sys.executable, "-c", FIFO_CHILD, str(fifo)], capture_output=True, text=True,
+                           timeout=30, check=True)
+    out = json.loads(child.stdout)
+    kind, message = out["load_checkpoint"]
+    assert kind == "UnsupportedCheckpointError" and message.startswith(f"{fifo}: a FIFO (named pipe), "), out
+    kind, message = out["load_directory"]
+    assert kind == "CheckpointNotFoundError" and f"names {fifo}, which is not a checkpoint file" in message, out
+    for command in ("inspect", "verify", "convert"):
+        code, output = out[command]
+        assert code == 1 and f"Error: {fifo}: a FIFO (named pipe), not a checkpoint file" in output, out
+
+
+def test_a_socket_or_device_is_refused(tmp_path):
+    sock = socket.socket(socket.AF_UNIX)
+    path = tmp_path / "m.msgpack"
+    with sock:
+        sock.bind(str(path))
+        with pytest.raises(ckpt.UnsupportedCheckpointError, match=f"^{path}: a socket, not a checkpoint file"):
+            ckpt.load_checkpoint(path)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="^/dev/null: a character device, not a checkpoint"):
+        ckpt.load_checkpoint("/dev/null")

@@ -77,6 +77,53 @@ def test_convert_format_by_name_and_sharded(tmp_path):
     assert not os.path.exists(tmp_path / "c.safetensors")
 
 
+@pytest.mark.parametrize("how", ["api", "cli"])
+def test_convert_into_sharded_safetensors(tmp_path, how):
+    """Safetensors shard files store one checksum per tensor: the commit record's per-block
+    checksums of a block over 1 MiB are computed from the bytes read back (checked against it)."""
+    from click.testing import CliRunner
+
+    from ckpt.cli import main
+
+    rng = np.random.default_rng(24)
+    tensors = {**model(), "big": rng.standard_normal((600, 1024)).astype(np.float32),  # 1.2 MiB a shard
+               "empty": np.zeros((0, 4), np.float16), "i8": np.arange(-5, 5, dtype=np.int8),
+               "bf16": np.linspace(-2, 2, 600 * 1024).reshape(600, 1024).astype(ckpt.dtypes.bfloat16),
+               "scalar": np.float64(2.5)}
+    src = ckpt.save_file(tensors, tmp_path / "src.h5")
+    dst = tmp_path / "b.safetensors"
+    if how == "api":
+        assert ckpt.convert(src, dst, shards=2).shards == 2
+    else:
+        result = CliRunner().invoke(main, ["convert", src, str(dst), "--shards", "2"], prog_name="ckpt",
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    assert sorted(n.endswith(".safetensors") for n in os.listdir(dst)).count(True) == 2
+    assert ckpt.compare(src, dst).same
+    with ckpt.load_checkpoint(dst) as reader:
+        assert reader.verify() == []
+        for key, value in tensors.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+
+
+@pytest.mark.parametrize("metadata, where", [
+    ({"x": object()}, "'x'"), ({"run": {"opts": [1, {2}]}}, "'run.opts[1]'"), ({"big": 2 ** 64}, "'big'"),
+    ({"ok": 1, 7: "seven"}, "7"), ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "'deep"),
+])
+@pytest.mark.parametrize("how", ["Saver.save", "save_file"])
+def test_metadata_that_cannot_be_stored_is_a_checkpoint_error(tmp_path, metadata, where, how):
+    path = tmp_path / "m.h5"
+    with pytest.raises(ckpt.InvalidMetadataError) as info:
+        if how == "Saver.save":
+            ckpt.Saver({"v": ckpt.Variable(1.0)}).save(str(path), metadata=metadata)
+        else:
+            ckpt.save_file({"v": np.ones(2)}, path, metadata=metadata)
+    assert isinstance(info.value, ckpt.CheckpointError) and isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert message.startswith(f"{path}: metadata key {where}"), message
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
 # -- compare ---------------------------------------------------------------------------------
 
 def test_compare_reports_every_kind_of_change(tmp_path):

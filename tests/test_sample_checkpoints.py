@@ -236,3 +236,23 @@ def test_readme_examples_print_what_they_show(tmp_path, monkeypatch, readme, cwd
         command, expected = (text.replace("/tmp/ckpt-readme/", f"{tmp_path}/readme-out/") for text in (command, expected))
         result = CliRunner().invoke(main, shlex.split(command)[1:], prog_name="ckpt", catch_exceptions=False)
         assert result.output == expected, command
+
+
+#: Absolute paths of the machine that wrote a file (POSIX homes and temporary directories, macOS,
+#: Windows): a committed file naming one works only where that path still exists (issue 24).
+MACHINE_PATHS = re.compile(rb"(?<![\w.])/(?:tmp|home|root|Users|private/var|var/folders)/|[A-Za-z]:\\\\?Users\\")
+
+
+def test_no_committed_fixture_or_sample_names_an_absolute_path_of_the_machine_that_wrote_it():
+    """Text and binary files alike: the bytes are searched, so a path inside an index or a
+    commit record counts too."""
+    found = []
+    for top in (SAMPLES, os.path.join(ROOT, "tests", "fixtures")):
+        for directory, _, files in os.walk(top):
+            for name in files:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    match = MACHINE_PATHS.search(f.read())
+                if match is not None:
+                    found.append(f"{os.path.relpath(path, ROOT)}: {match.group().decode('latin-1')!r}")
+    assert found == []

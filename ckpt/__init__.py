@@ -22,6 +22,7 @@ from .errors import CorruptCheckpointError as CorruptCheckpointError
 from .errors import KeyNotFoundError as KeyNotFoundError
 from .errors import MismatchError as MismatchError
 from .errors import ReplacedWriteError as ReplacedWriteError
+from .errors import StateFileWarning as StateFileWarning
 from .errors import StorageError as StorageError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError

@@ -3,6 +3,7 @@ partial reads. The same code paths run under real MPI processes in test_mpi.py."
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import struct
@@ -602,3 +603,16 @@ def test_a_commit_record_opened_by_its_own_path_opens_its_checkpoint(tmp_path):
     with ckpt.load_checkpoint(os.path.join(path, sharded.COMMIT)) as reader:
         assert reader.format == "ckpt-sharded" and reader.path == path
         assert_bit_exact(global_tensors()["emb"], reader.get_tensor("emb"))
+
+
+def test_list_checkpoints_shows_a_committed_sharded_checkpoint_the_state_file_does_not_list(tmp_path):
+    saver = ckpt.Saver({"w": ckpt.Variable(np.arange(6.0))}, comm=distributed.local())
+    first = saver.save(str(tmp_path / "m.h5"), global_step=1)
+    saver.save(str(tmp_path / "m.h5"), global_step=2)
+    (tmp_path / "checkpoint").write_text(json.dumps({"format": "ckpt-state", "version": 1, "checkpoints": [
+        {"path": "m-2.h5", "time": 2.0, "step": 2}]}))
+    (tmp_path / "m-3.h5").mkdir()  # a sharded save that never committed: not a checkpoint
+    rows = {r.path: r for r in ckpt.list_checkpoints(tmp_path)}
+    assert sorted(rows) == ["m-1.h5", "m-2.h5"] and rows["m-2.h5"].latest
+    assert rows["m-1.h5"].note == "not in the 'checkpoint' state file"
+    assert rows["m-1.h5"].size == sum(p.stat().st_size for p in pathlib.Path(first).iterdir())

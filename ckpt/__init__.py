@@ -23,6 +23,7 @@ from .errors import InvalidMetadataError as InvalidMetadataError
 from .errors import KeyNotFoundError as KeyNotFoundError
 from .errors import MismatchError as MismatchError
 from .errors import ReplacedWriteError as ReplacedWriteError
+from .errors import StateFileWarning as StateFileWarning
 from .errors import StorageError as StorageError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError

@@ -5,7 +5,11 @@ Atomic writes are ``ckpt.atomic``'s (temporary file, fsync, rename, fsync of the
 with its locking and stale-temporary cleanup); the state file is ``ckpt.state``'s, read and
 rewritten under the directory's ``flock``. A commit renames the new checkpoint into place,
 records it and deletes what retention dropped under that one lock, so another saver's
-retention never deletes a file this save put in place.
+retention never deletes a file this save put in place. Before the rename the state file is
+written with the new checkpoint *pending* (``ckpt.state.settle``): a save killed between the
+rename and the state file's final write still leaves its checkpoint the latest. A damaged state
+file is replaced, for readers and for the next save, by the verified checkpoints of the
+directory (``ckpt._recovery``).
 
 Example:
     >>> import tempfile
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -27,10 +32,13 @@ from typing import TypeVar
 
 from . import _urls
 from .atomic import is_temporary, replace_atomically
-from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, ReplacedWriteError
+from ._recovery import is_candidate, recover_state
+from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError,
+                     ReplacedWriteError)
 from .formats import _io
-from .formats.base import format_for_path, formats  # the registry: formats claim prefixes, directories
-from .state import LOCK_FILE, STATE_FILE, CheckpointState, read_state, state_lock, write_state
+from .formats.base import format_for_path, formats, open_reader  # the registry: formats claim prefixes, directories
+from .state import (LOCK_FILE, STATE_FILE, CheckpointEntry, CheckpointState, read_state, settle, state_lock,
+                    with_pending, write_state)
 from .storage import Listed, ReadableBlob, StateChange, Store, WritableBlob
 
 __all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "checkpoint_exists", "fill_file"]
@@ -48,6 +56,17 @@ def checkpoint_exists(path: str) -> bool:
     """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix, a
     sharded checkpoint's directory)."""
     return os.path.isfile(path) or any(f.claims(path) for f in formats())
+
+
+def _committing_file(path: str) -> str:
+    """The file whose rename commits the checkpoint ``path``: the file, or a sharded
+    checkpoint's commit record."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        # lazy: a format module, imported only when a sharded checkpoint is looked at
+        from .formats.ckpt_sharded import COMMIT
+
+        return os.path.join(path, COMMIT)
+    return path
 
 
 def remove_checkpoint(path: str) -> None:
@@ -117,20 +136,24 @@ class LocalStore:
             write_state(self.location, state)
             return result
 
-    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
         path = self.join(name)
         flush_error: ReplacedWriteError | None = None
         with ExitStack() as held:
-            # rename, record and retention's deletions happen under the directory's lock
+            # intent, rename, record and retention's deletions happen under the directory's lock
             def lock() -> None:
                 try:
                     held.enter_context(state_lock(self.location))
                 except CheckpointWriteError as exc:
                     raise CheckpointWriteError(f"{path}: not saved, the state file cannot be locked: {exc}; "
                                                "the previous checkpoint is still the latest") from exc
+                self.intend(name, step, tmp)
 
             try:
                 state = read_state(self.location) if os.path.isdir(self.location) else None
+            except CorruptCheckpointError:
+                state = None  # damaged: replaced under the lock by what the directory holds (intend)
             except OSError as exc:
                 if isinstance(exc, CheckpointError):
                     raise
@@ -147,6 +170,65 @@ class LocalStore:
             raise flush_error
         return written
 
+    def intend(self, name: str, step: int | None, new_file: str) -> None:
+        """Write the state file with ``name`` pending, before ``new_file`` (complete, fsynced) is
+        renamed into place to commit it; the caller holds the lock. Where the rename replaces a
+        file, the entry names ``new_file``'s inode: the old file of that name is not this save's."""
+        path = self.join(name)
+        try:
+            state = self.state_for_update()
+            if state.written_by != "ckpt":
+                raise CheckpointWriteError(f"{self.join(STATE_FILE)}: a {state.written_by} state file; ckpt will "
+                                           "not rewrite it")
+            replaces = os.path.lexists(_committing_file(path))
+            entry = CheckpointEntry(name, time.time(), step, str(os.stat(new_file).st_ino) if replaces else None)
+            write_state(self.location, with_pending(state, entry))
+        except OSError as exc:  # CheckpointWriteError included
+            cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
+            raise CheckpointWriteError(f"{path}: not saved, the state file cannot be written ({cause}); the "
+                                       "previous checkpoint is still the latest") from exc
+
+    def state_for_update(self) -> CheckpointState:
+        """The state a save changes: pending entries settled, a damaged file replaced by the
+        directory's verified checkpoints (with a warning), an empty one for no state file."""
+        return self.effective_state() or CheckpointState()
+
+    def effective_state(self, recording: str | None = None) -> CheckpointState | None:
+        """The state readers go by: ``read_state`` with pending entries settled (counted where their
+        commit happened, dropped where not; ``recording``'s dropped: its save adds it); for a damaged
+        state file, the verified checkpoints of the directory, with a StateFileWarning."""
+        try:
+            state = read_state(self.location)
+        except CorruptCheckpointError as exc:
+            state = self._recovered(exc)
+        return None if state is None else settle(state, self._committed, recording)
+
+    def _committed(self, entry: CheckpointEntry) -> bool:
+        """True when the pending ``entry``'s save committed: its file (or commit record) is there,
+        and is the file that save renamed into place where it named one."""
+        path = self.join(entry.path)
+        if entry.commit is None:
+            return checkpoint_exists(path)
+        try:
+            return str(os.stat(_committing_file(path)).st_ino) == entry.commit
+        except OSError:
+            return False
+
+    def _recovered(self, problem: CorruptCheckpointError) -> CheckpointState:
+        found = []
+        for name in self.list_names():
+            full = self.join(name)
+            if name != STATE_FILE and is_candidate(name) and checkpoint_exists(full):
+                found.append((name, os.path.getmtime(full)))
+        return recover_state(problem, found, self._verifies)
+
+    def _verifies(self, name: str) -> bool:
+        try:
+            with open_reader(self.join(name)) as reader:
+                return not reader.verify()
+        except (CheckpointError, OSError):
+            return False
+
     def record(self, name: str, change: StateChange, listed_before: bool) -> CheckpointState:
         """Write the state ``change`` gives and delete what it drops; the caller holds the lock.
 
@@ -155,7 +237,7 @@ class LocalStore:
         """
         path = self.join(name)
         try:
-            state, doomed = change(read_state(self.location))
+            state, doomed = change(self.effective_state(recording=name))
             write_state(self.location, state)
         except ReplacedWriteError:
             raise  # the state file names the new checkpoint; only its durability is in doubt
@@ -166,11 +248,11 @@ class LocalStore:
                     remove_checkpoint(path)
                 except OSError:
                     pass
+            outcome = "it was removed, and the previous checkpoint is still the latest" if not listed_before \
+                else "it replaced the earlier file of that name, and the state file names it as pending"
             raise CheckpointWriteError(
                 f"{path}: the checkpoint was written but could not be recorded in the state file "
-                f"{self.join(STATE_FILE)} ({cause}); "
-                f"{'it was removed, and ' if not listed_before else ''}the previous checkpoint is "
-                "still the latest") from exc
+                f"{self.join(STATE_FILE)} ({cause}); {outcome}") from exc
         for old in doomed:
             try:
                 remove_checkpoint(self.join(old))
@@ -181,7 +263,9 @@ class LocalStore:
         return state
 
     def latest(self) -> str | None:
-        state = read_state(self.location)
+        return self._latest_in(self.effective_state())
+
+    def _latest_in(self, state: CheckpointState | None) -> str | None:
         for entry in reversed(state.all_entries() if state is not None else []):
             candidate = self.join(entry.path)  # TensorFlow may record absolute paths
             if checkpoint_exists(candidate):
@@ -192,8 +276,8 @@ class LocalStore:
         if not os.path.isdir(self.location):
             what = "not a directory" if os.path.exists(self.location) else "no such directory"
             raise CheckpointNotFoundError(f"{self.location}: {what}")
-        state = read_state(self.location)
-        latest = self.latest()
+        state = self.effective_state()
+        latest = self._latest_in(state)
         rows: list[Listed] = []
         known: set[str] = set()
         if state is not None:
@@ -201,16 +285,18 @@ class LocalStore:
             for entry in state.all_entries():
                 full = self.join(entry.path)  # TensorFlow may record absolute paths
                 files = _files_of(full)
-                known.update(os.path.abspath(f) for f in files)
+                known.update(os.path.abspath(f) for f in files + [full])
                 note = "latest" if full == latest else "missing" if not checkpoint_exists(full) else \
                     "preserved" if entry.path in preserved else ""
                 rows.append((entry.path, entry.step, entry.time or None, _size(files), note))
         for name in sorted(os.listdir(self.location)):
             full = self.join(name)
+            # a file, or a committed sharded checkpoint's directory
             if os.path.abspath(full) in known or name == STATE_FILE or is_temporary(name) or \
-                    not os.path.isfile(full) or format_for_path(name) is None:
+                    format_for_path(name) is None or not (os.path.isfile(full) or checkpoint_exists(full)):
                 continue
-            rows.append((name, None, os.path.getmtime(full), _size([full]), f"not in the '{STATE_FILE}' state file"))
+            rows.append((name, None, os.path.getmtime(full), _size(_files_of(full)),
+                         f"not in the '{STATE_FILE}' state file"))
         return rows
 
 

@@ -383,6 +383,10 @@ class ObjectStore:
                 if "bucket" in str(exc).lower():
                     raise
                 return None
+            except OSError as exc:
+                if not _invalid_range(exc):
+                    raise
+                data = b""  # an empty object: S3 refuses any range of it
         if len(data) > limit:
             raise CorruptCheckpointError(f"{url}: {what} is over {limit} bytes: not a ckpt {what}")
         return bytes(data)
@@ -437,7 +441,13 @@ class ObjectStore:
             bucket, key = self._bucket_key(url)
 
             async def get() -> tuple[bytes, Any]:  # one ranged GET: the bytes and their ETag
-                resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
+                try:
+                    resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
+                except OSError as exc:
+                    if not _invalid_range(exc):
+                        raise
+                    # an empty object (S3 refuses any range of it): its ETag from a HEAD
+                    return b"", (await self.fs._call_s3("head_object", Bucket=bucket, Key=key))["ETag"]
                 try:
                     return await resp["Body"].read(), resp["ETag"]
                 finally:

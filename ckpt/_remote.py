@@ -15,7 +15,10 @@ stores"):
    create-only conditional write: from this moment the checkpoint exists, whole; a late or
    duplicate writer of the same name is refused by the store;
 4. the state file ``<dir>/checkpoint`` is updated by compare-and-swap on its version,
-   retried, so racing savers never lose each other's entries.
+   retried, so racing savers never lose each other's entries. A save (``commit``) writes it
+   twice: before step 3 with the checkpoint pending (naming its data object), after step 3 with
+   it recorded and retention applied; a reader counts a pending entry whose commit record names
+   that data object, so a save killed between 3 and 4 still leaves its checkpoint the latest.
 
 Data objects no commit record names (a save killed between 2 and 3) are deleted by a later
 save once they are older than ``ORPHAN_GRACE_S`` (their token starts with the save's start
@@ -41,14 +44,15 @@ import time
 import warnings
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterator, Sequence
 
 from . import _urls
 from ._objstore import ObjectStore
+from ._recovery import is_candidate, recover_state
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
-from .formats.base import format_for_path, offering  # the registry: which names are checkpoints
-from .state import STATE_FILE, CheckpointState, dump_state, parse_state
+from .formats.base import format_for_path, offering, open_reader  # the registry: which names are checkpoints
+from .state import STATE_FILE, CheckpointEntry, CheckpointState, dump_state, parse_state, settle, with_pending
 from .storage import Listed, StateChange, WritableBlob
 
 split_url = _urls.split
@@ -266,17 +270,85 @@ class RemoteDirectory:
             self._delete_data(self.join(relative), quietly=True)
             raise
 
-    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
-        """Clean orphans, upload and commit ``name``, then record it (``record``)."""
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
+        """Clean orphans, upload ``name``'s data, name it pending in the state file (``intend``),
+        write its commit record, then record it (``record``)."""
         self.clean_orphans()
-        self.write_checkpoint(name, write)
+        relative = self.new_data(name)
+        size, head, tail = self._upload(relative, write, None)
+        try:
+            self.intend(name, step, relative)
+        except BaseException:
+            self._delete_data(self.join(relative), quietly=True)
+            raise
+        self.publish(name, relative, size, head, tail)
         return self.record(name, change)
+
+    def intend(self, name: str, step: int | None, relative: str) -> None:
+        """Name ``name`` pending in the state file, committed once a commit record names the data
+        object ``relative`` (written next)."""
+        def change(state: CheckpointState | None) -> tuple[CheckpointState, None]:
+            state = state or CheckpointState()
+            if state.written_by != "ckpt":
+                raise CheckpointWriteError(f"{self.join(STATE_FILE)}: a {state.written_by} state file; ckpt will "
+                                           "not rewrite it")
+            entry = CheckpointEntry(name, time.time(), step, relative)
+            return with_pending(settle(state, self._committed), entry), None
+
+        try:
+            self.update_state(change)
+        except CheckpointError as exc:
+            raise CheckpointWriteError(f"{self.join(name)}: not saved, the state file cannot be written ({exc}); "
+                                       "the previous checkpoint is still the latest") from exc
+
+    def _committed(self, entry: CheckpointEntry) -> bool:
+        """True when the pending ``entry``'s commit record exists (and names its data object)."""
+        try:
+            if entry.commit is None:
+                return self.exists(entry.path)
+            return self.locate(entry.path)[0] == self.join(entry.commit)
+        except (CheckpointNotFoundError, CorruptCheckpointError):
+            return False  # not there, or not a commit this save could have written
+
+    def effective_state(self) -> CheckpointState | None:
+        """The state readers go by: pending entries settled; for a damaged state file, the
+        directory's verified checkpoints (with a StateFileWarning)."""
+        url = self.join(STATE_FILE)
+        raw = self.store.read_small(url, 16 << 20, "the state file")
+        return None if raw is None else settle(self._parsed(raw, url), self._committed)
+
+    def _parsed(self, raw: bytes, url: str) -> CheckpointState:
+        try:
+            return parse_state(raw, url)
+        except CorruptCheckpointError as exc:
+            return self._recovered(exc)
+
+    def _recovered(self, problem: CorruptCheckpointError) -> CheckpointState:
+        found = []
+        for item in self.store.list(self.url):
+            name = str(item["name"])
+            if "/" not in name and is_candidate(name):
+                modified: Any = item.get("LastModified") or item.get("mtime")
+                found.append((name, float(modified.timestamp()) if hasattr(modified, "timestamp") else 0.0))
+        return recover_state(problem, found, self._verifies)
+
+    def _verifies(self, name: str) -> bool:
+        url = self.join(name)
+        try:
+            with offering(url, RemoteFile(url, self)), open_reader(url) as reader:
+                return not reader.verify()
+        except CorruptCheckpointError:
+            return False
+        except CheckpointNotFoundError:
+            return False
 
     def record(self, name: str, change: StateChange) -> CheckpointState:
         """Record the committed ``name`` in the state file (compare-and-swap) and delete what
         ``change`` dropped. A checkpoint that cannot be recorded is deleted again."""
         try:
-            state, doomed = self.update_state(lambda state: _pair(change(state)))
+            state, doomed = self.update_state(
+                lambda state: _pair(change(None if state is None else settle(state, self._committed, name))))
         except CheckpointError as exc:
             try:
                 self.delete_checkpoints([name])
@@ -292,7 +364,9 @@ class RemoteDirectory:
         return state
 
     def latest(self) -> str | None:
-        state = self.read_state()
+        return self._latest_in(self.effective_state())
+
+    def _latest_in(self, state: CheckpointState | None) -> str | None:
         for entry in reversed(state.all_entries() if state is not None else []):
             if self.exists(entry.path):
                 return self.join(entry.path)
@@ -303,8 +377,8 @@ class RemoteDirectory:
         "latest", "preserved", "missing" or ""), then committed checkpoints the state file does not
         list. Sizes come from the commit records (a sharded checkpoint's: the objects under its data
         prefix)."""
-        state = self.read_state()
-        found = self.latest()
+        state = self.effective_state()
+        found = self._latest_in(state)
         rows: list[Listed] = []
         known = {STATE_FILE}
         for entry in state.all_entries() if state is not None else []:
@@ -408,7 +482,7 @@ class RemoteDirectory:
         url = self.join(STATE_FILE)
         for attempt in range(_CAS_ATTEMPTS):
             raw, version = self.store.get_versioned(url)
-            state, result = change(None if raw is None else parse_state(raw, url))
+            state, result = change(None if raw is None else self._parsed(raw, url))
             if self.store.put_if(url, dump_state(state), version):
                 return result
             time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))  # back off, jittered

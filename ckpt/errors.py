@@ -30,6 +30,7 @@ __all__ = [
     "CheckpointWriteError",
     "ReplacedWriteError",
     "StorageError",
+    "StateFileWarning",
     "closest_hint",
 ]
 
@@ -96,6 +97,12 @@ class StorageError(CheckpointError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class StateFileWarning(UserWarning):
+    """A directory's state file is damaged (empty, not JSON, malformed): ckpt went by the
+    checkpoints it found in the directory instead, each verified. The message names the state
+    file, what was wrong and what was found; the next save rewrites the state file."""
 
 
 def closest_hint(key: str, keys: Iterable[str]) -> str:

@@ -35,6 +35,7 @@ from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointWriteError,
+    CorruptCheckpointError,
     StorageError,
     UninitializedVariableError,
 )
@@ -349,7 +350,7 @@ class Saver:
                 _formats.write_into(fmt, blob, tensors, metadata)
 
         try:
-            state = store.commit(name, write, self._change(store, path, step))
+            state = store.commit(name, write, self._change(store, path, step), step)
         except CheckpointNotFoundError as exc:  # a missing bucket: as a missing directory is for files
             raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
         except StorageError as exc:  # store faults on the way (the state file, listing orphans)
@@ -376,6 +377,8 @@ class Saver:
         """Refuse, before anything is written, a directory whose state file another program owns."""
         try:
             self._check_owner(store.read_state(), store.location, path)
+        except CorruptCheckpointError:
+            pass  # a damaged state file is ckpt's to rewrite: the commit goes by the directory's checkpoints
         except CheckpointNotFoundError as exc:  # the bucket: as a missing directory is for files
             raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
         except StorageError as exc:
@@ -388,8 +391,13 @@ class Saver:
 
     @staticmethod
     def _check_state_owner(directory: str, path: str) -> CheckpointState | None:
-        """Read the directory's state; refuse to take over another program's state file."""
-        return Saver._check_owner(read_state(directory), directory, path)
+        """Read the directory's state; refuse to take over another program's state file (a damaged
+        one reads as None: the commit replaces it by the directory's checkpoints)."""
+        try:
+            state = read_state(directory)
+        except CorruptCheckpointError:
+            return None
+        return Saver._check_owner(state, directory, path)
 
     @staticmethod
     def _check_owner(state: CheckpointState | None, directory: str, path: str) -> CheckpointState | None:
@@ -476,8 +484,8 @@ class Saver:
         """The checkpoints the state file of ``path``'s directory lists, if it lists ``path``
         (TF1 users expect ``last_checkpoints`` to show a run they resume)."""
         directory = os.path.dirname(path)
-        try:
-            state = read_state(directory or ".")
+        try:  # pending entries count where their save committed; a damaged file: what verifies
+            state = LocalStore(directory or ".").effective_state()
         except (OSError, ValueError):
             return []  # an unreadable state file lists nothing; restores and saves report it
         if state is None or not any(e.path == os.path.basename(path) for e in state.all_entries()):

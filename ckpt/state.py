@@ -5,12 +5,19 @@ file names), so a moved or copied directory still works:
 
     {"format": "ckpt-state", "version": 1, "latest": "model-2000.h5",
      "checkpoints": [{"path": "model-1000.h5", "time": 1763740000.5, "step": 1000}, ...],
-     "preserved": [...], "last_preserved_time": 1763740000.5, "deleting": ["model-500.h5"]}
+     "preserved": [...], "last_preserved_time": 1763740000.5, "deleting": ["model-500.h5"],
+     "pending": [{"path": "model-3000.h5", "time": 1763740100.5, "step": 3000}]}
 
 ``checkpoints`` are managed by ``max_to_keep`` (oldest first, the last one is the latest);
 ``preserved`` ones were kept by ``keep_checkpoint_every_n_hours`` and are never deleted.
 ``deleting`` names checkpoints dropped by ``max_to_keep`` whose files are deleted after the
 state file is written: a save killed in between leaves them to the next save to delete.
+``pending`` is a save's intent, written before its commit (the rename, or the commit record):
+a reader counts a pending entry as the newest checkpoint only if it is complete in the store
+(``settle``), so a save killed between its commit and the state file's final write never hides
+its checkpoint; an entry's optional ``commit`` names the store's proof of *this* save's commit
+(a replaced file's inode, an object store's data object), so an older file of the same name is
+not taken for it. The next save turns pending entries into ordinary ones, or drops them.
 Read-modify-write cycles hold an ``flock`` on ".checkpoint.lock", so Savers in several
 threads or processes never lose each other's entries.
 
@@ -26,7 +33,7 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +42,7 @@ from .atomic import replace_atomically
 from .errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
 __all__ = ["STATE_FILE", "CheckpointEntry", "CheckpointState", "read_state", "write_state",
-           "state_lock", "parse_state", "dump_state"]
+           "state_lock", "parse_state", "dump_state", "settle", "with_pending"]
 
 STATE_FILE = "checkpoint"
 LOCK_FILE = ".checkpoint.lock"
@@ -49,9 +56,15 @@ class CheckpointEntry:
     path: str  # a file name in the state file's directory
     time: float  # seconds since the epoch when it was saved
     step: int | None = None
+    #: For a pending entry: what proves that this save committed (store-specific), or None
+    #: when the name existing is proof enough.
+    commit: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "time": self.time, "step": self.step}
+        doc: dict[str, Any] = {"path": self.path, "time": self.time, "step": self.step}
+        if self.commit is not None:
+            doc["commit"] = self.commit
+        return doc
 
 
 @dataclass
@@ -63,6 +76,8 @@ class CheckpointState:
     last_preserved_time: float | None = None
     #: Files dropped from the lists whose deletion may not have happened yet (a killed save).
     deleting: list[str] = field(default_factory=list)
+    #: Saves that were about to commit when the file was written (see ``settle``).
+    pending: list[CheckpointEntry] = field(default_factory=list)
     #: "tensorflow" for TensorFlow's text state file: readable, never rewritten by ckpt.
     written_by: str = "ckpt"
 
@@ -78,9 +93,11 @@ class CheckpointState:
 def _parse_entry(item: Any, path: str) -> CheckpointEntry:
     if not isinstance(item, dict) or not isinstance(item.get("path"), str) or \
             not isinstance(item.get("time"), (int, float)) or \
-            not (item.get("step") is None or isinstance(item.get("step"), int)):
+            not (item.get("step") is None or isinstance(item.get("step"), int)) or \
+            not (item.get("commit") is None or isinstance(item.get("commit"), str)):
         raise CorruptCheckpointError(f"{path}: malformed checkpoint entry {item!r}")
-    return CheckpointEntry(_check_name(item["path"], path), float(item["time"]), item.get("step"))
+    return CheckpointEntry(_check_name(item["path"], path), float(item["time"]), item.get("step"),
+                           item.get("commit"))
 
 
 def _check_name(name: Any, path: str) -> str:
@@ -127,13 +144,16 @@ def parse_state(raw: bytes, path: str) -> CheckpointState:
                                          f"than this ckpt reads ({_VERSION})")
     checkpoints, preserved = doc.get("checkpoints"), doc.get("preserved", [])
     last, deleting = doc.get("last_preserved_time"), doc.get("deleting", [])
+    pending = doc.get("pending", [])  # absent in files written before it existed
     if not isinstance(checkpoints, list) or not isinstance(preserved, list) or \
-            not (last is None or isinstance(last, (int, float))) or not isinstance(deleting, list):
+            not (last is None or isinstance(last, (int, float))) or not isinstance(deleting, list) or \
+            not isinstance(pending, list):
         raise CorruptCheckpointError(f"{path}: malformed state file")
     return CheckpointState([_parse_entry(x, path) for x in checkpoints],
                            [_parse_entry(x, path) for x in preserved],
                            None if last is None else float(last),
-                           [_check_name(x, path) for x in deleting])
+                           [_check_name(x, path) for x in deleting],
+                           [_parse_entry(x, path) for x in pending])
 
 
 def _read_tensorflow_state(raw: bytes, path: str) -> CheckpointState:
@@ -195,8 +215,32 @@ def dump_state(state: CheckpointState) -> bytes:
     doc = {"format": _FORMAT, "version": _VERSION, "latest": latest.path if latest else None,
            "checkpoints": [e.to_json() for e in state.checkpoints],
            "preserved": [e.to_json() for e in state.preserved],
-           "last_preserved_time": state.last_preserved_time, "deleting": state.deleting}
+           "last_preserved_time": state.last_preserved_time, "deleting": state.deleting,
+           "pending": [e.to_json() for e in state.pending]}
     return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+
+
+def settle(state: CheckpointState, committed: Callable[[CheckpointEntry], bool],
+           recording: str | None = None) -> CheckpointState:
+    """Resolve ``state``'s pending entries in place and return it: one that ``committed`` (the
+    store's check that this save's commit happened) is a checkpoint like any other, the newest,
+    replacing an older entry of its name; the others are dropped (their save never committed).
+    The pending entry of ``recording`` is dropped unasked: the save recording it adds it itself."""
+    for entry in state.pending:
+        if entry.path != recording and committed(entry):
+            state.checkpoints = [e for e in state.checkpoints if e.path != entry.path]
+            state.preserved = [e for e in state.preserved if e.path != entry.path]
+            state.deleting = [n for n in state.deleting if n != entry.path]
+            state.checkpoints.append(CheckpointEntry(entry.path, entry.time, entry.step))
+    state.pending = []
+    return state
+
+
+def with_pending(state: CheckpointState, entry: CheckpointEntry) -> CheckpointState:
+    """``state`` (settled) with ``entry`` added as pending: the intent a save writes before its commit.
+    Retention is not applied yet: nothing is dropped before the new checkpoint exists."""
+    state.pending = [e for e in state.pending if e.path != entry.path] + [entry]
+    return state
 
 
 @contextmanager

@@ -201,15 +201,22 @@ class Store(Protocol):
         but without a commit record of its own: for the files of a checkpoint whose own commit
         names them (a sharded checkpoint's shard files). Return its size in bytes."""
 
-    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
         """``write_checkpoint``, then record it in the state file with ``change`` as one step
         (no other save's retention can delete it in between), then delete what ``change``
-        dropped; return the state written. If the state file cannot be written, the new
-        checkpoint is removed again (unless it replaced one the state file lists) and a
-        CheckpointWriteError says that the previous checkpoint is still the latest."""
+        dropped; return the state written. Just before the commit (the rename, the commit
+        record) the state file is written with ``name`` (at ``step``) *pending*, so a save killed
+        after its commit still leaves the new checkpoint the latest. If the state file cannot be
+        written, the new checkpoint is removed again (unless it replaced one the state file lists)
+        and a CheckpointWriteError says that the previous checkpoint is still the latest."""
 
     def read_state(self) -> CheckpointState | None:
         """The parsed state file, or None when there is none."""
+
+    def effective_state(self) -> CheckpointState | None:
+        """The state readers go by: ``read_state`` with pending entries settled (``ckpt.state.settle``);
+        for a damaged state file, the directory's verified checkpoints, with a StateFileWarning."""
 
     def update_state(self, change: Callable[[CheckpointState | None], tuple[CheckpointState, T]]) -> T:
         """Read, change and write the state file with no other writer in between (local: under

@@ -117,10 +117,21 @@ def commit_bytes(record: Mapping[str, Any]) -> bytes:
     return HEADER + body + footer
 
 
-def write_commit(directory: str, record: Mapping[str, Any]) -> None:
-    """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory)."""
-    with replace_atomically(os.path.join(directory, COMMIT)) as tmp, open(tmp, "wb") as f:
-        f.write(commit_bytes(record))
+def write_commit(directory: str, record: Mapping[str, Any],
+                 before_rename: Callable[[str], object] | None = None) -> None:
+    """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory);
+    ``before_rename(temporary file)`` runs once it is complete, just before the rename (a
+    sharded save writes the state file's pending entry there)."""
+    written: list[str] = []  # the temporary file, for the hook
+
+    def hook() -> None:
+        if before_rename is not None:
+            before_rename(written[0])
+
+    with replace_atomically(os.path.join(directory, COMMIT), before_rename=hook) as tmp:
+        written.append(tmp)
+        with open(tmp, "wb") as f:
+            f.write(commit_bytes(record))
 
 
 class LazyBlock:

@@ -5,7 +5,10 @@ Modes:
                      command read from stdin, so a SIGKILL test pays for start-up only once.
                      Protocol (one line each): parent sends {"dir", "ext", "start",
                      "max_to_keep", "blocking" (optional)}; zygote answers "pid <pid>", then "exit <pid> <code>" once
-                     the child is gone (code -9: killed by SIGKILL).
+                     the child is gone (code -9: killed by SIGKILL). With "kill_at": k (and "saves", "kind":
+                     "file", "sharded" or "s3") the child instead makes that many saves and ends itself
+                     with os._exit(KILLED_CODE) at its k-th file event (``kill_at_event``), or exits 0
+                     after the last save.
   saver DIR WRITER EXT STEPS MAX_TO_KEEP
                      save STEPS checkpoints "w<WRITER>-<step><EXT>" into DIR (concurrency tests).
   cases JSON         read damaged files whose bytes may reach libhdf5 (which can crash or
@@ -36,15 +39,60 @@ from ckpt.atomic import is_temporary
 from ckpt.state import read_state
 
 
+KILLED_CODE = 77  # a child's exit code when kill_at_event ended it
+#: Audit events that change files: a kill between any two of them is a distinct crash state.
+FILE_EVENTS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
+
+
+def kill_at_event(k: int, kind: str) -> None:
+    """End this process with os._exit(KILLED_CODE) just before its k-th file event: an audit
+    event that writes (``open`` for writing, renames, removals, mkdir), or for ``kind`` "s3"
+    (the audit hook sees no network calls) a store call that changes objects: put, conditional
+    put, delete, finishing an upload."""
+    seen = [0]
+
+    def tick() -> None:
+        seen[0] += 1
+        if seen[0] == k:
+            os._exit(KILLED_CODE)
+
+    if kind == "s3":
+        from ckpt import _objstore
+
+        def wrapped(method: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                tick()
+                return method(*args, **kwargs)
+            return call
+
+        for cls, names in ((_objstore.ObjectStore, ("put", "put_if", "delete")),
+                           (_objstore.S3Upload, ("finish",)), (_objstore.StagedUpload, ("finish",))):
+            for name in names:
+                setattr(cls, name, wrapped(getattr(cls, name)))
+        return
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event in FILE_EVENTS:
+            tick()
+        elif event == "open" and len(args) >= 3:
+            mode, flags = args[1], args[2]
+            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                    (isinstance(flags, int) and flags & _WRITING):
+                tick()
+
+    sys.addaudithook(hook)
+
+
 def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,
-              stop: int | None = None, blocking: bool = True) -> None:
+              stop: int | None = None, blocking: bool = True, comm: Any = None) -> None:
     """Save consecutive steps forever (or until ``stop``), every tensor encoding the step.
 
     With ``blocking=False`` each save runs in the background while the loop already assigns
-    the next step's values (a torn snapshot would mix two steps).
+    the next step's values (a torn snapshot would mix two steps). ``comm``: sharded saves.
     """
     variables = {key: ckpt.Variable(value) for key, value in step_tensors(start, writer).items()}
-    saver = ckpt.Saver(variables, max_to_keep=max_to_keep)
+    saver = ckpt.Saver(variables, max_to_keep=max_to_keep, comm=comm)
     prefix = "model" if writer == 0 else f"w{writer}"
     step = start
     while stop is None or step < stop:
@@ -60,10 +108,28 @@ def zygote() -> None:
     with tempfile.TemporaryDirectory() as scratch:  # load every lazily imported module now
         save_loop(scratch, ".h5", 0, 1, stop=1)
         save_loop(scratch, ".msgpack", 0, 1, stop=1)
+        from ckpt import distributed
+
+        save_loop(os.path.join(scratch, "sharded"), ".h5", 0, 1, stop=1, comm=distributed.local())
         ckpt.Saver({"model/scale": ckpt.Variable(0.0, dtype=np.float64)}).restore(scratch, strict=False)
     for line in sys.stdin:
         command = json.loads(line)
         pid = os.fork()
+        if pid == 0 and "kill_at" in command:
+            try:
+                kill_at_event(command["kill_at"], command["kind"])
+                comm = None
+                if command["kind"] == "sharded":
+                    from ckpt import distributed
+
+                    comm = distributed.local()
+                save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"],
+                          stop=command["start"] + command["saves"], blocking=command.get("blocking", True),
+                          comm=comm)
+                os._exit(0)  # every save completed before the k-th event
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
         if pid == 0:
             code = 1
             try:

@@ -3,6 +3,7 @@ partial reads. The same code paths run under real MPI processes in test_mpi.py."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -776,3 +777,16 @@ def test_a_collective_restore_racing_a_resave_of_its_step_never_mixes_versions(t
     assert "failed on rank(s) 1" in str(results[0])
     assert run_ranks(2, lambda comm: restore(comm, False)) == [(path, [100.0, 101.0, 102.0]),
                                                                (path, [103.0, 104.0, 105.0])]
+
+
+def test_list_checkpoints_shows_a_committed_sharded_checkpoint_the_state_file_does_not_list(tmp_path):
+    saver = ckpt.Saver({"w": ckpt.Variable(np.arange(6.0))}, comm=distributed.local())
+    first = saver.save(str(tmp_path / "m.h5"), global_step=1)
+    saver.save(str(tmp_path / "m.h5"), global_step=2)
+    (tmp_path / "checkpoint").write_text(json.dumps({"format": "ckpt-state", "version": 1, "checkpoints": [
+        {"path": "m-2.h5", "time": 2.0, "step": 2}]}))
+    (tmp_path / "m-3.h5").mkdir()  # a sharded save that never committed: not a checkpoint
+    rows = {r.path: r for r in ckpt.list_checkpoints(tmp_path)}
+    assert sorted(rows) == ["m-1.h5", "m-2.h5"] and rows["m-2.h5"].latest
+    assert rows["m-1.h5"].note == "not in the 'checkpoint' state file"
+    assert rows["m-1.h5"].size == sum(p.stat().st_size for p in pathlib.Path(first).iterdir())

@@ -30,6 +30,7 @@ from reliability_support import equal_tensors, restore_outcome, sentinel_like, s
 
 import ckpt
 from ckpt.atomic import is_temporary
+from ckpt._localstore import open_store
 from ckpt.state import LOCK_FILE, STATE_FILE, read_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -220,7 +221,7 @@ def run_one_failure(directory: str, ext: str, index: int, code: int, where: str)
     assert not [n for n in after if is_temporary(n)], f"{where}: temporary file left behind"
     # the variables a failed save read from are untouched
     assert step_of({k: np.asarray(v.value()) for k, v in variables.items()}) == 3
-    state = read_state(directory)
+    state = open_store(directory).effective_state()  # what readers go by: pending entries settled
     listed = [e.path for e in state.checkpoints]
     if error is None:
         # a failure the save may ignore: listing or deleting leftovers, deleting an old checkpoint
@@ -236,8 +237,9 @@ def run_one_failure(directory: str, ext: str, index: int, code: int, where: str)
         assert target in message or os.path.join(directory, STATE_FILE) in message, \
             f"{where}: the message {message!r} names neither the checkpoint nor the state file"
         assert _caused_by_injected(error), f"{where}: the injected OSError is not chained"
-        if after[STATE_FILE] == before[STATE_FILE]:
-            # the previous state and checkpoints are exactly as they were
+        if listed == [f"model-1{ext}", f"model-2{ext}"]:
+            # the previous state (the state file, or it with the save's pending entry, which counts only
+            # once its file is in place) and checkpoints are exactly as they were
             assert listed == [f"model-1{ext}", f"model-2{ext}"], where
             for name in listed:
                 assert after[name] == before[name], f"{where}: {name} changed"

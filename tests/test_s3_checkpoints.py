@@ -370,3 +370,32 @@ def test_wrong_credentials_and_denied_access_name_the_url(s3_bucket, monkeypatch
         ckpt.Saver([v], storage_options=denied).save(f"{s3_bucket}/run/m2.msgpack")
     monkeypatch.undo()
     assert [k for k in _keys(s3_bucket) if "m2" in k] == []  # nothing committed
+
+
+def test_a_damaged_state_object_falls_back_to_the_verified_checkpoints(s3_bucket):
+    """A 0-byte (or non-JSON) state object: readers go by the committed checkpoints, with a warning;
+    the next save rewrites the state object and keeps them (retention counts them)."""
+    import boto3
+
+    run = f"{s3_bucket}/run"
+    var = ckpt.Variable(0.0)
+    saver = ckpt.Saver({"w": var}, max_to_keep=2)
+    for step in (1, 5):
+        var.assign(float(step))
+        saver.save(f"{run}/model.msgpack", global_step=step)
+    for damage in (b"", b"{\"format\": \"ckpt-st"):
+        boto3.client("s3").put_object(Bucket=s3_bucket[5:], Key="run/checkpoint", Body=damage)
+        with pytest.warns(ckpt.StateFileWarning, match="found 2 checkpoint.*'model-5.msgpack'"):
+            assert ckpt.latest_checkpoint(run) == f"{run}/model-5.msgpack"
+    var.assign(0.0)
+    with pytest.warns(ckpt.StateFileWarning):
+        assert ckpt.Saver({"w": var}).restore(run).path == f"{run}/model-5.msgpack"
+    assert float(var.numpy()) == 5.0
+    with pytest.warns(ckpt.StateFileWarning):
+        assert [(r.path, r.step, r.note) for r in ckpt.list_checkpoints(run)] == [
+            ("model-1.msgpack", 1, ""), ("model-5.msgpack", 5, "latest")]
+    with pytest.warns(ckpt.StateFileWarning):
+        saver.save(f"{run}/model.msgpack", global_step=6)
+    assert [e.path for e in _remote.RemoteDirectory(run).read_state().checkpoints] == [
+        "model-5.msgpack", "model-6.msgpack"]
+    assert _remote.RemoteDirectory(run).list_names() == ["checkpoint", "model-5.msgpack", "model-6.msgpack"]

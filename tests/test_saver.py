@@ -14,6 +14,7 @@ from conftest import assert_bit_exact, data_offset, every_dtype_tensors
 
 import ckpt
 from ckpt import saver as saver_module
+from ckpt.state import read_state
 
 FORMATS = ["h5", "msgpack"]
 
@@ -272,18 +273,54 @@ def test_latest_checkpoint_skips_deleted_files_and_handles_empty_dirs(tmp_path):
         ckpt.Saver([ckpt.Variable(0.0)]).restore(empty)
 
 
-@pytest.mark.parametrize("content, error", [
-    (b"not json", ckpt.CorruptCheckpointError),
-    (b'{"format": "ckpt-state", "version": 1, "checkpoints": [{"path": "../../etc/x", "time": 1}]}',
-     ckpt.CorruptCheckpointError),
-    (b'{"format": "ckpt-state", "version": 99, "checkpoints": []}', ckpt.UnsupportedCheckpointError),
-])
-def test_bad_state_files_are_clear_errors(tmp_path, content, error):
-    (tmp_path / "checkpoint").write_bytes(content)
-    with pytest.raises(error, match="checkpoint"):
+def test_a_newer_state_file_is_a_clear_error(tmp_path):
+    (tmp_path / "checkpoint").write_bytes(b'{"format": "ckpt-state", "version": 99, "checkpoints": []}')
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="checkpoint"):
         ckpt.latest_checkpoint(tmp_path)
-    with pytest.raises(error):
+    with pytest.raises(ckpt.UnsupportedCheckpointError):
         ckpt.Saver([ckpt.Variable(0.0)]).save(str(tmp_path / "m.h5"))
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "not valid JSON"), (b"not json", "not valid JSON"), (b'{"format": "ckpt-st', "not valid JSON"),
+    (b'{"format": "ckpt-state", "version": 1, "checkpoints": [{"path": "../../etc/x", "time": 1}]}',
+     "not a file name in this directory"),
+    (b'{"format": "ckpt-state", "version": 1, "checkpoints": {}}', "malformed state file"),
+    (b'{"format": "ckpt-state", "version": 1, "checkpoints": [], "pending": [{"path": 3}]}', "malformed"),
+    (b"[]", "not a ckpt state file"),
+])
+def test_a_damaged_state_file_falls_back_to_the_verified_checkpoints(tmp_path, content, problem):
+    """Empty, non-JSON or malformed: readers go by the checkpoints of the directory (newest step
+    first, each verified) with a warning; the next save rewrites the state file and keeps them."""
+    var = ckpt.Variable(0.0)
+    saver = ckpt.Saver({"w": var}, max_to_keep=3)
+    for step in (1, 2, 10):
+        var.assign(float(step))
+        saver.save(str(tmp_path / "model.h5"), global_step=step)
+    damaged = tmp_path / "model-11.h5"  # newest by name, but it does not verify: never picked
+    data = (tmp_path / "model-10.h5").read_bytes()
+    damaged.write_bytes(data[:len(data) // 2])  # cut short, as a lost write leaves it
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "checkpoint").write_bytes(content)
+
+    with pytest.warns(ckpt.StateFileWarning, match=f"{problem}.*found 3 checkpoint.*'model-10.h5'.*model-11.h5"):
+        assert ckpt.latest_checkpoint(tmp_path) == str(tmp_path / "model-10.h5")
+    var.assign(0.0)
+    with pytest.warns(ckpt.StateFileWarning):
+        assert ckpt.Saver({"w": var}).restore(str(tmp_path)).path == str(tmp_path / "model-10.h5")
+    assert float(var.numpy()) == 10.0
+    with pytest.warns(ckpt.StateFileWarning):
+        rows = ckpt.list_checkpoints(tmp_path)
+    assert [(r.path, r.step, r.note) for r in rows if "state file" not in r.note] == [
+        ("model-1.h5", 1, ""), ("model-2.h5", 2, ""), ("model-10.h5", 10, "latest")]
+
+    # the next save rewrites a valid state file; the earlier checkpoints are entries retention counts
+    with pytest.warns(ckpt.StateFileWarning):
+        saver.save(str(tmp_path / "model.h5"), global_step=12)
+    state = read_state(str(tmp_path))
+    assert [e.path for e in state.checkpoints] == ["model-2.h5", "model-10.h5", "model-12.h5"]
+    assert not (tmp_path / "model-1.h5").exists() and damaged.exists()  # the damaged file is left alone
+    assert ckpt.latest_checkpoint(tmp_path) == str(tmp_path / "model-12.h5")  # no warning any more
 
 
 def test_tensorflow_state_files_are_read_but_never_rewritten(tmp_path):

@@ -224,3 +224,28 @@ def test_convert_reads_the_written_bytes_back_before_they_become_visible(tmp_pat
         ckpt.convert(source, dst)
     assert len(checked) == 1 and "/.ckpt-data/" in checked[0][0] and checked[0][1] is False  # not yet visible
     assert np.array_equal(ckpt.load_file(dst)["w"], np.arange(5.0))
+
+
+def test_a_pending_entry_counts_only_where_its_commit_happened(tmp_path):
+    """The state file names a save's checkpoint pending before the rename: a reader counts it once
+    the file is in place, and where the save replaces a file, only once it is *this* save's file."""
+    from ckpt.state import read_state
+
+    store = open_store(str(tmp_path))
+    saver = ckpt.Saver({"w": ckpt.Variable(1.0)}, max_to_keep=None)
+    a = saver.save(str(tmp_path / "a.h5"))
+    b = saver.save(str(tmp_path / "b.h5"))
+    new = tmp_path / ".new"  # a re-save of a.h5, killed before its rename: a.h5 is still the old file
+    new.write_bytes((tmp_path / "a.h5").read_bytes())
+    store.intend("a.h5", 7, str(new))
+    assert [e.path for e in read_state(str(tmp_path)).pending] == ["a.h5"]
+    assert store.latest() == ckpt.latest_checkpoint(tmp_path) == b
+    assert [r.path for r in ckpt.list_checkpoints(tmp_path)] == ["a.h5", "b.h5"]
+    os.replace(new, tmp_path / "a.h5")  # ... killed after it: the new a.h5 is the latest
+    assert store.latest() == a and [(r.path, r.step, r.note) for r in ckpt.list_checkpoints(tmp_path)] == [
+        ("b.h5", None, ""), ("a.h5", 7, "latest")]
+    store.intend("c.h5", 8, str(tmp_path / "a.h5"))  # a new name never renamed into place: dropped
+    assert store.latest() == a
+    saver.save(str(tmp_path / "d.h5"))  # the next save settles both
+    state = read_state(str(tmp_path))
+    assert state.pending == [] and [e.path for e in state.checkpoints] == ["b.h5", "a.h5", "d.h5"]

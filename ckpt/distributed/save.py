@@ -6,8 +6,9 @@
    an error every rank raises, or the save's id. Nothing is written before this point.
 2. Every rank writes its blocks (and the replicated tensors it was given) to its own file,
    atomically, and reports the file and each block's checksums (allgather).
-3. Rank 0 writes the commit record (atomically, last), records the checkpoint in the state
-   file (retention included) and broadcasts the outcome.
+3. Rank 0 writes the state file with the checkpoint pending, the commit record (atomically,
+   last), then records the checkpoint in the state file (retention included) and broadcasts the
+   outcome.
 
 At an object-store URL there is no directory: rank 0 picks a unique data prefix instead
 (``_prepare_remote``), and the commit is the sharded COMMIT object, then the checkpoint's
@@ -282,7 +283,10 @@ def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
         if failed:
             raise CheckpointWriteError(f"{path}: the sharded save failed; nothing was committed and the previous "
                                        "checkpoint is still the latest:\n  " + "\n  ".join(failed))
-        store.put_and_publish(os.path.basename(path), f"{data}/{COMMIT}", commit_bytes(record))
+        name, body = os.path.basename(path), commit_bytes(record)
+        store.store.put(store.join(f"{data}/{COMMIT}"), body, create_only=True)
+        store.intend(name, record["step"], f"{data}/{COMMIT}")  # pending first: a kill after the commit hides nothing
+        store.publish_bytes(name, f"{data}/{COMMIT}", body)
     except CheckpointError as exc:
         urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
         try:
@@ -462,10 +466,14 @@ def _commit(saver: Saver, path: str, save_id: str, lay: planning.Layout, reports
         _discard(path, reports)
         return {"kind": "write", "error": f"{path}: the sharded save failed; nothing was committed and the "
                                           "previous checkpoint is still the latest:\n  " + "\n  ".join(failed)}
-    with ExitStack() as held:  # commit, record and retention under the state lock, as a Saver's rename
+    parent = os.path.dirname(os.path.abspath(path))
+    with ExitStack() as held:  # intent, commit, record and retention under the state lock, as a Saver's rename
         try:
-            held.enter_context(state_lock(os.path.dirname(os.path.abspath(path))))
-            sharded.write_commit(path, build_record(lay, reports, step, metadata))
+            held.enter_context(state_lock(parent))
+            # the state file names the checkpoint pending first: rank 0 killed after the commit
+            # record leaves it the latest all the same
+            sharded.write_commit(path, build_record(lay, reports, step, metadata),
+                                 lambda tmp: LocalStore(parent).intend(os.path.basename(path), step, tmp))
         except CheckpointError as exc:
             _discard(path, reports)
             return {"kind": "write", "error": str(exc)}

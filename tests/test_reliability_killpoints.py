@@ -1,0 +1,130 @@
+"""Crash safety at every file event: no kill ever hides the newest complete checkpoint.
+
+A child (forked by tests/reliability_child.py's zygote) makes three saves in a row and ends
+itself at its k-th file event (an audit hook: opens for writing, renames, removals, mkdir; for
+S3, whose network calls the audit hook does not see, the k-th store call that changes objects),
+for k = 1, 2, ... until the three saves complete. After each kill: ``latest_checkpoint``,
+``Saver.restore(directory)`` and ``last_checkpoints`` give the newest checkpoint complete in the
+directory, and the next save keeps it and counts it for ``max_to_keep`` (nothing unlisted stays).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+import numpy as np
+import pytest
+from reliability_child import KILLED_CODE
+from reliability_support import step_of, step_tensors
+from test_reliability_kill import Zygote
+
+import ckpt
+from ckpt._localstore import open_store
+
+SAVES = 3
+MAX_TO_KEEP = 2
+NEXT_STEP = 9  # the parent's save after each kill: newer than any the child makes
+PATHS = [  # (kind, ext, blocking)
+    ("file", ".h5", True), ("file", ".msgpack", True), ("file", ".h5", False), ("file", ".msgpack", False),
+    ("sharded", ".h5", True), ("s3", ".msgpack", True),
+]
+
+
+def _variables() -> dict[str, ckpt.Variable]:
+    return {key: ckpt.Variable(value) for key, value in step_tensors(0).items()}
+
+
+def _saver(kind: str, variables: dict[str, ckpt.Variable]) -> ckpt.Saver:
+    if kind == "sharded":
+        from ckpt import distributed
+
+        return ckpt.Saver(variables, max_to_keep=MAX_TO_KEEP, comm=distributed.local())
+    return ckpt.Saver(variables, max_to_keep=MAX_TO_KEEP)
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory}/{name}" if "://" in directory else os.path.join(directory, name)
+
+
+def _newest_complete(directory: str, ext: str) -> int:
+    """The highest step whose checkpoint is complete in the directory (found by name, verified)."""
+    for step in range(SAVES, -1, -1):
+        try:
+            with ckpt.load_checkpoint(_join(directory, f"model-{step}{ext}")) as reader:
+                if reader.verify() == [] and step_of({k: reader.get_tensor(k) for k in reader.tensors}) == step:
+                    return step
+        except ckpt.CheckpointError:
+            continue
+    raise AssertionError(f"{directory}: not even the first checkpoint is complete")
+
+
+def _problems(kind: str, directory: str, ext: str, blocking: bool) -> list[str]:
+    """What a resumed run would get wrong in ``directory`` after a kill (empty: nothing)."""
+    newest = _newest_complete(directory, ext)
+    expected = _join(directory, f"model-{newest}{ext}")
+    found = ckpt.latest_checkpoint(directory)
+    if found != expected:
+        return [f"latest_checkpoint is {found}, the newest complete checkpoint is {expected}"]
+    problems = []
+    variables = _variables()
+    saver = _saver(kind, variables)
+    saver.restore(directory)
+    restored = step_of({k: np.asarray(v.value()) for k, v in variables.items()})
+    if restored != newest:
+        problems.append(f"restore(directory) gave step {restored}, not {newest}")
+    if kind == "file" and saver.last_checkpoints[-1:] != [expected]:  # a restore from a URL or by comm lists none
+        problems.append(f"last_checkpoints {saver.last_checkpoints} does not end in {expected}")
+    for key, value in step_tensors(NEXT_STEP).items():
+        variables[key].assign(value)
+    result = saver.save(_join(directory, "model" + ext), global_step=NEXT_STEP, blocking=blocking)
+    if not blocking:
+        result.result()
+    kept = [os.path.basename(p) for p in saver.last_checkpoints]
+    if kept != [f"model-{newest}{ext}", f"model-{NEXT_STEP}{ext}"]:
+        problems.append(f"the next save kept {kept}")
+    on_disk = {n for n in open_store(directory).list_names() if n.startswith("model-")}
+    if on_disk != set(kept):
+        problems.append(f"after the next save the directory holds {sorted(on_disk)}, the state file lists {kept}")
+    return problems
+
+
+def _start(kind: str, directory: str, ext: str) -> None:
+    """A directory whose latest checkpoint is step 0, saved as a run would."""
+    _saver(kind, _variables()).save(_join(directory, "model" + ext), global_step=0)
+
+
+@pytest.mark.parametrize("kind, ext, blocking", PATHS,
+                         ids=[f"{k}{e}-{'blocking' if b else 'async'}" for k, e, b in PATHS])
+def test_a_kill_at_any_file_event_never_hides_the_newest_checkpoint(request, tmp_path, kind, ext, blocking):
+    bucket = request.getfixturevalue("s3_bucket") if kind == "s3" else None
+    template = str(tmp_path / "template")
+    if kind != "s3":
+        _start(kind, template, ext)
+    zygote = Zygote(str(tmp_path / "zygote.stderr"))
+    bad: list[str] = []
+    points = 0
+    try:
+        for k in range(1, 500):
+            if bucket is not None:
+                directory = f"{bucket}/run-{k}-{uuid.uuid4().hex[:6]}"
+                _start(kind, directory, ext)
+            else:
+                directory = str(tmp_path / f"run-{k}")
+                shutil.copytree(template, directory)
+            pid = zygote.spawn(dir=directory, ext=ext, start=1, max_to_keep=MAX_TO_KEEP, blocking=blocking,
+                               kill_at=k, saves=SAVES, kind=kind)
+            code = zygote.reap(pid)
+            if code == 0:
+                break  # the three saves completed before a k-th event
+            assert code == KILLED_CODE, f"the child failed (code {code}): {(tmp_path / 'zygote.stderr').read_text()}"
+            points += 1
+            bad += [f"kill at event {k}: {p}" for p in _problems(kind, directory, ext, blocking)]
+            if bucket is None:
+                shutil.rmtree(directory)
+    finally:
+        zygote.close()
+    print(f"\n{kind} {ext} {'blocking' if blocking else 'async'}: {points} kill points, {len(bad)} wrong")
+    assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
+    assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -227,9 +227,9 @@ def test_a_blocking_save_failing_on_one_rank_before_it_starts_fails_on_every_ran
 
     results = run_ranks(3, fn)
     assert not [r for r in results if isinstance(r, BaseException)], results
-    assert isinstance(results[1][0], ValueError) and "metadata bad" in str(results[1][0])
+    assert isinstance(results[1][0], ValueError) and "metadata key 'bad'" in str(results[1][0])
     assert isinstance(results[0][1], TypeError)
-    for failed, others, kind in ((1, (0, 2), "ValueError"), (0, (1, 2), "TypeError")):
+    for failed, others, kind in ((1, (0, 2), "InvalidMetadataError"), (0, (1, 2), "TypeError")):
         for rank in others:
             error = results[rank][0 if failed == 1 else 1]
             assert isinstance(error, ckpt.CheckpointWriteError), error
@@ -473,7 +473,7 @@ def test_a_first_async_save_that_fails_or_is_missing_on_one_rank_fails_on_every_
         return "saved"
 
     errors = run_ranks(3, fn)
-    assert isinstance(errors[1], ValueError) and "metadata bad" in str(errors[1])
+    assert isinstance(errors[1], ValueError) and "metadata key 'bad'" in str(errors[1])
     assert isinstance(errors[0], ckpt.CheckpointWriteError)
     assert "did not start on rank 0" in str(errors[0]) and "within 1 s" in str(errors[0])
 
@@ -489,7 +489,7 @@ def test_a_first_async_save_that_fails_or_is_missing_on_one_rank_fails_on_every_
     assert isinstance(errors[1], ValueError)
     for error in (errors[0], errors[2]):
         assert isinstance(error, ckpt.CheckpointWriteError)
-        assert "failed on rank 1: ValueError" in str(error) and "nothing was written" in str(error)
+        assert "failed on rank 1: InvalidMetadataError" in str(error) and "nothing was written" in str(error)
     assert sorted(os.listdir(tmp_path)) == []
 
 
@@ -513,11 +513,11 @@ def test_a_later_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_
 
     results = run_ranks(3, fn)
     assert not [r for r in results if isinstance(r, BaseException)], results
-    assert isinstance(results[1][1], ValueError) and "metadata bad" in str(results[1][1])
+    assert isinstance(results[1][1], ValueError) and "metadata key 'bad'" in str(results[1][1])
     for rank in (0, 2):
         error = results[rank][1]
         assert isinstance(error, ckpt.CheckpointWriteError), error
-        assert "the sharded save failed on rank 1: ValueError" in str(error), error
+        assert "the sharded save failed on rank 1: InvalidMetadataError" in str(error), error
         assert "nothing was written" in str(error)
     assert {r[2] for r in results} == {str(tmp_path / "m-3.msgpack")}
     assert ckpt.latest_checkpoint(str(tmp_path)) == str(tmp_path / "m-3.msgpack")
@@ -551,7 +551,7 @@ def test_an_unseen_error_raised_by_the_next_async_save_on_some_ranks_fails_it_on
     assert not [r for r in results if isinstance(r, BaseException)], results
     for rank in (0, 2):  # the save-2 error, raised by their save 3
         assert isinstance(results[rank][0], ckpt.CheckpointWriteError), results[rank][0]
-        assert "the sharded save failed on rank 1: ValueError" in str(results[rank][0])
+        assert "the sharded save failed on rank 1: InvalidMetadataError" in str(results[rank][0])
     error = results[1][0]
     assert isinstance(error, ckpt.CheckpointWriteError), error
     assert "failed on rank 0: CheckpointWriteError" in str(error) and "rank 2: CheckpointWriteError" in str(error)

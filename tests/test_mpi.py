@@ -180,19 +180,19 @@ def scenarios(tmp_path_factory):
 def test_a_first_async_save_failing_on_one_rank_fails_on_every_rank(scenarios):
     """The failure comes before the communicator's (untimed) Dup: no rank waits in it for ever."""
     root, results = scenarios[0] / "async", [r["async"] for r in scenarios[1]]
-    assert results[1]["first"]["type"] == "ValueError"  # rank 1's own error, as a blocking save raises it
+    assert results[1]["first"]["type"] == "InvalidMetadataError"  # rank 1's own error, as a blocking save raises it
     for report in (results[0], results[2]):
         assert report["first"]["type"] == "CheckpointWriteError"
-        assert "did not start, it failed on rank 1: ValueError" in report["first"]["error"]
+        assert "did not start, it failed on rank 1: InvalidMetadataError" in report["first"]["error"]
     assert not os.path.exists(root / "model-4.h5")
 
 
 def test_a_later_async_save_failing_on_one_rank_fails_on_every_rank_at_once(scenarios):
     root, results = scenarios[0] / "async", [r["async"] for r in scenarios[1]]
-    assert results[1]["later"]["type"] == "ValueError"  # rank 1's own error, raised by its save call
+    assert results[1]["later"]["type"] == "InvalidMetadataError"  # rank 1's own error, raised by its save call
     for report in (results[0], results[2]):
         assert report["later"]["type"] == "CheckpointWriteError"
-        assert "the sharded save failed on rank 1: ValueError" in report["later"]["error"]
+        assert "the sharded save failed on rank 1: InvalidMetadataError" in report["later"]["error"]
     assert not os.path.exists(root / "model-6.h5")
     assert ckpt.latest_checkpoint(str(root)) == str(root / "model-5.h5")
 
@@ -221,10 +221,10 @@ def test_a_blocking_save_failing_on_one_rank_before_it_starts_fails_on_every_ran
     """Rank 1 takes part in the save's first exchange with its error: the others raise it at once
     (with a 30 s timeout they would say "did not complete within 30 s"), and the next save works."""
     root, results = scenarios[0] / "blocking-failure", [r["blocking-failure"] for r in scenarios[1]]
-    assert results[1]["failed"]["type"] == "ValueError" and "metadata bad" in results[1]["failed"]["error"]
+    assert results[1]["failed"]["type"] == "InvalidMetadataError" and "metadata key 'bad'" in results[1]["failed"]["error"]
     for report in (results[0], results[2]):
         assert report["failed"]["type"] == "CheckpointWriteError"
-        assert "the sharded save failed on rank 1: ValueError" in report["failed"]["error"]
+        assert "the sharded save failed on rank 1: InvalidMetadataError" in report["failed"]["error"]
         assert "nothing was written" in report["failed"]["error"]
     assert {r["path"] for r in results} == {str(root / "model-2.msgpack")}
     assert not os.path.exists(root / "model-1.msgpack")

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._regular import open_regular
 from .atomic import replace_atomically
 from .errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 
@@ -118,7 +119,7 @@ def read_state(directory: str) -> CheckpointState | None:
     """
     path = os.path.join(directory, STATE_FILE)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO named "checkpoint" must not block every reader
             raw = f.read(min(os.fstat(f.fileno()).st_size, 16 << 20))  # read(N) mallocs N bytes first
     except (FileNotFoundError, NotADirectoryError):
         return None

@@ -11,11 +11,9 @@ with one ``preadv`` call.
 
 from __future__ import annotations
 
-import errno
 import io
 import operator
 import os
-import stat
 import sys
 import threading
 from contextlib import contextmanager
@@ -24,8 +22,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError
 from ckpt.storage import Bytes, ReadableBlob, WritableBlob
+from ckpt._regular import open_regular
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -209,49 +208,6 @@ def byte_view(arr: np.ndarray) -> memoryview:
         except (ValueError, TypeError):  # no buffer (ml_dtypes' bfloat16, float8), or an empty array
             pass
     return arr.reshape(-1).view(np.uint8).data
-
-
-#: What a path is when it is neither a regular file nor a directory (stat's file types).
-_NOT_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def open_regular(path: str) -> io.FileIO:
-    """Open a local file for unbuffered reads, refusing anything but a regular file.
-
-    open() of a FIFO waits for a writer for ever (a device may too): the file is opened
-    non-blocking and its descriptor checked with fstat, so what is checked is what is read.
-
-    Raises:
-        UnsupportedCheckpointError: a FIFO, socket or device, named with the path.
-        IsADirectoryError: a directory (what open() raises for one).
-        OSError: what os.open raises (FileNotFoundError, PermissionError, ...).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a socket (or a device without its driver) cannot be opened
-            _refuse_special(path, os.stat(path).st_mode)
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        _refuse_special(path, mode)
-        os.set_blocking(fd, True)
-        f = open(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
-    f.name = path  # error messages and ResourceWarnings name the file, not the descriptor
-    return f
-
-
-def _refuse_special(path: str, mode: int) -> None:
-    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        what = next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
-        raise UnsupportedCheckpointError(f"{path}: {what}, not a checkpoint file; ckpt reads regular files "
-                                         "and directories")
 
 
 class LocalFile:

@@ -196,3 +196,29 @@ def test_a_socket_or_device_is_refused(tmp_path):
             ckpt.load_checkpoint(path)
     with pytest.raises(ckpt.UnsupportedCheckpointError, match="^/dev/null: a character device, not a checkpoint"):
         ckpt.load_checkpoint("/dev/null")
+
+
+FIFO_STATE_CHILD = r"""
+import sys
+import ckpt
+from click.testing import CliRunner
+from ckpt.cli import main
+
+try:
+    ckpt.latest_checkpoint(sys.argv[1])
+except ckpt.CheckpointError as exc:
+    print(type(exc).__name__, exc)
+result = CliRunner().invoke(main, ["ls", sys.argv[1]], prog_name="ckpt", catch_exceptions=False)
+print(result.exit_code, result.output.strip())
+"""
+
+
+def test_a_fifo_named_like_the_state_file_is_refused_without_blocking(tmp_path):
+    """The directory's state file is read by every latest_checkpoint and `ckpt ls`: a FIFO there
+    must be refused, not waited on (a child process, so a hang fails on its timeout)."""
+    os.mkfifo(tmp_path / "checkpoint")
+    child = subprocess.run([sys.executable, "-c", FIFO_STATE_CHILD, str(tmp_path)], capture_output=True, text=True,
+                           timeout=30, check=True)
+    first, second = child.stdout.splitlines()
+    assert first.startswith(f"UnsupportedCheckpointError {tmp_path / 'checkpoint'}: a FIFO (named pipe)"), first
+    assert second.startswith(f"1 Error: {tmp_path / 'checkpoint'}: a FIFO (named pipe)"), second

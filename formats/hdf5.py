@@ -555,8 +555,11 @@ def _parse_plain_entries(entries: list[Any], data_start: int,
     keys, names, shapes, offsets, sizes, crcs = zip(*entries)
     if not keys_plainly_valid(keys) or not all_exactly(names, str):
         return None
-    found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or plain_extents(shapes, offsets, sizes, crcs, found, data_start, size) is None:
+    # not ``None in found``: that compares with ==, and np.dtype("float64") == None is True
+    if not _FILE_DTYPES.keys() >= set(names):
+        return None
+    found = list(map(_FILE_DTYPES.__getitem__, names))
+    if plain_extents(shapes, offsets, sizes, crcs, found, data_start, size) is None:
         return None
     new = tuple.__new__  # NamedTuples built without their Python-level __new__
     locations = map(new, itertools.repeat(Hdf5Location), zip(offsets, crcs, _NONES, _NONES))

@@ -63,7 +63,7 @@ def refuse_damaged_ckpt_file(f: ReadableBlob) -> None:
     """Raise CorruptCheckpointError for a ckpt HDF5 file whose header is damaged, so that its
     bytes never reach libhdf5: its magic is damaged, or its user block is there but holds no
     ckpt header while ckpt's marks (``MARKS``) show. A file rewritten without a user block
-    (h5repack, an h5py copy) lost nothing by damage and passes. Searched: the start of the user
+    (an h5py copy) lost nothing by damage and passes. Searched: the start of the user
     block and of the HDF5 structure after it.
     """
     path, size = f.name, f.size

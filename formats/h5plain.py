@@ -51,6 +51,8 @@ class H5pyReader(BaseReader):
 
     format_name = "hdf5"
     checksummed = False
+    #: A ckpt file (its attributes) with a user block but no valid index is damaged, never read unchecked.
+    _refuses_ckpt_marks = True
 
     def __init__(self, path: str, file: Any = None) -> None:
         """Open ``path``, or read ``file`` (a seekable binary file object) and name it ``path``."""
@@ -76,7 +78,7 @@ class H5pyReader(BaseReader):
         path, f = self.path, self._h5
         try:
             marks = [name for name in ("ckpt_format", "ckpt_version", "ckpt_metadata") if name in f.attrs]
-            if marks and f.userblock_size:  # ckpt's layout and attributes, its index gone: damaged
+            if marks and f.userblock_size and self._refuses_ckpt_marks:  # ckpt's attributes, its index gone
                 raise CorruptCheckpointError(
                     f"{path}: ckpt wrote this HDF5 file (attribute {marks[0]!r}) but its user block holds "
                     "no valid ckpt header: the index is damaged, so no value can be checked")

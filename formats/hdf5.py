@@ -13,9 +13,10 @@ A ckpt HDF5 file is a standard HDF5 file (plain h5py shows every value):
   every byte that is not tensor data.
 
 ckpt reads its own files through that index with positioned reads straight into the
-caller's buffers, so damaged bytes never reach libhdf5. HDF5 files without the index
-(written by other tools, or repacked) are read by ``formats.h5plain``. docs/formats.md
-specifies the layout byte for byte.
+caller's buffers, so damaged bytes never reach libhdf5; every open checks that the HDF5
+structure is still the one ckpt wrote. HDF5 files without the index (written by other tools)
+are read by ``formats.h5plain``, ckpt files an HDF5 tool rewrote by ``formats._h5edited``.
+docs/formats.md specifies the layout byte for byte.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -39,10 +41,10 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
+from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import ReadableBlob, WritableBlob
 
-from . import _blocks, _h5head, _h5struct, _io, h5plain
+from . import _blocks, _h5edited, _h5head, _h5struct, _io, h5plain
 from ._h5head import FORMAT_NAME, MAGIC
 from ._h5head import HEADER as _HEADER
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
@@ -88,6 +90,10 @@ class Hdf5Format(WritableFormat):
             return Hdf5Reader(path)  # ckpt's own files: the reader opens the file once, checks the magic
         except _NotCkptFile:
             pass
+        except _Rewritten as rewrite:
+            if not rewrite.local:  # libhdf5 reads local files only
+                raise UnsupportedCheckpointError(f"{rewrite}; download it to read it through h5py") from None
+            return _h5edited.RewrittenReader(path, rewrite.tensors, rewrite.metadata)
         return h5plain.open_foreign(path)  # the keras format (asked first) may have opened it already
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
@@ -247,13 +253,27 @@ def _index_bytes(entries: list[Any], metadata: dict[str, Any], size: int, meta_c
                   "metadata": metadata, "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
 
 
-def _metadata_crc(source: ReadableBlob, start: int, size: int, extents: list[tuple[int, int]]) -> int:
-    """crc32c over every byte in [start, size) that is not tensor data, in file order."""
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _metadata_crc(source: ReadableBlob, start: int, size: int, extents: Sequence[tuple[Any, ...]]) -> int:
+    """crc32c over every byte in [start, size) that is not tensor data, in file order.
+
+    ``extents``: ``(offset, nbytes, ...)`` of every tensor with data, disjoint. Every open checks
+    it, so the gaps between them are found with numpy (small tensors lie back to back: few gaps).
+    """
     crc, pos = 0, start
-    for offset, n in sorted(extents):
-        if offset > pos:  # small tensors lie back to back: most gaps are empty
-            crc = _io.checksum_range(source, pos, offset - pos, "HDF5 metadata", crc)
-        pos = offset + n
+    if extents:
+        offsets = np.fromiter(map(_FIRST, extents), np.int64, len(extents))
+        ends = offsets + np.fromiter(map(_SECOND, extents), np.int64, len(extents))
+        if (offsets[1:] < offsets[:-1]).any():  # the readers' extents are in file order already
+            order = np.argsort(offsets, kind="stable")
+            offsets, ends = offsets[order], ends[order]
+        starts = np.concatenate((np.array([start], dtype=np.int64), ends[:-1]))
+        gaps = np.flatnonzero(offsets > starts)
+        for a, b in zip(starts[gaps].tolist(), offsets[gaps].tolist()):
+            crc = _io.checksum_range(source, a, b - a, "HDF5 metadata", crc)
+        pos = int(ends[-1])
     return _io.checksum_range(source, pos, size - pos, "HDF5 metadata", crc)
 
 
@@ -368,6 +388,16 @@ class _NotCkptFile(CorruptCheckpointError):
         self.head = head
 
 
+class _Rewritten(CorruptCheckpointError):
+    """Raised by Hdf5Reader for a file an HDF5 tool rewrote: Hdf5Format.open reads it through h5py,
+    checking it against the index (``_h5edited``)."""
+
+    def __init__(self, path: str, tensors: dict[str, TensorInfo], metadata: dict[str, Any], local: bool) -> None:
+        super().__init__(f"{path}: an HDF5 tool rewrote this file after ckpt saved it (h5repack, or an h5py "
+                         "edit that grew it), so ckpt's index no longer says where its tensors are")
+        self.tensors, self.metadata, self.local = tensors, metadata, local
+
+
 class Hdf5Location(NamedTuple):
     """Where a tensor's bytes are in a ckpt HDF5 file (TensorInfo.extra of Hdf5Reader)."""
 
@@ -420,14 +450,31 @@ class Hdf5Reader(BlockSlicing, FileReader):
         if not isinstance(metadata, dict) or not isinstance(entries, list) or \
                 not isinstance(file_size, int) or not isinstance(self._meta_crc, int):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata, tensors or sizes")
+        data_start = self._userblock = userblock
+        self._metadata = check_metadata(metadata, path)
+        # checked against the file ckpt wrote; the file at hand is compared with it next
+        self._tensors, self._extents = _parse_entries(entries, path, data_start, file_size)
+        self._blocks, self._block_bytes = parse_table(index, self._tensors, path) if version >= 2 else ({}, 0)
         if file_size != size:
+            # (a file whose structure still matches has a damaged size field, not a rewrite)
+            if _h5edited.rewritten(source, userblock, size) and not self._structure_intact(size):
+                raise _Rewritten(path, self._tensors, self._metadata, isinstance(source, _io.LocalFile))
             raise CorruptCheckpointError(
                 f"{path}: the file is {size} bytes but was written as {file_size} bytes: it was "
                 "truncated or modified after ckpt saved it")
-        data_start = self._userblock = userblock
-        self._metadata = check_metadata(metadata, path)
-        self._tensors, self._extents = _parse_entries(entries, path, data_start, size)
-        self._blocks, self._block_bytes = parse_table(index, self._tensors, path) if version >= 2 else ({}, 0)
+        # the HDF5 structure is what h5py reads: an edit in place (h5py) must not leave the index answering
+        if not self._structure_intact(size):
+            raise CorruptCheckpointError(
+                f"{path}: the HDF5 structure (groups, dataset headers, attributes) changed after ckpt saved the "
+                "file: it was edited in place (e.g. with h5py) or damaged, so ckpt's index no longer describes it "
+                "and nothing is read. To keep an edit, rewrite the file into a new one (h5repack IN OUT): ckpt "
+                "reads a rewritten file through h5py and checks every tensor against the checksum it saved")
+
+    def _structure_intact(self, size: int) -> bool:
+        """Whether the first ``size`` bytes hold, besides tensor data, exactly the bytes ckpt wrote."""
+        if self._extents and max(offset + n for offset, n, _ in self._extents) > size:
+            return False
+        return _metadata_crc(self._source, self._userblock, size, self._extents) == self._meta_crc
 
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
@@ -470,8 +517,7 @@ class Hdf5Reader(BlockSlicing, FileReader):
                                 f"expected {expected:#010x}): the file is damaged")
             if progress is not None:
                 progress(info.nbytes)
-        extents = [(off, n) for off, n, _ in self._extents]
-        if _metadata_crc(self._source, self._userblock, self._source.size, extents) != self._meta_crc:
+        if _metadata_crc(self._source, self._userblock, self._source.size, self._extents) != self._meta_crc:
             problems.append(f"{self.path}: the HDF5 structure (groups, dataset headers, attributes) "
                             "fails its checksum: the file is damaged")
         return problems + table_problems(self.path, self._blocks, self._tensors, self._block_bytes)
@@ -549,8 +595,11 @@ def _parse_plain_entries(entries: list[Any], data_start: int,
     keys, names, shapes, offsets, sizes, crcs = zip(*entries)
     if not keys_plainly_valid(keys) or not all_exactly(names, str):
         return None
-    found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or plain_extents(shapes, offsets, sizes, crcs, found, data_start, size) is None:
+    # not ``None in found``: that compares with ==, and np.dtype("float64") == None is True
+    if not _FILE_DTYPES.keys() >= set(names):
+        return None
+    found = list(map(_FILE_DTYPES.__getitem__, names))
+    if plain_extents(shapes, offsets, sizes, crcs, found, data_start, size) is None:
         return None
     new = tuple.__new__  # NamedTuples built without their Python-level __new__
     locations = map(new, itertools.repeat(Hdf5Location), zip(offsets, crcs, _NONES, _NONES))

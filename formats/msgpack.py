@@ -487,9 +487,10 @@ def _parse_plain_entries(tensors: dict[Any, Any], start: int,
     names, shapes, extent_lists, crcs = zip(*entries)
     if not all_exactly(names, str):
         return None
-    found: list[Any] = [_FILE_DTYPES.get(n) for n in names]
-    if None in found or not all_lists(extent_lists, 1):
+    # not ``None in found``: that compares with ==, and np.dtype("float64") == None is True
+    if not _FILE_DTYPES.keys() >= set(names) or not all_lists(extent_lists, 1):
         return None
+    found = list(map(_FILE_DTYPES.__getitem__, names))
     extents = [x[0] for x in extent_lists]
     if not all_lists(extents, 2):
         return None

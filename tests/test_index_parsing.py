@@ -11,13 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError
 from ckpt.formats import _codec, hdf5, msgpack
 from ckpt.formats.base import key_problem, keys_plainly_valid
 
 TENSORS = [("enc/w", np.arange(12, dtype=np.float32).reshape(3, 4)), ("enc/b", np.arange(4, dtype=np.int64)),
            ("step", np.array(7, dtype=np.int32)), ("dec/x", np.ones((2, 1, 3), dtype=np.float16)),
-           ("flag", np.array([True, False])), ("big", np.zeros(300, dtype=np.uint8))]
+           ("flag", np.array([True, False])), ("big", np.zeros(300, dtype=np.uint8)),
+           ("dec/f64", np.linspace(0, 1, 5)), ("c128", np.ones(2, dtype=np.complex128))]
 
 #: Values swapped into an entry's fields: wrong types, out-of-range numbers, hostile keys and shapes.
 ODD = [-1, 0, 1, 3, 255, 256, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 48, 2 ** 63, 2 ** 64, 2 ** 70, True, 1.5, None,
@@ -65,6 +67,27 @@ def test_fast_paths_take_plain_indexes(msgpack_index, hdf5_index):
     entries, userblock, size = hdf5_index
     fast = hdf5._parse_plain_entries(entries, userblock, size)
     assert fast is not None and fast == hdf5._check_entries(entries, "f", userblock, size)
+
+
+@pytest.mark.parametrize("name", [n for n in dtypes.NAMES if n != "string"])
+def test_fast_paths_take_every_numeric_dtype(tmp_path, name):
+    # np.dtype("float64") == None is True: a check for unknown names by == declined every float64 index
+    tensors = [("a/x", np.zeros((2, 3), dtype=dtypes.as_dtype(name))), ("b", np.ones(4, dtype=np.float32))]
+    msgpack.MsgpackFormat().write(str(tmp_path / "m.msgpack"), tensors, {})
+    with msgpack.MsgpackReader(str(tmp_path / "m.msgpack")) as reader:
+        start, end = reader._start, reader._index_offset
+    raw = (tmp_path / "m.msgpack").read_bytes()[end:-msgpack.FOOTER_SIZE]
+    index = _codec.unpack(raw, "m", "the index")["tensors"]
+    fast = msgpack._parse_plain_entries(index, start, end)
+    assert fast is not None and fast == msgpack._check_entries(index, "f", start, end)
+    assert fast[0]["a/x"].dtype == dtypes.as_dtype(name)
+    hdf5.Hdf5Format().write(str(tmp_path / "h.h5"), tensors, {})
+    data = (tmp_path / "h.h5").read_bytes()
+    _, _, userblock, index_len, _, _ = hdf5._HEADER.unpack(data[:hdf5._HEADER.size])
+    entries = _codec.unpack(data[hdf5._HEADER.size:hdf5._HEADER.size + index_len], "h", "the index")["tensors"]
+    fast_h5 = hdf5._parse_plain_entries(entries, userblock, len(data))
+    assert fast_h5 is not None and fast_h5 == hdf5._check_entries(entries, "f", userblock, len(data))
+    assert fast_h5[0]["a/x"].dtype == dtypes.as_dtype(name)
 
 
 @settings(max_examples=300, deadline=None)

@@ -143,7 +143,7 @@ class RemoteDirectory:
 
     def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
                  store: ObjectStore | None = None) -> None:
-        self.url = url.rstrip("/")
+        self.url = _urls.check(url).rstrip("/")
         self.store = store if store is not None else ObjectStore(self.url, storage_options)
 
     @property

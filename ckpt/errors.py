@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointWriteError",
     "ReplacedWriteError",
     "StorageError",
+    "InvalidURLError",
     "closest_hint",
 ]
 
@@ -90,6 +91,11 @@ class StorageError(CheckpointError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidURLError(CheckpointError, ValueError):
+    """A location given as an object-store URL that names no bucket (``s3://``) or has an empty
+    part (``s3://bucket//run``). The message names the URL."""
 
 
 def closest_hint(key: str, keys: Iterable[str]) -> str:

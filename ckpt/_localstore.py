@@ -117,7 +117,8 @@ class LocalStore:
             write_state(self.location, state)
             return result
 
-    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
         path = self.join(name)
         flush_error: ReplacedWriteError | None = None
         with ExitStack() as held:

@@ -336,7 +336,7 @@ class Saver:
                 _formats.write_into(fmt, blob, tensors, metadata)
 
         try:
-            state = store.commit(name, write, self._change(store, path, step))
+            state = store.commit(name, write, self._change(store, path, step), step)
         except CheckpointNotFoundError as exc:  # a missing bucket: as a missing directory is for files
             raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
         except StorageError as exc:  # store faults on the way (the state file, listing orphans)

@@ -201,12 +201,15 @@ class Store(Protocol):
         but without a commit record of its own: for the files of a checkpoint whose own commit
         names them (a sharded checkpoint's shard files). Return its size in bytes."""
 
-    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange) -> CheckpointState:
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
         """``write_checkpoint``, then record it in the state file with ``change`` as one step
         (no other save's retention can delete it in between), then delete what ``change``
-        dropped; return the state written. If the state file cannot be written, the new
-        checkpoint is removed again (unless it replaced one the state file lists) and a
-        CheckpointWriteError says that the previous checkpoint is still the latest."""
+        dropped; return the state written. ``step``: the save's global step (an object store
+        binds it into the commit record; a local file is bound by its name alone). If the state
+        file cannot be written, the new checkpoint is removed again (unless it replaced one the
+        state file lists) and a CheckpointWriteError says that the previous checkpoint is still
+        the latest."""
 
     def read_state(self) -> CheckpointState | None:
         """The parsed state file, or None when there is none."""

@@ -201,6 +201,73 @@ def test_a_commit_record_with_a_damaged_copy_is_a_corrupt_checkpoint(s3_bucket):
         ckpt.load_checkpoint(url)
 
 
+def _record(url: str) -> dict:
+    import json
+
+    return json.loads(_remote.RemoteDirectory(url.rpartition("/")[0]).store.read_small(url, 1 << 20, "x"))
+
+
+def _replace_record(url: str, doc: dict) -> None:
+    import json
+
+    store = _remote.RemoteDirectory(url.rpartition("/")[0]).store
+    store.delete([url])
+    store.put(url, json.dumps(doc).encode(), create_only=True)
+
+
+def _two_steps(s3_bucket: str) -> tuple[list[ckpt.Variable], str, str]:
+    v = [ckpt.Variable(np.zeros(4, np.float32), name="w")]
+    saver = ckpt.Saver(v, format="msgpack")
+    v[0].assign(np.full(4, 1.0, np.float32))
+    first = saver.save(f"{s3_bucket}/run/model", global_step=1)
+    v[0].assign(np.full(4, 3.0, np.float32))
+    return v, first, saver.save(f"{s3_bucket}/run/model", global_step=3)
+
+
+@pytest.mark.parametrize("edit", ["copied over", "data pointed elsewhere", "old record copied over"])
+def test_a_commit_record_bound_to_another_checkpoint_is_refused_naming_the_one_asked(s3_bucket, edit):
+    v, first, third = _two_steps(s3_bucket)
+    doc = _record(third)
+    assert (doc["name"], doc["step"]) == ("model-3.msgpack", 3)
+    if edit == "data pointed elsewhere":
+        doc["data"] = _record(first)["data"]
+    else:
+        doc = _record(first)
+        if edit == "old record copied over":  # written before records named their checkpoint
+            del doc["name"], doc["step"]
+    _replace_record(third, doc)
+    expected = f"{third}: the commit record is not model-3.msgpack's: it commits model-1.msgpack"
+    v[0].assign(np.zeros(4, np.float32))
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.latest_checkpoint(f"{s3_bucket}/run")
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.load_checkpoint(third)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.Saver(v).restore(third)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.Saver(v).restore(f"{s3_bucket}/run")
+    assert v[0].numpy().tolist() == [0.0] * 4  # never step 1's values
+
+
+def test_a_commit_record_of_another_step_is_refused_by_latest(s3_bucket):
+    _, _, third = _two_steps(s3_bucket)
+    doc = _record(third)
+    doc["step"] = 2
+    _replace_record(third, doc)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{third}: the commit record commits step 2; .* step 3"):
+        ckpt.latest_checkpoint(f"{s3_bucket}/run")
+
+
+def test_a_commit_record_without_name_and_step_still_opens(s3_bucket):
+    """Records written before they named their checkpoint: bound through their data object's name."""
+    _, _, third = _two_steps(s3_bucket)
+    doc = _record(third)
+    del doc["name"], doc["step"]
+    _replace_record(third, doc)
+    assert ckpt.latest_checkpoint(f"{s3_bucket}/run") == third
+    assert ckpt.load_variable(third, "w").tolist() == [3.0] * 4
+
+
 def test_a_plain_uploaded_checkpoint_reads_too(s3_bucket, tmp_path):
     import boto3
 

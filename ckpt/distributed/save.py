@@ -257,7 +257,7 @@ def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
         if failed:
             raise CheckpointWriteError(f"{path}: the sharded save failed; nothing was committed and the previous "
                                        "checkpoint is still the latest:\n  " + "\n  ".join(failed))
-        store.put_and_publish(os.path.basename(path), f"{data}/{COMMIT}", commit_bytes(record))
+        store.put_and_publish(os.path.basename(path), f"{data}/{COMMIT}", commit_bytes(record), record["step"])
     except CheckpointError as exc:
         urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
         try:

@@ -383,6 +383,10 @@ class ObjectStore:
                 if "bucket" in str(exc).lower():
                     raise
                 return None
+            except OSError as exc:
+                if not _invalid_range(exc):
+                    raise
+                data = b""  # S3 refuses any range of an empty object (416): no store fault
         if len(data) > limit:
             raise CorruptCheckpointError(f"{url}: {what} is over {limit} bytes: not a ckpt {what}")
         return bytes(data)
@@ -458,11 +462,20 @@ class ObjectStore:
                 if "bucket" in str(exc).lower():
                     raise
                 return None, None
+            except OSError as exc:
+                if not (self._s3 and _invalid_range(exc)):
+                    raise
+                data, version = b"", self._etag(url)  # an empty object (416 for any range): its HEAD
         if len(data) > limit:
             raise CorruptCheckpointError(f"{url}: the state file is over {limit} bytes")
         if not version:
             raise CorruptCheckpointError(f"{url}: the store sent no version (ETag, generation) for the state file")
         return bytes(data), version
+
+    def _etag(self, url: str) -> Any:
+        """S3: the object's ETag (one HEAD)."""
+        bucket, key = self._bucket_key(url)
+        return self.fs.call_s3("head_object", Bucket=bucket, Key=key).get("ETag")
 
     def _gcs_put_if(self, url: str, data: bytes, version: Any) -> bool:
         """GCS: a media upload with ``ifGenerationMatch`` (0: only if there is no object yet);

@@ -175,6 +175,48 @@ def test_unreachable_store_names_the_url_and_commits_nothing():
         ckpt.latest_checkpoint("s3://bkt/run", storage_options=options)
 
 
+@pytest.fixture
+def proxy(s3_server):
+    """A FaultProxy in front of the test S3 server (closed after the test)."""
+    from faultproxy import FaultProxy
+
+    proxy = FaultProxy(int(s3_server.endpoint.rpartition(":")[2]))
+    yield proxy
+    proxy.close()
+
+
+def _through(proxy, **timeouts) -> dict:
+    """storage_options that reach the store through ``proxy``, failing fast (one attempt)."""
+    return {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2,
+                                                              "read_timeout": 2}, **timeouts}
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_the_endpoint_going_away_mid_restore_is_a_storage_fault_not_damage(fmt, s3_bucket, proxy):
+    v = ckpt.Variable(np.arange(1 << 20, dtype=np.float32), name="w")  # 4 MiB
+    url = ckpt.Saver([v], format=fmt).save(f"{s3_bucket}/run/m")
+    fresh = ckpt.Variable(np.zeros(1 << 20, np.float32), name="w")
+    proxy.arm(1 << 20, "vanish")  # the commit record (~90 KB) goes through, the tensor does not
+    with pytest.raises(ckpt.StorageError, match=f"{s3_bucket}/run/.*: reading tensor 'w'") as caught:
+        ckpt.Saver([fresh], storage_options=_through(proxy)).restore(url)
+    assert not isinstance(caught.value, ckpt.CorruptCheckpointError)
+
+
+def test_a_zero_byte_state_file_reads_as_empty_not_as_a_store_fault(s3_bucket):
+    """S3 answers 416 to any range of an empty object: that is b"", whose parse is damage."""
+    import boto3
+
+    boto3.client("s3").put_object(Bucket=s3_bucket[5:], Key="run/checkpoint", Body=b"")
+    store = _remote.RemoteDirectory(f"{s3_bucket}/run").store
+    url = f"{s3_bucket}/run/checkpoint"
+    assert store.read_small(url, 1 << 20, "the state file") == b""
+    data, version = store.get_versioned(url)
+    assert data == b"" and version
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{url}: the state file is not valid JSON"):
+        _remote.RemoteDirectory(f"{s3_bucket}/run").read_state()
+    assert store.put_if(url, b"{}", version)  # a save can replace it (compare-and-swap on its ETag)
+
+
 def test_a_damaged_commit_record_is_a_corrupt_checkpoint(s3_bucket):
     import boto3
 

@@ -374,3 +374,10 @@ def test_storage_options_that_are_not_a_mapping_are_a_type_error_saying_what_is_
         ckpt.load_checkpoint("s3://bkt/run/m.msgpack", storage_options="anon=True")
     with pytest.raises(TypeError, match=expected):
         ckpt.Saver([ckpt.Variable(1.0, name="v")], storage_options="anon=True").save("s3://bkt/run/m.msgpack")
+
+
+@pytest.mark.parametrize("value", [0, -1, "5", True])
+def test_a_deadline_option_that_is_not_a_positive_number_is_refused(value):
+    with pytest.raises(ValueError, match=f"storage_options 'ckpt_timeout' must be a positive number, got {value!r}"):
+        ObjectStore("s3://bkt", {"ckpt_timeout": value})
+    assert ObjectStore("s3://bkt", {"ckpt_timeout": 2.5, "ckpt_rate": 1 << 20}).timeout == 2.5

@@ -202,6 +202,65 @@ def test_the_endpoint_going_away_mid_restore_is_a_storage_fault_not_damage(fmt, 
     assert not isinstance(caught.value, ckpt.CorruptCheckpointError)
 
 
+def _ends(call):
+    """What ``call()`` raised, run in a thread given 60 s to finish (a hang fails the test
+    instead of stalling the suite; the deadlines under test are a second or two)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            out.append(None)
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert out, "the call did not end: no deadline"
+    return out[0]
+
+
+def test_an_endpoint_that_accepts_and_never_answers_ends_in_a_storage_error_naming_the_url():
+    from faultproxy import silent
+
+    sock, accepted = silent()
+    options = {"endpoint_url": f"http://127.0.0.1:{sock.getsockname()[1]}", "key": "k", "secret": "s",
+               "ckpt_timeout": 0.5}  # botocore's own timeouts (5 s connect, 15 s read) left as they are
+    v = ckpt.Variable([1.0], name="v")
+    try:
+        for call, url in [(lambda: ckpt.latest_checkpoint("s3://bkt/run", storage_options=options),
+                           "s3://bkt/run/checkpoint"),
+                          (lambda: ckpt.load_checkpoint("s3://bkt/run/m.msgpack", storage_options=options),
+                           "s3://bkt/run/m.msgpack"),
+                          (lambda: ckpt.Saver([v], storage_options=options).restore("s3://bkt/run"),
+                           "s3://bkt/run/checkpoint")]:
+            err = _ends(call)
+            assert isinstance(err, ckpt.StorageError) and str(err).startswith(f"{url}: "), err
+            assert "no answer within" in str(err) and "ckpt_timeout=0.5" in str(err)
+        err = _ends(lambda: ckpt.Saver([v], storage_options=options).save("s3://bkt/run/m.msgpack"))
+        assert isinstance(err, ckpt.CheckpointWriteError) and isinstance(err.__cause__, ckpt.StorageError), err
+        assert "s3://bkt/run/m.msgpack: cannot save: s3://bkt/run" in str(err) and "no answer within" in str(err)
+        assert accepted  # it was reached, and said nothing
+    finally:
+        sock.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_a_transfer_that_stalls_midway_ends_in_a_storage_error_naming_the_url(s3_bucket, proxy):
+    v = ckpt.Variable(np.arange(1 << 20, dtype=np.float32), name="w")  # 4 MiB
+    url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/m")
+    options = {"endpoint_url": proxy.endpoint, "ckpt_timeout": 1, "ckpt_rate": 1 << 40}
+    reader = ckpt.load_checkpoint(url, storage_options=options)
+    proxy.arm(1 << 20, "stall")  # the tensor's GET sends a quarter of it, then nothing
+    err = _ends(lambda: reader.get_tensor("w"))
+    assert isinstance(err, ckpt.StorageError) and f"{s3_bucket}/run/.ckpt-data/m.msgpack/" in str(err), err
+    assert "reading tensor 'w'" in str(err) and "no answer within 1 s" in str(err)
+    err = _ends(lambda: ckpt.Saver([v], storage_options=options).restore(f"{s3_bucket}/run"))
+    assert isinstance(err, ckpt.StorageError) and f"{s3_bucket}/run/checkpoint: " in str(err), err
+
+
 def test_a_zero_byte_state_file_reads_as_empty_not_as_a_store_fault(s3_bucket):
     """S3 answers 416 to any range of an empty object: that is b"", whose parse is damage."""
     import boto3

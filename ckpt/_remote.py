@@ -232,6 +232,24 @@ class RemoteDirectory:
     def exists(self, name: str) -> bool:
         return self.store.exists(self.join(name))
 
+    def copy_problems(self, name: str) -> list[str]:
+        """Compare the data object of checkpoint ``name`` with its commit record's copies of its
+        head and tail (readers use the copies, so damage there is seen by plain msgpack/h5py
+        users of the object only): one line per difference; none for a plain object."""
+        data_url, size, copies = self.locate(name)
+        if data_url == self.join(name) or not copies:
+            return []
+        got = [bytearray(len(copy)) for _, copy in copies]
+        try:
+            self.store.read_into(data_url, [(offset, memoryview(b)) for (offset, _), b in zip(copies, got)],
+                                 lambda i: "the bytes the commit record copies", size)
+        except CorruptCheckpointError as exc:
+            return [str(exc)]
+        return [f"{data_url}: bytes {offset}-{offset + len(copy) - 1} ({'its head' if not offset else 'its tail'}) "
+                "differ from the commit record's copy of them: the data object is damaged (ckpt reads the copy; a "
+                "plain msgpack or h5py reader of the object reads the damage)"
+                for (offset, copy), b in zip(copies, got) if bytes(b) != copy]
+
     def size_of(self, name: str) -> int:
         """The bytes of checkpoint ``name``'s data: its data object, or every object under a
         sharded checkpoint's data prefix (its shard files and COMMIT; one LIST)."""

@@ -369,6 +369,26 @@ def test_a_commit_record_without_name_and_step_still_opens(s3_bucket):
     assert ckpt.load_variable(third, "w").tolist() == [3.0] * 4
 
 
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_verify_checks_the_data_object_itself_not_only_the_commit_records_copy(fmt, s3_bucket):
+    """The index and footer a plain msgpack/h5py user of the data object reads are in its last 64 KiB."""
+    import boto3
+
+    v = ckpt.Variable(np.arange(1 << 18, dtype=np.float32), name="w")  # 1 MiB
+    url = ckpt.Saver([v], format=fmt).save(f"{s3_bucket}/run/m")
+    assert ckpt.verify(url).ok
+    data = _remote.RemoteDirectory(f"{s3_bucket}/run").locate(url.rpartition("/")[2])[0]
+    client, key = boto3.client("s3"), data[len(s3_bucket) + 1:]
+    body = bytearray(client.get_object(Bucket=s3_bucket[5:], Key=key)["Body"].read())
+    body[-100] ^= 0x40
+    client.put_object(Bucket=s3_bucket[5:], Key=key, Body=bytes(body))
+    report = ckpt.verify(url)
+    assert not report.ok and report.problems == [
+        f"{data}: bytes {len(body) - 65536}-{len(body) - 1} (its tail) differ from the commit record's copy of them: "
+        "the data object is damaged (ckpt reads the copy; a plain msgpack or h5py reader of the object reads the "
+        "damage)"]
+
+
 def test_a_plain_uploaded_checkpoint_reads_too(s3_bucket, tmp_path):
     import boto3
 

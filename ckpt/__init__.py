@@ -20,6 +20,7 @@ from .errors import CheckpointNotFoundError as CheckpointNotFoundError
 from .errors import CheckpointWriteError as CheckpointWriteError
 from .errors import CorruptCheckpointError as CorruptCheckpointError
 from .errors import InvalidMetadataError as InvalidMetadataError
+from .errors import InvalidURLError as InvalidURLError
 from .errors import KeyNotFoundError as KeyNotFoundError
 from .errors import MismatchError as MismatchError
 from .errors import ReplacedWriteError as ReplacedWriteError

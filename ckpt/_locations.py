@@ -88,7 +88,12 @@ def _why_none(directory: str) -> str:
 def using(location: str | os.PathLike[str],
           storage_options: _urls.StorageOptions | None) -> AbstractContextManager[None]:
     """The context in which ``storage_options`` apply to every object opened for ``location``
-    (nothing to do for a local path, or without options)."""
+    (nothing to do for a local path, or without options).
+
+    Raises:
+        TypeError: ``storage_options`` is not a mapping.
+    """
+    _urls.check_options(storage_options)
     if storage_options is None or not _urls.is_url(location):
         return nullcontext()
     # lazy: object-store code loads only for URLs (start-up cost of local reads)

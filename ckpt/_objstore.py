@@ -43,15 +43,15 @@ import io
 import os
 import threading
 from contextlib import nullcontext
-from typing import Any
-from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from . import _urls
 from ._storefaults import translating
 from .errors import CorruptCheckpointError
 
 __all__ = ["ObjectStore", "S3Upload", "StagedUpload", "PIECE", "PART", "CONCURRENCY", "UPLOAD_PART",
-           "UPLOADS_IN_FLIGHT"]
+           "UPLOADS_IN_FLIGHT", "TIMEOUT", "RATE"]
 
 #: Uploads and (on stores other than S3) ranged reads move pieces of this many bytes or more.
 PIECE = 8 << 20
@@ -88,6 +88,14 @@ GAP = 64 << 10
 SINGLE_GET_MAX = SINGLE_PUT_MAX
 #: Bytes a whole-object GET may fetch that nobody asked for (the head and tail a RemoteFile has).
 WHOLE_SLACK = 1 << 20
+#: Deadlines (storage options ``ckpt_timeout`` and ``ckpt_rate``): every request to a store with an
+#: async implementation (S3, GCS) must finish, retries included, within TIMEOUT seconds plus one
+#: second per RATE bytes it moves, or it ends in a StorageError (CheckpointWriteError when writing)
+#: naming the URL. The rate is low on purpose (requests side by side share the link): it bounds a
+#: stalled transfer without failing a slow one. botocore's own connect/read timeouts (s3fs: 5 s
+#: and 15 s, ``config_kwargs``) end a silent connection sooner.
+TIMEOUT = 60.0
+RATE = 64 << 10
 
 
 def piece_size(total: int) -> int:
@@ -205,13 +213,39 @@ def _resumable(exc: BaseException) -> bool:
 
 _memory_lock = threading.RLock()  # memory:// has no conditional writes of its own
 
+T = TypeVar("T")
+
+
+def _sync(loop: Any, func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """fsspec's ``sync(loop, func, *args)``, raising a deadline's TimeoutError (its message
+    saying which deadline) as it is: sync() replaces any TimeoutError by a bare one of its own."""
+    from fsspec.asyn import FSTimeoutError, sync
+
+    try:
+        return sync(loop, func, *args)  # type: ignore[no-any-return]
+    except FSTimeoutError as exc:
+        raise (exc.__cause__ or exc) from None
+
+
+def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
+    """A positive number from the storage option ``key`` (``default`` when absent)."""
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"storage_options {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
 
 class ObjectStore:
     """The fsspec filesystem of one URL's store, with the operations checkpoints need."""
 
     def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None) -> None:
         self.protocol = _urls.protocol(url)
-        self.fs = _urls.filesystem(url, storage_options)
+        options = dict(_urls.check_options(storage_options))
+        self.timeout = _seconds(options, "ckpt_timeout", TIMEOUT)
+        self.rate = _seconds(options, "ckpt_rate", RATE)
+        for key in ("ckpt_timeout", "ckpt_rate"):  # ckpt's own: not the filesystem's
+            options.pop(key, None)
+        self.fs = _urls.filesystem(url, options)
         self._s3 = self.protocol in ("s3", "s3a")
         self._gcs = self.protocol in ("gs", "gcs")
         self.atomic_swap = self._s3 or self._gcs or self.protocol == "memory"
@@ -219,12 +253,38 @@ class ObjectStore:
     def _path(self, url: str) -> str:
         return str(self.fs._strip_protocol(url))
 
+    # -- deadlines ---------------------------------------------------------------------------
+
+    async def within(self, step: Awaitable[T], nbytes: int = 0) -> T:
+        """Await ``step`` (one request, its retries included) for at most the deadline of a
+        request moving ``nbytes``; past it, cancel it and raise TimeoutError."""
+        limit = self.timeout + nbytes / self.rate
+        try:
+            return await asyncio.wait_for(step, limit)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no answer within {limit:g} s (storage_options ckpt_timeout={self.timeout:g}, "
+                               f"ckpt_rate={self.rate:g} bytes/s)") from None
+
+    def run(self, make: Callable[[], Awaitable[T]], nbytes: int = 0) -> T:
+        """Run the coroutine ``make()`` on the filesystem's event loop, within its deadline."""
+        async def bounded() -> T:
+            return await self.within(make(), nbytes)
+
+        return _sync(self.fs.loop, bounded)
+
+    def call(self, method: str, *args: Any, nbytes: int = 0, **kwargs: Any) -> Any:
+        """``fs.<method>(*args, **kwargs)``, within a deadline when the filesystem is async (its
+        ``_<method>`` coroutine; a synchronous one, such as memory://, is called as it is)."""
+        if not getattr(self.fs, "async_impl", False):
+            return getattr(self.fs, method)(*args, **kwargs)
+        return self.run(lambda: getattr(self.fs, "_" + method)(*args, **kwargs), nbytes)
+
     # -- reads -------------------------------------------------------------------------------
 
     def size(self, url: str) -> int:
         """The object's size in bytes (one HEAD request)."""
         with translating(url, "reading the object's size"):
-            return int(self.fs.size(self._path(url)))
+            return int(self.call("size", self._path(url)))
 
     def read_into(self, url: str, spans: Sequence[tuple[int, memoryview]],
                   name: Callable[[int], str] = lambda i: "data", size: int | None = None,
@@ -249,13 +309,9 @@ class ObjectStore:
         path = self._path(url)
         with translating(url, f"reading {name(pieces[0][2][0])}"):
             if self._s3:
-                from fsspec.asyn import sync
-
-                sync(self.fs.loop, self._stream_all, url, spans, pieces, name, done, size)
+                _sync(self.fs.loop, self._stream_all, url, spans, pieces, name, done, size)  # bounded per GET
             elif getattr(self.fs, "async_impl", False):
-                from fsspec.asyn import sync
-
-                sync(self.fs.loop, self._fetch_async, path, url, spans, pieces, name)
+                _sync(self.fs.loop, self._fetch_async, path, url, spans, pieces, name)  # bounded per GET
             else:
                 for start, end, members in pieces:
                     data = self.fs.cat_file(path, start=start, end=end)
@@ -267,7 +323,7 @@ class ObjectStore:
 
         async def fetch(start: int, end: int, members: list[int]) -> None:
             async with gate:
-                data = await self.fs._cat_file(path, start=start, end=end)
+                data = await self.within(self.fs._cat_file(path, start=start, end=end), end - start)
             _scatter(data, start, end, spans, members, url, name)
 
         results = await asyncio.gather(*(fetch(*piece) for piece in pieces), return_exceptions=True)
@@ -285,7 +341,8 @@ class ObjectStore:
 
         async def fetch(start: int, end: int, members: list[int]) -> None:
             async with gate:
-                await self._stream(bucket, key, start, end, _Sink(start, spans, members, left, done), url, name, size)
+                await self.within(self._stream(bucket, key, start, end, _Sink(start, spans, members, left, done), url,
+                                               name, size), end - start)
 
         results = await asyncio.gather(*(fetch(*piece) for piece in pieces), return_exceptions=True)
         for result in results:  # every request has finished (none writes into a buffer later)
@@ -341,8 +398,8 @@ class ObjectStore:
             try:
                 if self._s3:
                     return self._s3_head(url, limit)
-                size = int(self.fs.size(path))
-                return bytes(self.fs.cat_file(path, start=0, end=min(limit, size))), size
+                size = int(self.call("size", path))
+                return bytes(self.call("cat_file", path, start=0, end=min(limit, size))), size
             except FileNotFoundError as exc:
                 if "bucket" in str(exc).lower():
                     raise
@@ -361,10 +418,9 @@ class ObjectStore:
             total = str(resp.get("ContentRange", "")).rpartition("/")[2]
             return data, int(total) if total.isdigit() else len(data)
 
-        from fsspec.asyn import sync
 
         try:
-            return sync(self.fs.loop, get)  # type: ignore[no-any-return]
+            return self.run(get, limit)
         except OSError as exc:
             if _invalid_range(exc):
                 return b"", 0  # an empty object
@@ -378,7 +434,7 @@ class ObjectStore:
         path = self._path(url)
         with translating(url, f"reading {what}"):
             try:
-                data = self.fs.cat_file(path, start=0, end=limit + 1)
+                data = self.call("cat_file", path, start=0, end=limit + 1)
             except FileNotFoundError as exc:
                 if "bucket" in str(exc).lower():
                     raise
@@ -386,7 +442,7 @@ class ObjectStore:
             except OSError as exc:
                 if not _invalid_range(exc):
                     raise
-                data = b""  # an empty object: S3 refuses any range of it
+                data = b""  # S3 refuses any range of an empty object (416): no store fault
         if len(data) > limit:
             raise CorruptCheckpointError(f"{url}: {what} is over {limit} bytes: not a ckpt {what}")
         return bytes(data)
@@ -402,7 +458,7 @@ class ObjectStore:
                 with _memory_lock:
                     self.fs.pipe_file(path, data, mode="create" if create_only else "overwrite")
             else:
-                self.fs.pipe_file(path, data, mode="create" if create_only else "overwrite")
+                self.call("pipe_file", path, data, mode="create" if create_only else "overwrite", nbytes=len(data))
 
     def upload(self, local: str, url: str, create_only: bool) -> None:
         """Copy a local file to ``url``: one PUT streamed from the file up to SINGLE_PUT_MAX
@@ -414,13 +470,14 @@ class ObjectStore:
                 bucket, key = self._bucket_key(url)
                 cond = {"IfNoneMatch": "*"} if create_only else {}
                 with open(local, "rb") as f:  # the body is read from the file as it is sent
-                    self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=f, ContentLength=size, **cond)
+                    self.call("call_s3", "put_object", Bucket=bucket, Key=key, Body=f, ContentLength=size, **cond,
+                              nbytes=size)
                 self.fs.invalidate_cache(path)
             elif self._s3:
-                self.fs.put_file(local, path, mode="create" if create_only else "overwrite",
-                                 max_concurrency=CONCURRENCY, chunksize=piece_size(size))
+                self.call("put_file", local, path, mode="create" if create_only else "overwrite",
+                          max_concurrency=CONCURRENCY, chunksize=piece_size(size), nbytes=size)
             else:
-                self.fs.put_file(local, path, mode="create" if create_only else "overwrite")
+                self.call("put_file", local, path, mode="create" if create_only else "overwrite", nbytes=size)
 
     def open_upload(self, url: str, create_only: bool) -> StagedUpload | S3Upload:
         """A :class:`ckpt.storage.WritableBlob` that becomes the object ``url`` on ``finish()``
@@ -459,20 +516,28 @@ class ObjectStore:
                 headers, data = await self.fs._call("GET", self.fs.url(path), headers={"Range": f"bytes=0-{limit}"})
                 return data, headers.get("x-goog-generation")
 
-        from fsspec.asyn import sync
 
         with translating(url, "reading the state file"):
             try:
-                data, version = sync(self.fs.loop, get)
+                data, version = self.run(get, limit)
             except FileNotFoundError as exc:
                 if "bucket" in str(exc).lower():
                     raise
                 return None, None
+            except OSError as exc:
+                if not (self._s3 and _invalid_range(exc)):
+                    raise
+                data, version = b"", self._etag(url)  # an empty object (416 for any range): its HEAD
         if len(data) > limit:
             raise CorruptCheckpointError(f"{url}: the state file is over {limit} bytes")
         if not version:
             raise CorruptCheckpointError(f"{url}: the store sent no version (ETag, generation) for the state file")
         return bytes(data), version
+
+    def _etag(self, url: str) -> Any:
+        """S3: the object's ETag (one HEAD)."""
+        bucket, key = self._bucket_key(url)
+        return self.call("call_s3", "head_object", Bucket=bucket, Key=key).get("ETag")
 
     def _gcs_put_if(self, url: str, data: bytes, version: Any) -> bool:
         """GCS: a media upload with ``ifGenerationMatch`` (0: only if there is no object yet);
@@ -486,11 +551,10 @@ class ObjectStore:
                                 uploadType="media", name=key, ifGenerationMatch=str(version or 0), data=data,
                                 headers={"Content-Type": "application/json"}, json_out=True)
 
-        from fsspec.asyn import sync
 
         with translating(url, "writing the state file", writing=True):
             try:
-                sync(self.fs.loop, post)
+                self.run(post, len(data))
             except FileExistsError:
                 return False  # another writer changed (or created) it first
             self.fs.invalidate_cache(self._path(url))
@@ -506,7 +570,7 @@ class ObjectStore:
             cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
             with translating(url, "writing the state file", writing=True):
                 try:
-                    self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+                    self.call("call_s3", "put_object", Bucket=bucket, Key=key, Body=data, **cond, nbytes=len(data))
                 except FileExistsError:
                     return False  # If-None-Match: someone created it first
                 except FileNotFoundError as exc:
@@ -536,10 +600,10 @@ class ObjectStore:
         """Whether the object exists (for S3 one HEAD; fsspec's exists() also lists prefixes)."""
         with translating(url, "looking up"):
             if not self._s3:
-                return bool(self.fs.isfile(self._path(url)))
+                return bool(self.call("isfile", self._path(url)))
             bucket, key = self._bucket_key(url)
             try:
-                self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+                self.call("call_s3", "head_object", Bucket=bucket, Key=key)
             except FileNotFoundError as exc:
                 if "bucket" in str(exc).lower():
                     raise
@@ -554,10 +618,10 @@ class ObjectStore:
             try:
                 self.fs.invalidate_cache(base)
                 if recursive:
-                    found = self.fs.find(base, detail=True)
+                    found = self.call("find", base, detail=True)
                     entries = list(found.values())
                 else:
-                    entries = [e for e in self.fs.ls(base, detail=True) if e.get("type") != "directory"]
+                    entries = [e for e in self.call("ls", base, detail=True) if e.get("type") != "directory"]
             except FileNotFoundError as exc:
                 if "bucket" in str(exc).lower():
                     raise
@@ -577,14 +641,14 @@ class ObjectStore:
             return []
         bucket, key = self._bucket_key(url)
         with translating(url, "listing unfinished uploads"):
-            listed = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key.rstrip("/") + "/")
+            listed = self.call("call_s3", "list_multipart_uploads", Bucket=bucket, Prefix=key.rstrip("/") + "/")
         return [(f"{self.protocol}://{bucket}/{u['Key']}", str(u["UploadId"])) for u in listed.get("Uploads", [])]
 
     def abort_upload(self, url: str, upload_id: str) -> None:
         """Abort the multipart upload ``upload_id`` of ``url`` (its parts are discarded)."""
         bucket, key = self._bucket_key(url)
         with translating(url, "aborting an unfinished upload", writing=True):
-            self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            self.call("call_s3", "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
 
     def delete(self, urls: Sequence[str]) -> None:
         """Delete objects; ones already gone are fine."""
@@ -593,7 +657,7 @@ class ObjectStore:
         with translating(urls[0], "deleting", writing=True):
             for url in urls:
                 try:
-                    self.fs.rm_file(self._path(url))
+                    self.call("rm_file", self._path(url))
                 except FileNotFoundError:
                     pass
 
@@ -808,7 +872,7 @@ class S3Upload:
     def __init__(self, store: ObjectStore, url: str, create_only: bool, part: int = 0) -> None:
         self._store, self.url = store, url
         self._bucket, self._key = store._bucket_key(url)
-        self._cond = {"IfNoneMatch": "*"} if create_only else {}
+        self._cond: dict[str, Any] = {"IfNoneMatch": "*"} if create_only else {}
         self._part = part or UPLOAD_PART
         self._head_end = -1  # the end of the first write: bytes before it are the head (unknown until then)
         self._end = 0  # the end of the furthest byte written
@@ -938,7 +1002,6 @@ class S3Upload:
 
     def _send(self) -> None:
         """Start uploading the part being filled (waiting while UPLOADS_IN_FLIGHT are on their way)."""
-        from fsspec.asyn import sync
 
         from ._remote import OPEN_TAIL
 
@@ -948,8 +1011,7 @@ class S3Upload:
             self._tail = (self._tail + bytes(view[-OPEN_TAIL:]))[-OPEN_TAIL:]
         body.seek(0)
         if self._upload_id is None:
-            mpu = sync(self._store.fs.loop, self._store.fs._call_s3, "create_multipart_upload",
-                       Bucket=self._bucket, Key=self._key)
+            mpu = self._store.call("call_s3", "create_multipart_upload", Bucket=self._bucket, Key=self._key)
             self._upload_id = str(mpu["UploadId"])
         while len(self._in_flight) >= UPLOADS_IN_FLIGHT:
             self._in_flight.pop(0).result()
@@ -961,8 +1023,9 @@ class S3Upload:
         self._buf, self._fill = None, 0
 
     async def _upload_part(self, number: int, body: Any) -> str:
-        resp = await self._store.fs._call_s3("upload_part", Bucket=self._bucket, Key=self._key,
-                                             UploadId=self._upload_id, PartNumber=number, Body=body)
+        resp = await self._store.within(self._store.fs._call_s3("upload_part", Bucket=self._bucket, Key=self._key,
+                                                                UploadId=self._upload_id, PartNumber=number, Body=body),
+                                        len(body.getbuffer()))
         return str(resp["ETag"])
 
     def close(self) -> None:
@@ -991,21 +1054,21 @@ class S3Upload:
         if _sends_own_checksum(getattr(self._store.fs, "s3", None)):  # S3 checks it on arrival
             checksum = {"ChecksumAlgorithm": "CRC32C",
                         "ChecksumCRC32C": base64.b64encode(body.crc32c().to_bytes(4, "big")).decode()}
-        self._store.fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=body, ContentLength=size,
-                               **checksum, **self._cond)
+        self._store.call("call_s3", "put_object", Bucket=self._bucket, Key=self._key, Body=body, ContentLength=size,
+                         **checksum, **self._cond, nbytes=size)
         head = body.pread(0, min(OPEN_HEAD, size))
         return head, body.pread(max(len(head), size - OPEN_TAIL), size)
 
     def _complete(self) -> tuple[bytes, bytes]:
         """Send the last part and the first, then complete the multipart upload."""
-        from fsspec.asyn import sync
 
         from ._remote import OPEN_HEAD, OPEN_TAIL
 
         fs, size = self._store.fs, self._end
         head = bytes(self._first[:OPEN_HEAD])
         if self._upload_id is None and not self._fill:  # it fits in the first part: one PUT
-            fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=io.BytesIO(self._first), **self._cond)
+            self._store.call("call_s3", "put_object", Bucket=self._bucket, Key=self._key, Body=io.BytesIO(self._first),
+                             **self._cond, nbytes=len(self._first))
             return head, bytes(self._first[max(len(head), size - OPEN_TAIL):])
         if self._fill:
             self._send()  # the last part may be short
@@ -1013,19 +1076,18 @@ class S3Upload:
             self._first.extend(bytes(self._first_end - len(self._first)))
         tail_start, sent_from = max(len(head), size - OPEN_TAIL), size - len(self._tail)
         tail = bytes(self._first[tail_start:sent_from]) + self._tail[max(0, tail_start - sent_from):]
-        parts = [{"PartNumber": 1, "ETag": sync(fs.loop, self._upload_part, 1, io.BytesIO(self._first))}]
+        parts = [{"PartNumber": 1, "ETag": _sync(fs.loop, self._upload_part, 1, io.BytesIO(self._first))}]
         while self._in_flight:
             self._in_flight.pop(0).result()
         parts += [{"PartNumber": n, "ETag": f.result()} for n, f in self._parts]
-        fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
-                   MultipartUpload={"Parts": parts}, **self._cond)
+        self._store.call("call_s3", "complete_multipart_upload", Bucket=self._bucket, Key=self._key,
+                         UploadId=self._upload_id, MultipartUpload={"Parts": parts}, **self._cond)
         self._upload_id = None
         return head, tail
 
     def abort(self) -> None:
         """Cancel the upload (parts sent so far are discarded by the store) and drop what is
         held (lent buffers included); idempotent."""
-        from fsspec.asyn import sync
 
         for future in self._in_flight:
             future.cancel()
@@ -1039,7 +1101,7 @@ class S3Upload:
         upload_id, self._upload_id = self._upload_id, None
         if upload_id is not None:
             try:
-                sync(self._store.fs.loop, self._store.fs._call_s3, "abort_multipart_upload",
-                     Bucket=self._bucket, Key=self._key, UploadId=upload_id)
+                self._store.call("call_s3", "abort_multipart_upload", Bucket=self._bucket, Key=self._key,
+                                 UploadId=upload_id)
             except Exception:  # the store is failing: its lifecycle rules drop the parts
                 pass

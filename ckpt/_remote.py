@@ -44,7 +44,7 @@ import time
 import warnings
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from collections.abc import Callable, Iterator, Sequence
 
 from . import _urls
@@ -57,8 +57,8 @@ from .storage import Listed, StateChange, WritableBlob
 
 split_url = _urls.split
 
-__all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", "DATA_DIR", "ORPHAN_GRACE_S",
-           "HEAD_BYTES"]
+__all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", "parse_commit", "Commit", "DATA_DIR",
+           "ORPHAN_GRACE_S", "HEAD_BYTES"]
 
 DATA_DIR = ".ckpt-data"
 _COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1
@@ -80,15 +80,18 @@ _CAS_ATTEMPTS = 50
 T = TypeVar("T")
 
 
-def commit_record(data: str, size: int, head: bytes = b"", tail: bytes = b"") -> bytes:
-    """The commit record naming ``data`` (relative to the directory), ``size`` bytes long,
-    with copies of its first bytes ``head`` and last bytes ``tail`` (and their crc32c)."""
+def commit_record(data: str, size: int, head: bytes = b"", tail: bytes = b"", name: str | None = None,
+                  step: int | None = None) -> bytes:
+    """The commit record of checkpoint ``name`` (its ``step``, if any) naming ``data`` (relative
+    to the directory), ``size`` bytes long, with copies of its first bytes ``head`` and last bytes
+    ``tail`` (and their crc32c). ``name`` defaults to the one in ``data`` (".ckpt-data/<name>/...")."""
     from .formats._io import crc32c
 
     if len(head) + len(tail) > size:
         raise ValueError("the head and tail of a data object overlap")
-    doc: dict[str, object] = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION, "data": data, "size": size,
-                              "time": time.time()}
+    doc: dict[str, object] = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION,
+                              "name": name if name is not None else data.split("/")[1], "step": step,
+                              "data": data, "size": size, "time": time.time()}
     if head or tail:
         doc.update(head=base64.b64encode(head).decode(), tail=base64.b64encode(tail).decode(),
                    crc32c=crc32c(head + tail))
@@ -100,25 +103,38 @@ def is_commit_record(head: bytes) -> bool:
     return head.startswith(_COMMIT_PREFIX)
 
 
-def parse_commit(raw: bytes, url: str) -> tuple[str, int, list[tuple[int, bytes]]]:
-    """``(data object name relative to the directory, size, [(offset, copied bytes)])`` from a
-    commit record: the copies are of the data object's head and tail (none in records without)."""
+class Commit(NamedTuple):
+    """A parsed commit record: its data object (relative to the directory), the data's size,
+    ``[(offset, copied bytes)]`` of the data's head and tail (none in records without), and the
+    step it commits (None: saved without a step, or a record written before steps were recorded)."""
+
+    data: str
+    size: int
+    copies: list[tuple[int, bytes]]
+    step: int | None
+
+
+def parse_commit(raw: bytes, url: str) -> Commit:
+    """The commit record ``raw`` read at ``url``, checked to be the one of that name: its
+    ``name`` (records of ckpt < 0.2 have none) and its data object (always under
+    ".ckpt-data/<name>/") must both be the name in ``url``, or the record was copied over
+    another checkpoint's or edited to point at another checkpoint's data."""
     from .formats._io import crc32c
 
     try:
         doc = json.loads(raw)
     except ValueError:
         raise CorruptCheckpointError(f"{url}: the commit record is not valid JSON") from None
-    data, size = doc.get("data") if isinstance(doc, dict) else None, doc.get("size") if isinstance(doc, dict) else None
-    if not isinstance(doc, dict) or type(doc.get("version")) is not int or not isinstance(data, str) or \
-            type(size) is not int or size < 0 or not data.startswith(DATA_DIR + "/") or \
-            any(part in ("", ".", "..") for part in data.split("/")):
+    if not _well_formed(doc):
         raise CorruptCheckpointError(f"{url}: malformed commit record")
+    data, size = doc["data"], doc["size"]
     if doc["version"] > _COMMIT_VERSION:
         raise CorruptCheckpointError(f"{url}: commit record version {doc['version']} is newer than this "
                                      f"ckpt reads ({_COMMIT_VERSION}): upgrade ckpt")
+    _check_bound(doc, data, url)
+    step = doc.get("step")
     if "head" not in doc and "tail" not in doc:
-        return data, size, []
+        return Commit(data, size, [], step)
     try:
         head, tail = base64.b64decode(doc["head"], validate=True), base64.b64decode(doc["tail"], validate=True)
     except (KeyError, TypeError, ValueError):
@@ -127,7 +143,30 @@ def parse_commit(raw: bytes, url: str) -> tuple[str, int, list[tuple[int, bytes]
     if len(head) + len(tail) > size or doc.get("crc32c") != crc32c(head + tail):
         raise CorruptCheckpointError(f"{url}: the commit record's copy of the data's head and tail does not "
                                      "match its crc32c (or its size): the record is damaged")
-    return data, size, [(offset, copy) for offset, copy in ((0, head), (size - len(tail), tail)) if copy]
+    return Commit(data, size, [(offset, copy) for offset, copy in ((0, head), (size - len(tail), tail)) if copy],
+                  step)
+
+
+def _well_formed(doc: Any) -> bool:
+    """Whether a parsed commit record has its fields, of their types (``data`` a clean relative
+    name under DATA_DIR, never a way out of the directory)."""
+    if not isinstance(doc, dict):
+        return False
+    data, size, step = doc.get("data"), doc.get("size"), doc.get("step")
+    return type(doc.get("version")) is int and isinstance(data, str) and type(size) is int and size >= 0 and \
+        data.startswith(DATA_DIR + "/") and all(part not in ("", ".", "..") for part in data.split("/")) and \
+        (step is None or type(step) is int) and isinstance(doc.get("name", ""), str)
+
+
+def _check_bound(doc: dict[str, Any], data: str, url: str) -> None:
+    """Refuse a record that commits another checkpoint than the one at ``url``."""
+    name = _urls.split(url)[1]
+    recorded, owner = doc.get("name", name), data.split("/")[1]
+    if recorded != name or owner != name:
+        other = recorded if recorded != name else owner
+        raise CorruptCheckpointError(
+            f"{url}: the commit record is not {name}'s: it commits {other} (data object {data}); a commit "
+            "record was copied over this one or edited, and reading it would give another checkpoint's values")
 
 
 def _token() -> str:
@@ -147,7 +186,7 @@ class RemoteDirectory:
 
     def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
                  store: ObjectStore | None = None) -> None:
-        self.url = url.rstrip("/")
+        self.url = _urls.check(url).rstrip("/")
         self.store = store if store is not None else ObjectStore(self.url, storage_options)
 
     @property
@@ -175,19 +214,45 @@ class RemoteDirectory:
             CheckpointNotFoundError: no such checkpoint.
         """
         url = self.join(name)
-        head = self.store.read_small_or_head(url, HEAD_BYTES, "the checkpoint")
-        if head is None:
+        found = self._read(url)
+        if found is None:
             raise CheckpointNotFoundError(f"{url}: no such checkpoint")
+        if isinstance(found, Commit):
+            return self.join(found.data), found.size, found.copies
+        data, size = found
+        return url, size, [(0, data)] if data else []
+
+    def _read(self, url: str) -> Commit | tuple[bytes, int] | None:
+        """The commit record at ``url`` (parsed and checked), or a plain object's first bytes and
+        size; None when there is no such object. One GET (two for an overlong record)."""
+        head = self.store.read_small_or_head(url, HEAD_BYTES, "the checkpoint")
+        if head is None or not is_commit_record(head[0]):
+            return head
         data, size = head
-        if not is_commit_record(data):
-            return url, size, [(0, data)] if data else []
         if size > len(data):  # longer than one GET: not written by ckpt, but read it whole (bounded)
             data = self.store.read_small(url, _COMMIT_LIMIT, "the commit record") or b""
-        relative, size, copies = parse_commit(data, url)
-        return self.join(relative), size, copies
+        return parse_commit(data, url)
 
     def exists(self, name: str) -> bool:
         return self.store.exists(self.join(name))
+
+    def copy_problems(self, name: str) -> list[str]:
+        """Compare the data object of checkpoint ``name`` with its commit record's copies of its
+        head and tail (readers use the copies, so damage there is seen by plain msgpack/h5py
+        users of the object only): one line per difference; none for a plain object."""
+        data_url, size, copies = self.locate(name)
+        if data_url == self.join(name) or not copies:
+            return []
+        got = [bytearray(len(copy)) for _, copy in copies]
+        try:
+            self.store.read_into(data_url, [(offset, memoryview(b)) for (offset, _), b in zip(copies, got)],
+                                 lambda i: "the bytes the commit record copies", size)
+        except CorruptCheckpointError as exc:
+            return [str(exc)]
+        return [f"{data_url}: bytes {offset}-{offset + len(copy) - 1} ({'its head' if not offset else 'its tail'}) "
+                "differ from the commit record's copy of them: the data object is damaged (ckpt reads the copy; a "
+                "plain msgpack or h5py reader of the object reads the damage)"
+                for (offset, copy), b in zip(copies, got) if bytes(b) != copy]
 
     def size_of(self, name: str) -> int:
         """The bytes of checkpoint ``name``'s data: its data object, or every object under a
@@ -206,9 +271,9 @@ class RemoteDirectory:
         return f"{DATA_DIR}/{name}/{_token()}"
 
     def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
-                         check: Callable[[str], None] | None = None) -> None:
+                         check: Callable[[str], None] | None = None, step: int | None = None) -> None:
         """Upload with ``write(blob)`` (streamed to the store in parts as it is written), ``check``
-        the uploaded data object (by its URL) if asked, then commit ``name`` create-only.
+        the uploaded data object (by its URL) if asked, then commit ``name`` (at ``step``) create-only.
 
         Raises:
             CheckpointWriteError: the store refused or failed; nothing was committed (the
@@ -216,7 +281,7 @@ class RemoteDirectory:
         """
         relative = self.new_data(name)
         size, head, tail = self._upload(relative, write, check)
-        self.publish(name, relative, size, head, tail)
+        self.publish(name, relative, size, head, tail, step)
 
     def write_file(self, name: str, write: Callable[[WritableBlob], None],
                    check: Callable[[str], None] | None = None) -> int:
@@ -250,22 +315,22 @@ class RemoteDirectory:
         """The directory ``relative`` inside this one (a data prefix), sharing its ObjectStore."""
         return RemoteDirectory(self.join(relative), store=self.store)
 
-    def put_and_publish(self, name: str, relative: str, data: bytes) -> None:
+    def put_and_publish(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
         """Write the small data object ``relative`` (create-only), then ``publish`` it as ``name``."""
         self.store.put(self.join(relative), data, create_only=True)
-        self.publish_bytes(name, relative, data)
+        self.publish_bytes(name, relative, data, step)
 
-    def publish_bytes(self, name: str, relative: str, data: bytes) -> None:
+    def publish_bytes(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
         """``publish`` the uploaded data object ``relative``, whose bytes are ``data``."""
         head = data[:OPEN_HEAD]
-        self.publish(name, relative, len(data), head, data[max(len(head), len(data) - OPEN_TAIL):])
+        self.publish(name, relative, len(data), head, data[max(len(head), len(data) - OPEN_TAIL):], step)
 
-    def publish(self, name: str, relative: str, size: int, head: bytes, tail: bytes) -> None:
-        """Write the commit record of ``name`` (create-only) naming the uploaded data object
+    def publish(self, name: str, relative: str, size: int, head: bytes, tail: bytes, step: int | None = None) -> None:
+        """Write the commit record of ``name`` (``step``; create-only) naming the uploaded data object
         ``relative`` (``size`` bytes, its first bytes ``head`` and last ``tail``); if that fails,
         delete the data again (a sharded checkpoint's whole prefix) and raise."""
         try:
-            self.store.put(self.join(name), commit_record(relative, size, head, tail), create_only=True)
+            self.store.put(self.join(name), commit_record(relative, size, head, tail, name, step), create_only=True)
         except BaseException:
             self._delete_data(self.join(relative), quietly=True)
             raise
@@ -273,7 +338,7 @@ class RemoteDirectory:
     def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
                step: int | None = None) -> CheckpointState:
         """Clean orphans, upload ``name``'s data, name it pending in the state file (``intend``),
-        write its commit record, then record it (``record``)."""
+        write its commit record (``step`` goes into it), then record it (``record``)."""
         self.clean_orphans()
         relative = self.new_data(name)
         size, head, tail = self._upload(relative, write, None)
@@ -282,7 +347,7 @@ class RemoteDirectory:
         except BaseException:
             self._delete_data(self.join(relative), quietly=True)
             raise
-        self.publish(name, relative, size, head, tail)
+        self.publish(name, relative, size, head, tail, step)
         return self.record(name, change)
 
     def intend(self, name: str, step: int | None, relative: str) -> None:
@@ -368,9 +433,23 @@ class RemoteDirectory:
 
     def _latest_in(self, state: CheckpointState | None) -> str | None:
         for entry in reversed(state.all_entries() if state is not None else []):
-            if self.exists(entry.path):
+            if self.holds(entry.path, entry.step):
                 return self.join(entry.path)
         return None
+
+    def holds(self, name: str, step: int | None = None) -> bool:
+        """Whether checkpoint ``name`` exists (one GET of its first bytes, as a HEAD would cost),
+        checked to be committed as ``name`` and, when both are known, as ``step``.
+
+        Raises:
+            CorruptCheckpointError: its commit record commits another checkpoint or step.
+        """
+        url = self.join(name)
+        found = self._read(url)
+        if isinstance(found, Commit) and None not in (step, found.step) and found.step != step:
+            raise CorruptCheckpointError(f"{url}: the commit record commits step {found.step}; the "
+                                         f"'{STATE_FILE}' state file lists this name at step {step}")
+        return found is not None
 
     def listing(self) -> list[Listed]:
         """``(name, step, time, size, note)`` for each checkpoint: the state file's entries (note

@@ -30,6 +30,8 @@ _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialR
 _UNREACHABLE = {"EndpointConnectionError", "ConnectionClosedError", "ConnectTimeoutError", "ReadTimeoutError",
                 "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ServerTimeoutError",
                 "ConnectionError", "HTTPClientError", "ProxyConnectionError"}
+# aiohttp / botocore: the connection broke in the middle of a response body
+_BROKEN = {"ClientPayloadError", "ContentLengthError", "IncompleteReadError", "ResponseStreamingError"}
 
 
 def _names(exc: BaseException) -> set[str]:
@@ -66,6 +68,8 @@ def store_error(exc: BaseException, url: str, doing: str, writing: bool = False)
     elif names & _NO_CREDENTIALS:
         message = (f"{url}: {doing}: no usable credentials (for S3: AWS_ACCESS_KEY_ID and "
                    f"AWS_SECRET_ACCESS_KEY, a profile, or storage_options) ({said})")
+    elif names & _BROKEN:
+        message = f"{url}: {doing}: the connection to the store broke mid-transfer ({type(exc).__name__}: {said})"
     elif names & _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
         message = f"{url}: {doing}: the store cannot be reached ({type(exc).__name__}: {said})"
     else:

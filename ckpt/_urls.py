@@ -27,9 +27,10 @@ import re
 from typing import Any
 from collections.abc import Mapping
 
-from .errors import CheckpointError
+from .errors import CheckpointError, InvalidURLError
 
-__all__ = ["is_url", "local_path", "split", "join", "protocol", "filesystem", "StorageOptions"]
+__all__ = ["is_url", "local_path", "split", "join", "protocol", "check", "check_options", "filesystem",
+           "StorageOptions"]
 
 StorageOptions = Mapping[str, Any]
 
@@ -55,11 +56,46 @@ def local_path(location: str | os.PathLike[str]) -> str:
 
 
 def protocol(url: str) -> str:
-    """The URL's protocol, lower case: ``s3://b/k`` -> ``s3``."""
+    """The URL's protocol, lower case: ``s3://b/k`` -> ``s3``.
+
+    Raises:
+        InvalidURLError: ``url`` has no ``protocol://`` prefix.
+    """
     match = _SCHEME.match(url)
     if match is None:
-        raise ValueError(f"{url}: not a URL")
+        raise InvalidURLError(f"{url}: not a URL (expected protocol://bucket/path)")
     return match.group(1).lower()
+
+
+def check(url: str) -> str:
+    """``url`` itself, once it is known to name a bucket (or host) and to have no empty part
+    (a trailing "/" is fine): ``s3://`` or ``s3://b//run`` would otherwise reach the store as
+    some other key, or fail deep inside fsspec with a bare ValueError.
+
+    Raises:
+        InvalidURLError: naming the URL and what is wrong with it.
+    """
+    proto = protocol(url)
+    parts = url[len(proto) + 3:].rstrip("/").split("/")
+    if not parts[0]:
+        raise InvalidURLError(f"{url}: no bucket in the URL (expected {proto}://bucket/path)")
+    if "" in parts:
+        raise InvalidURLError(f"{url}: the URL has an empty part ('//'; expected {proto}://bucket/path)")
+    return url
+
+
+def check_options(storage_options: object) -> StorageOptions:
+    """``storage_options`` itself when it is None or a mapping with string keys.
+
+    Raises:
+        TypeError: anything else (a string such as ``"anon=True"``), saying what is expected.
+    """
+    if storage_options is None:
+        return {}
+    if not isinstance(storage_options, Mapping) or not all(isinstance(k, str) for k in storage_options):
+        raise TypeError(f"storage_options must be a mapping of option names to values (a dict such as "
+                        f"{{'anon': True}}), got {type(storage_options).__name__} {storage_options!r:.80}")
+    return storage_options
 
 
 def split(url: str) -> tuple[str, str]:
@@ -84,8 +120,8 @@ def filesystem(url: str, storage_options: StorageOptions | None = None) -> Any:
         CheckpointError: fsspec, or the package for this protocol, is not installed; or
             ``storage_options`` are not accepted by the filesystem.
     """
-    proto = protocol(url)
-    options = dict(storage_options or {})
+    proto = protocol(check(url))
+    options = dict(check_options(storage_options))
     hint = _EXTRAS.get(proto, "fsspec and the package for this protocol")
     try:
         import fsspec

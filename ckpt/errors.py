@@ -31,6 +31,7 @@ __all__ = [
     "ReplacedWriteError",
     "StorageError",
     "StateFileWarning",
+    "InvalidURLError",
     "closest_hint",
 ]
 
@@ -103,6 +104,11 @@ class StateFileWarning(UserWarning):
     """A directory's state file is damaged (empty, not JSON, malformed): ckpt went by the
     checkpoints it found in the directory instead, each verified. The message names the state
     file, what was wrong and what was found; the next save rewrites the state file."""
+
+
+class InvalidURLError(CheckpointError, ValueError):
+    """A location given as an object-store URL that names no bucket (``s3://``) or has an empty
+    part (``s3://bucket//run``). The message names the URL."""
 
 
 def closest_hint(key: str, keys: Iterable[str]) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import casting, dtypes
-from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
+from .errors import CheckpointError, CorruptCheckpointError, KeyNotFoundError, MismatchError, StorageError, closest_hint
 from .formats.base import Reader
 from .gcpause import gc_paused
 from .module import Module
@@ -190,7 +190,10 @@ def _read_into_variables(reader: Reader, pairs: Sequence[tuple[str, Variable]],
         if not isinstance(exc, CheckpointError):
             raise
         names = ", ".join(dict.fromkeys(v.name for v in touched))
-        raise CorruptCheckpointError(
+        # a store that failed (gone, timed out) is no sign of damage: code that quarantines
+        # corrupt checkpoints must not act on a network outage
+        kind = type(exc) if isinstance(exc, StorageError) else CorruptCheckpointError
+        raise kind(
             f"{exc}\nrestore stopped; the variables it had already written are now uninitialized "
             f"(restore them again or initialize them): {names}") from exc
     for var in touched:

@@ -207,9 +207,11 @@ class Store(Protocol):
         (no other save's retention can delete it in between), then delete what ``change``
         dropped; return the state written. Just before the commit (the rename, the commit
         record) the state file is written with ``name`` (at ``step``) *pending*, so a save killed
-        after its commit still leaves the new checkpoint the latest. If the state file cannot be
-        written, the new checkpoint is removed again (unless it replaced one the state file lists)
-        and a CheckpointWriteError says that the previous checkpoint is still the latest."""
+        after its commit still leaves the new checkpoint the latest. ``step`` is the save's global
+        step (an object store also binds it into the commit record; a local file is bound by its
+        name alone). If the state file cannot be written, the new checkpoint is removed again
+        (unless it replaced one the state file lists) and a CheckpointWriteError says that the
+        previous checkpoint is still the latest."""
 
     def read_state(self) -> CheckpointState | None:
         """The parsed state file, or None when there is none."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _urls
 from ._sources import Checkpoint, opened
 from ._urls import StorageOptions
 
@@ -46,7 +47,8 @@ class Verification:
 
 def verify(checkpoint: Checkpoint | str | os.PathLike[str], *, progress: Callable[[int], None] | None = None,
            storage_options: StorageOptions | None = None) -> Verification:
-    """Check a checkpoint's structure and every tensor's checksum.
+    """Check a checkpoint's structure and every tensor's checksum (in an object store, also its
+    data object's own head and tail against the commit record's copies, which readers use).
 
     Files without checksums (HDF5 written by other tools) are read in full, which finds
     unreadable data but cannot vouch for the values: ``checksummed`` is False for them.
@@ -63,5 +65,17 @@ def verify(checkpoint: Checkpoint | str | os.PathLike[str], *, progress: Callabl
             ``problems`` instead).
     """
     with opened(checkpoint, storage_options) as reader:
-        problems = reader.verify(progress)
+        problems = reader.verify(progress) + _data_object_problems(reader.path, storage_options)
         return Verification(reader.path, reader.format, reader.checksummed, len(reader.tensors), problems)
+
+
+def _data_object_problems(path: str, storage_options: StorageOptions | None) -> list[str]:
+    """An object-store checkpoint's data object checked against its commit record's copies of
+    its head and tail (which the reader used instead of those bytes)."""
+    if not _urls.is_url(path):
+        return []
+    from . import _locations, _remote  # object-store code loads only for URLs
+
+    with _locations.using(path, storage_options):
+        parent, name = _urls.split(path)
+        return _remote.directory(parent).copy_problems(name)

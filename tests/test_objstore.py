@@ -354,3 +354,30 @@ def test_urls():
     assert _urls.split("s3://b") == ("s3://b", "")
     with pytest.raises(ckpt.CheckpointError, match="nope://x: no filesystem"):
         _urls.filesystem("nope://x")
+
+
+@pytest.mark.parametrize("url, problem", [("s3://", "no bucket"), ("s3:///run", "no bucket"),
+                                          ("s3://b//run", "empty part"), ("memory://", "no bucket")])
+def test_a_url_without_a_bucket_or_with_an_empty_part_is_an_invalid_url_error(url, problem):
+    for call in (lambda: ckpt.latest_checkpoint(url), lambda: ckpt.load_checkpoint(url),
+                 lambda: ckpt.list_checkpoints(url), lambda: ckpt.Saver([ckpt.Variable(1.0, name="v")]).restore(url)):
+        with pytest.raises(ckpt.InvalidURLError, match=f"^{url}: .*{problem}") as caught:
+            call()
+        assert isinstance(caught.value, ValueError)
+
+
+def test_storage_options_that_are_not_a_mapping_are_a_type_error_saying_what_is_expected():
+    expected = "storage_options must be a mapping .* got str 'anon=True'"
+    with pytest.raises(TypeError, match=expected):
+        ckpt.latest_checkpoint("s3://bkt/run", storage_options="anon=True")
+    with pytest.raises(TypeError, match=expected):
+        ckpt.load_checkpoint("s3://bkt/run/m.msgpack", storage_options="anon=True")
+    with pytest.raises(TypeError, match=expected):
+        ckpt.Saver([ckpt.Variable(1.0, name="v")], storage_options="anon=True").save("s3://bkt/run/m.msgpack")
+
+
+@pytest.mark.parametrize("value", [0, -1, "5", True])
+def test_a_deadline_option_that_is_not_a_positive_number_is_refused(value):
+    with pytest.raises(ValueError, match=f"storage_options 'ckpt_timeout' must be a positive number, got {value!r}"):
+        ObjectStore("s3://bkt", {"ckpt_timeout": value})
+    assert ObjectStore("s3://bkt", {"ckpt_timeout": 2.5, "ckpt_rate": 1 << 20}).timeout == 2.5

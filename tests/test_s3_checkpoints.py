@@ -175,6 +175,107 @@ def test_unreachable_store_names_the_url_and_commits_nothing():
         ckpt.latest_checkpoint("s3://bkt/run", storage_options=options)
 
 
+@pytest.fixture
+def proxy(s3_server):
+    """A FaultProxy in front of the test S3 server (closed after the test)."""
+    from faultproxy import FaultProxy
+
+    proxy = FaultProxy(int(s3_server.endpoint.rpartition(":")[2]))
+    yield proxy
+    proxy.close()
+
+
+def _through(proxy, **timeouts) -> dict:
+    """storage_options that reach the store through ``proxy``, failing fast (one attempt)."""
+    return {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2,
+                                                              "read_timeout": 2}, **timeouts}
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_the_endpoint_going_away_mid_restore_is_a_storage_fault_not_damage(fmt, s3_bucket, proxy):
+    v = ckpt.Variable(np.arange(1 << 20, dtype=np.float32), name="w")  # 4 MiB
+    url = ckpt.Saver([v], format=fmt).save(f"{s3_bucket}/run/m")
+    fresh = ckpt.Variable(np.zeros(1 << 20, np.float32), name="w")
+    proxy.arm(1 << 20, "vanish")  # the commit record (~90 KB) goes through, the tensor does not
+    with pytest.raises(ckpt.StorageError, match=f"{s3_bucket}/run/.*: reading tensor 'w'") as caught:
+        ckpt.Saver([fresh], storage_options=_through(proxy)).restore(url)
+    assert not isinstance(caught.value, ckpt.CorruptCheckpointError)
+
+
+def _ends(call):
+    """What ``call()`` raised, run in a thread given 60 s to finish (a hang fails the test
+    instead of stalling the suite; the deadlines under test are a second or two)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            out.append(None)
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert out, "the call did not end: no deadline"
+    return out[0]
+
+
+def test_an_endpoint_that_accepts_and_never_answers_ends_in_a_storage_error_naming_the_url():
+    from faultproxy import silent
+
+    sock, accepted = silent()
+    options = {"endpoint_url": f"http://127.0.0.1:{sock.getsockname()[1]}", "key": "k", "secret": "s",
+               "ckpt_timeout": 0.5}  # botocore's own timeouts (5 s connect, 15 s read) left as they are
+    v = ckpt.Variable([1.0], name="v")
+    try:
+        for call, url in [(lambda: ckpt.latest_checkpoint("s3://bkt/run", storage_options=options),
+                           "s3://bkt/run/checkpoint"),
+                          (lambda: ckpt.load_checkpoint("s3://bkt/run/m.msgpack", storage_options=options),
+                           "s3://bkt/run/m.msgpack"),
+                          (lambda: ckpt.Saver([v], storage_options=options).restore("s3://bkt/run"),
+                           "s3://bkt/run/checkpoint")]:
+            err = _ends(call)
+            assert isinstance(err, ckpt.StorageError) and str(err).startswith(f"{url}: "), err
+            assert "no answer within" in str(err) and "ckpt_timeout=0.5" in str(err)
+        err = _ends(lambda: ckpt.Saver([v], storage_options=options).save("s3://bkt/run/m.msgpack"))
+        assert isinstance(err, ckpt.CheckpointWriteError) and isinstance(err.__cause__, ckpt.StorageError), err
+        assert "s3://bkt/run/m.msgpack: cannot save: s3://bkt/run" in str(err) and "no answer within" in str(err)
+        assert accepted  # it was reached, and said nothing
+    finally:
+        sock.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_a_transfer_that_stalls_midway_ends_in_a_storage_error_naming_the_url(s3_bucket, proxy):
+    v = ckpt.Variable(np.arange(1 << 20, dtype=np.float32), name="w")  # 4 MiB
+    url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/m")
+    options = {"endpoint_url": proxy.endpoint, "ckpt_timeout": 1, "ckpt_rate": 1 << 40}
+    reader = ckpt.load_checkpoint(url, storage_options=options)
+    proxy.arm(1 << 20, "stall")  # the tensor's GET sends a quarter of it, then nothing
+    err = _ends(lambda: reader.get_tensor("w"))
+    assert isinstance(err, ckpt.StorageError) and f"{s3_bucket}/run/.ckpt-data/m.msgpack/" in str(err), err
+    assert "reading tensor 'w'" in str(err) and "no answer within 1 s" in str(err)
+    err = _ends(lambda: ckpt.Saver([v], storage_options=options).restore(f"{s3_bucket}/run"))
+    assert isinstance(err, ckpt.StorageError) and f"{s3_bucket}/run/checkpoint: " in str(err), err
+
+
+def test_a_zero_byte_state_file_reads_as_empty_not_as_a_store_fault(s3_bucket):
+    """S3 answers 416 to any range of an empty object: that is b"", whose parse is damage."""
+    import boto3
+
+    boto3.client("s3").put_object(Bucket=s3_bucket[5:], Key="run/checkpoint", Body=b"")
+    store = _remote.RemoteDirectory(f"{s3_bucket}/run").store
+    url = f"{s3_bucket}/run/checkpoint"
+    assert store.read_small(url, 1 << 20, "the state file") == b""
+    data, version = store.get_versioned(url)
+    assert data == b"" and version
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{url}: the state file is not valid JSON"):
+        _remote.RemoteDirectory(f"{s3_bucket}/run").read_state()
+    assert store.put_if(url, b"{}", version)  # a save can replace it (compare-and-swap on its ETag)
+
+
 def test_a_damaged_commit_record_is_a_corrupt_checkpoint(s3_bucket):
     import boto3
 
@@ -199,6 +300,93 @@ def test_a_commit_record_with_a_damaged_copy_is_a_corrupt_checkpoint(s3_bucket):
     store.put(url, json.dumps(doc).encode(), create_only=True)
     with pytest.raises(ckpt.CorruptCheckpointError, match=f"{url}: the commit record's copy .* damaged"):
         ckpt.load_checkpoint(url)
+
+
+def _record(url: str) -> dict:
+    import json
+
+    return json.loads(_remote.RemoteDirectory(url.rpartition("/")[0]).store.read_small(url, 1 << 20, "x"))
+
+
+def _replace_record(url: str, doc: dict) -> None:
+    import json
+
+    store = _remote.RemoteDirectory(url.rpartition("/")[0]).store
+    store.delete([url])
+    store.put(url, json.dumps(doc).encode(), create_only=True)
+
+
+def _two_steps(s3_bucket: str) -> tuple[list[ckpt.Variable], str, str]:
+    v = [ckpt.Variable(np.zeros(4, np.float32), name="w")]
+    saver = ckpt.Saver(v, format="msgpack")
+    v[0].assign(np.full(4, 1.0, np.float32))
+    first = saver.save(f"{s3_bucket}/run/model", global_step=1)
+    v[0].assign(np.full(4, 3.0, np.float32))
+    return v, first, saver.save(f"{s3_bucket}/run/model", global_step=3)
+
+
+@pytest.mark.parametrize("edit", ["copied over", "data pointed elsewhere", "old record copied over"])
+def test_a_commit_record_bound_to_another_checkpoint_is_refused_naming_the_one_asked(s3_bucket, edit):
+    v, first, third = _two_steps(s3_bucket)
+    doc = _record(third)
+    assert (doc["name"], doc["step"]) == ("model-3.msgpack", 3)
+    if edit == "data pointed elsewhere":
+        doc["data"] = _record(first)["data"]
+    else:
+        doc = _record(first)
+        if edit == "old record copied over":  # written before records named their checkpoint
+            del doc["name"], doc["step"]
+    _replace_record(third, doc)
+    expected = f"{third}: the commit record is not model-3.msgpack's: it commits model-1.msgpack"
+    v[0].assign(np.zeros(4, np.float32))
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.latest_checkpoint(f"{s3_bucket}/run")
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.load_checkpoint(third)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.Saver(v).restore(third)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expected):
+        ckpt.Saver(v).restore(f"{s3_bucket}/run")
+    assert v[0].numpy().tolist() == [0.0] * 4  # never step 1's values
+
+
+def test_a_commit_record_of_another_step_is_refused_by_latest(s3_bucket):
+    _, _, third = _two_steps(s3_bucket)
+    doc = _record(third)
+    doc["step"] = 2
+    _replace_record(third, doc)
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{third}: the commit record commits step 2; .* step 3"):
+        ckpt.latest_checkpoint(f"{s3_bucket}/run")
+
+
+def test_a_commit_record_without_name_and_step_still_opens(s3_bucket):
+    """Records written before they named their checkpoint: bound through their data object's name."""
+    _, _, third = _two_steps(s3_bucket)
+    doc = _record(third)
+    del doc["name"], doc["step"]
+    _replace_record(third, doc)
+    assert ckpt.latest_checkpoint(f"{s3_bucket}/run") == third
+    assert ckpt.load_variable(third, "w").tolist() == [3.0] * 4
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "hdf5"])
+def test_verify_checks_the_data_object_itself_not_only_the_commit_records_copy(fmt, s3_bucket):
+    """The index and footer a plain msgpack/h5py user of the data object reads are in its last 64 KiB."""
+    import boto3
+
+    v = ckpt.Variable(np.arange(1 << 18, dtype=np.float32), name="w")  # 1 MiB
+    url = ckpt.Saver([v], format=fmt).save(f"{s3_bucket}/run/m")
+    assert ckpt.verify(url).ok
+    data = _remote.RemoteDirectory(f"{s3_bucket}/run").locate(url.rpartition("/")[2])[0]
+    client, key = boto3.client("s3"), data[len(s3_bucket) + 1:]
+    body = bytearray(client.get_object(Bucket=s3_bucket[5:], Key=key)["Body"].read())
+    body[-100] ^= 0x40
+    client.put_object(Bucket=s3_bucket[5:], Key=key, Body=bytes(body))
+    report = ckpt.verify(url)
+    assert not report.ok and report.problems == [
+        f"{data}: bytes {len(body) - 65536}-{len(body) - 1} (its tail) differ from the commit record's copy of them: "
+        "the data object is damaged (ckpt reads the copy; a plain msgpack or h5py reader of the object reads the "
+        "damage)"]
 
 
 def test_a_plain_uploaded_checkpoint_reads_too(s3_bucket, tmp_path):

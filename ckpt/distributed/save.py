@@ -286,7 +286,7 @@ def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
         name, body = os.path.basename(path), commit_bytes(record)
         store.store.put(store.join(f"{data}/{COMMIT}"), body, create_only=True)
         store.intend(name, record["step"], f"{data}/{COMMIT}")  # pending first: a kill after the commit hides nothing
-        store.publish_bytes(name, f"{data}/{COMMIT}", body)
+        store.publish_bytes(name, f"{data}/{COMMIT}", body, record["step"])
     except CheckpointError as exc:
         urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
         try:

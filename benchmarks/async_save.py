@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 import ckpt
-from ckpt import staging
+from ckpt.saving import staging
 
 from .memory import _reset_peak, _status
 from .run import fmt_row, make_model, timed

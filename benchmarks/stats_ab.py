@@ -1,9 +1,9 @@
 """``ckpt.tensor_stats`` before and after a change, in one run: ``python -m benchmarks.stats_ab``.
 
-The "before" is ``ckpt/stats.py`` as it was at a git revision (``--before``, default fb4ba12: main
+The "before" is ``ckpt/tools/stats.py`` as it was at a git revision (``--before``, default fb4ba12: main
 before the one-pass histogram of session 4; 57ae504 is main before session 3's rework), loaded
 from ``git show`` as a sibling module of today's ``ckpt`` (it uses the same helpers:
-``ckpt._chunks``, ``ckpt._sources``). Rounds alternate raw read, before,
+``ckpt.tools.chunks``, ``ckpt.tools.sources``). Rounds alternate raw read, before,
 raw read, after on one checkpoint of 8 float32 tensors on tmpfs; each ratio is the raw read's time
 (the mean of the two reads around it) over the call's. CPU seconds (all threads) are printed too:
 on a shared machine they move far less than wall times.
@@ -39,7 +39,7 @@ from .run import fmt_row, make_model
 
 
 def _load_before(revision: str, directory: str) -> Any:
-    source = subprocess.run(["git", "show", f"{revision}:ckpt/stats.py"], check=True, capture_output=True,
+    source = subprocess.run(["git", "show", f"{revision}:ckpt/tools/stats.py"], check=True, capture_output=True,
                             text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
     path = os.path.join(directory, "stats_before.py")
     with open(path, "w") as f:
@@ -79,7 +79,7 @@ def _numpy_agrees(path: str, stats: dict[str, Any]) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stats_ab", description=__doc__.split("\n")[0])
-    parser.add_argument("--before", default="fb4ba12", help="git revision of the 'before' ckpt/stats.py")
+    parser.add_argument("--before", default="fb4ba12", help="git revision of the 'before' ckpt/tools/stats.py")
     parser.add_argument("--gib", type=float, default=1.0, help="checkpoint size (8 float32 tensors)")
     parser.add_argument("--reps", type=int, default=3, help="rounds (medians reported)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="directory for the checkpoint")

@@ -34,56 +34,56 @@ __version__ = "0.1.0"
 #: public name -> the module defining it (a module itself when the name is the module's)
 _LAZY = {
     "dtypes": ".dtypes",
-    "initializers": ".initializers",
-    "random": ".random",
-    "SaveFuture": ".async_save",
+    "initializers": ".runtime.initializers",
+    "random": ".runtime.random",
+    "SaveFuture": ".saving.async_save",
     "Format": ".formats.base",
     "WritableFormat": ".formats.base",
     "register_format": ".formats.base",
     "unregister_format": ".formats.base",
     "decline": ".formats.base",
-    "Comparison": ".comparison",
-    "MetadataChange": ".comparison",
-    "TensorChange": ".comparison",
-    "ValueDiff": ".comparison",
-    "compare": ".comparison",
-    "compare_values": ".comparison",
-    "Conversion": ".conversion",
-    "convert": ".conversion",
-    "scope_renames": ".conversion",
-    "writable_format": ".conversion",
-    "load_file": ".files",
-    "save_file": ".files",
-    "inspect_lines": ".inspect",
-    "inspect_report": ".inspect",
-    "print_tensors_in_checkpoint_file": ".inspect",
-    "ListedCheckpoint": ".listing",
-    "list_checkpoints": ".listing",
+    "Comparison": ".tools.comparison",
+    "MetadataChange": ".tools.comparison",
+    "TensorChange": ".tools.comparison",
+    "ValueDiff": ".tools.comparison",
+    "compare": ".tools.comparison",
+    "compare_values": ".tools.comparison",
+    "Conversion": ".tools.conversion",
+    "convert": ".tools.conversion",
+    "scope_renames": ".tools.conversion",
+    "writable_format": ".tools.conversion",
+    "load_file": ".saving.files",
+    "save_file": ".saving.files",
+    "inspect_lines": ".tools.inspect",
+    "inspect_report": ".tools.inspect",
+    "print_tensors_in_checkpoint_file": ".tools.inspect",
+    "ListedCheckpoint": ".tools.listing",
+    "list_checkpoints": ".tools.listing",
     "ReadableBlob": ".storage",
-    "Module": ".module",
-    "CheckpointReader": ".reader",
-    "list_variables": ".reader",
-    "load_checkpoint": ".reader",
-    "load_variable": ".reader",
-    "RestoreResult": ".restore",
-    "init_from_checkpoint": ".restore",
-    "Saver": ".saver",
-    "deferred_init": ".scopes",
-    "device": ".scopes",
-    "name_scope": ".scopes",
-    "Shard": ".shard",
-    "latest_checkpoint": "._locations",
-    "TensorStats": ".stats",
-    "array_stats": ".stats",
-    "tensor_stats": ".stats",
-    "Variable": ".variables",
-    "global_variables": ".variables",
-    "initialize_all_variables": ".variables",
-    "initialize_variables": ".variables",
-    "report_uninitialized_variables": ".variables",
-    "trainable_variables": ".variables",
-    "Verification": ".verification",
-    "verify": ".verification",
+    "Module": ".runtime.module",
+    "CheckpointReader": ".saving.reader",
+    "list_variables": ".saving.reader",
+    "load_checkpoint": ".saving.reader",
+    "load_variable": ".saving.reader",
+    "RestoreResult": ".saving.restore",
+    "init_from_checkpoint": ".saving.restore",
+    "Saver": ".saving.saver",
+    "deferred_init": ".runtime.scopes",
+    "device": ".runtime.scopes",
+    "name_scope": ".runtime.scopes",
+    "Shard": ".runtime.shard",
+    "latest_checkpoint": ".storage.locations",
+    "TensorStats": ".tools.stats",
+    "array_stats": ".tools.stats",
+    "tensor_stats": ".tools.stats",
+    "Variable": ".runtime.variables",
+    "global_variables": ".runtime.variables",
+    "initialize_all_variables": ".runtime.variables",
+    "initialize_variables": ".runtime.variables",
+    "report_uninitialized_variables": ".runtime.variables",
+    "trainable_variables": ".runtime.variables",
+    "Verification": ".tools.verification",
+    "verify": ".tools.verification",
 }
 
 
@@ -92,7 +92,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'ckpt' has no attribute {name!r}")
     value: Any = _importlib.import_module(module, __name__)
-    if module != f".{name}":  # a name defined in the module, not the module itself
+    if not module.endswith(f".{name}"):  # a name defined in the module, not the module itself
         value = getattr(value, name)
     globals()[name] = value  # found directly from now on
     return value
@@ -104,53 +104,53 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, for type checkers and readers
     from . import dtypes as dtypes
-    from . import initializers as initializers
-    from . import random as random
-    from .async_save import SaveFuture as SaveFuture
-    from .comparison import Comparison as Comparison
-    from .comparison import MetadataChange as MetadataChange
-    from .comparison import TensorChange as TensorChange
-    from .comparison import ValueDiff as ValueDiff
-    from .comparison import compare as compare
-    from .comparison import compare_values as compare_values
-    from .conversion import Conversion as Conversion
-    from .conversion import convert as convert
-    from .conversion import scope_renames as scope_renames
-    from .conversion import writable_format as writable_format
-    from .files import load_file as load_file
+    from .runtime import initializers as initializers
+    from .runtime import random as random
+    from .saving.async_save import SaveFuture as SaveFuture
+    from .tools.comparison import Comparison as Comparison
+    from .tools.comparison import MetadataChange as MetadataChange
+    from .tools.comparison import TensorChange as TensorChange
+    from .tools.comparison import ValueDiff as ValueDiff
+    from .tools.comparison import compare as compare
+    from .tools.comparison import compare_values as compare_values
+    from .tools.conversion import Conversion as Conversion
+    from .tools.conversion import convert as convert
+    from .tools.conversion import scope_renames as scope_renames
+    from .tools.conversion import writable_format as writable_format
+    from .saving.files import load_file as load_file
     from .formats.base import Format as Format
     from .formats.base import WritableFormat as WritableFormat
     from .formats.base import register_format as register_format
     from .formats.base import unregister_format as unregister_format
     from .formats.base import decline as decline
-    from .files import save_file as save_file
-    from .inspect import inspect_lines as inspect_lines
-    from .inspect import inspect_report as inspect_report
-    from .inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
-    from .listing import ListedCheckpoint as ListedCheckpoint
-    from .listing import list_checkpoints as list_checkpoints
+    from .saving.files import save_file as save_file
+    from .tools.inspect import inspect_lines as inspect_lines
+    from .tools.inspect import inspect_report as inspect_report
+    from .tools.inspect import print_tensors_in_checkpoint_file as print_tensors_in_checkpoint_file
+    from .tools.listing import ListedCheckpoint as ListedCheckpoint
+    from .tools.listing import list_checkpoints as list_checkpoints
     from .storage import ReadableBlob as ReadableBlob
-    from .module import Module as Module
-    from .reader import CheckpointReader as CheckpointReader
-    from .reader import list_variables as list_variables
-    from .reader import load_checkpoint as load_checkpoint
-    from .reader import load_variable as load_variable
-    from .restore import RestoreResult as RestoreResult
-    from .restore import init_from_checkpoint as init_from_checkpoint
-    from .saver import Saver as Saver
-    from .scopes import deferred_init as deferred_init
-    from .scopes import device as device
-    from .scopes import name_scope as name_scope
-    from .shard import Shard as Shard
-    from ._locations import latest_checkpoint as latest_checkpoint
-    from .stats import TensorStats as TensorStats
-    from .stats import array_stats as array_stats
-    from .stats import tensor_stats as tensor_stats
-    from .variables import Variable as Variable
-    from .variables import global_variables as global_variables
-    from .variables import initialize_all_variables as initialize_all_variables
-    from .variables import initialize_variables as initialize_variables
-    from .variables import report_uninitialized_variables as report_uninitialized_variables
-    from .variables import trainable_variables as trainable_variables
-    from .verification import Verification as Verification
-    from .verification import verify as verify
+    from .runtime.module import Module as Module
+    from .saving.reader import CheckpointReader as CheckpointReader
+    from .saving.reader import list_variables as list_variables
+    from .saving.reader import load_checkpoint as load_checkpoint
+    from .saving.reader import load_variable as load_variable
+    from .saving.restore import RestoreResult as RestoreResult
+    from .saving.restore import init_from_checkpoint as init_from_checkpoint
+    from .saving.saver import Saver as Saver
+    from .runtime.scopes import deferred_init as deferred_init
+    from .runtime.scopes import device as device
+    from .runtime.scopes import name_scope as name_scope
+    from .runtime.shard import Shard as Shard
+    from .storage.locations import latest_checkpoint as latest_checkpoint
+    from .tools.stats import TensorStats as TensorStats
+    from .tools.stats import array_stats as array_stats
+    from .tools.stats import tensor_stats as tensor_stats
+    from .runtime.variables import Variable as Variable
+    from .runtime.variables import global_variables as global_variables
+    from .runtime.variables import initialize_all_variables as initialize_all_variables
+    from .runtime.variables import initialize_variables as initialize_variables
+    from .runtime.variables import report_uninitialized_variables as report_uninitialized_variables
+    from .runtime.variables import trainable_variables as trainable_variables
+    from .tools.verification import Verification as Verification
+    from .tools.verification import verify as verify

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from ckpt._urls import is_url
+from ckpt.storage.urls import is_url
 from ckpt.storage import ReadableBlob
 
 from ._io import LocalFile
@@ -32,7 +32,7 @@ def open_blob(path: str) -> ReadableBlob:
     """
     if is_url(path):  # an object store: ranged GETs instead of preads
         # lazy: object-store code loads only for URLs (start-up cost of local reads)
-        from ckpt._remote import RemoteFile
+        from ckpt.storage.remote import RemoteFile
 
         return handed(path, RemoteFile) or RemoteFile(path)
     return handed(path, LocalFile) or LocalFile(path)

@@ -216,7 +216,7 @@ class BlockSlicing:
 
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out`` (what
-        ``ckpt.reader.read_box_into`` and a distributed restore ask for)."""
+        ``ckpt.saving.reader.read_box_into`` and a distributed restore ask for)."""
         from ._slicing import check_box
 
         info = self.info(key)  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ckpt.errors import CorruptCheckpointError
 from ckpt.storage import Bytes, ReadableBlob, WritableBlob
-from ckpt._regular import open_regular
+from ckpt.storage.regular import open_regular
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ThreadPoolExecutor

@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ckpt import boxes, dtypes
-from ckpt._localstore import LocalStore
-from ckpt.atomic import replace_atomically
-from ckpt._urls import is_url
+from ckpt.storage.local import LocalStore
+from ckpt.storage.atomic import replace_atomically
+from ckpt.storage.urls import is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from . import _io
@@ -51,7 +51,7 @@ from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
 if TYPE_CHECKING:
-    from ckpt._remote import RemoteDirectory
+    from ckpt.storage.remote import RemoteDirectory
     from ckpt.storage import ReadableBlob, Store, WritableBlob
 
 __all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
@@ -232,7 +232,7 @@ def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
     path = os.path.join(directory, COMMIT)
     try:
         if is_url(directory):
-            from ckpt._remote import RemoteFile  # lazy: object-store code loads only for URLs
+            from ckpt.storage.remote import RemoteFile  # lazy: object-store code loads only for URLs
 
             with closing(open_blob(directory)) as blob:
                 assert isinstance(blob, RemoteFile)
@@ -410,7 +410,7 @@ def _open_shard(target: str, where: str | RemoteDirectory, size: int) -> Readabl
     store, where it is ``size`` bytes (the record says so): its head and tail come in one round trip."""
     if isinstance(where, str):
         return open_blob(target)
-    from ckpt._remote import RemoteFile  # lazy: object-store code loads only for URLs
+    from ckpt.storage.remote import RemoteFile  # lazy: object-store code loads only for URLs
 
     return RemoteFile(target, where, size)
 

@@ -166,7 +166,7 @@ class OrbaxReader(BaseReader):
 
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``, from just
-        the chunks it overlaps (what ``ckpt.reader.read_box_into`` and a distributed restore ask for)."""
+        the chunks it overlaps (what ``ckpt.saving.reader.read_box_into`` and a distributed restore ask for)."""
         info = self.info(key)
         self._read_box(info, check_box(info, offset, out.shape, self.path), out)
 

@@ -249,7 +249,7 @@ class TensorFlowReader(BaseReader):
 
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out`` (what
-        ``ckpt.reader.read_box_into`` and a distributed restore ask for)."""
+        ``ckpt.saving.reader.read_box_into`` and a distributed restore ask for)."""
         info = self.info(key)
         self._read_box(info, check_box(info, offset, out.shape, self.path), out)
 

@@ -38,7 +38,7 @@ if __name__ == "__main__":  # (not when tests import this file's definitions)
 import numpy as np  # noqa: E402
 
 import ckpt  # noqa: E402
-from ckpt.atomic import replace_atomically  # noqa: E402
+from ckpt.storage.atomic import replace_atomically  # noqa: E402
 from ckpt.formats import _blocks, base, ckpt_sharded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -247,7 +247,7 @@ def main() -> None:
 
             sharded.write_commit = write_commit  # type: ignore[assignment]
         if phase == "before-record" and comm.rank == 0:  # an object store: the sharded COMMIT is up,
-            from ckpt import _remote  # the commit record naming it is not
+            from ckpt.storage import remote as _remote  # the commit record naming it is not
 
             def publish(*args: object) -> None:
                 die()

@@ -35,8 +35,8 @@ import numpy as np
 from reliability_support import read_outcome, restore_outcome, small_tensors, step_tensors
 
 import ckpt
-from ckpt.atomic import is_temporary
-from ckpt.state import read_state
+from ckpt.storage.atomic import is_temporary
+from ckpt.storage.state import read_state
 
 
 KILLED_CODE = 77  # a child's exit code when kill_at_event ended it
@@ -58,7 +58,7 @@ def kill_at_event(k: int, kind: str) -> None:
             os._exit(KILLED_CODE)
 
     if kind == "s3":
-        from ckpt import _objstore
+        from ckpt.storage import objstore as _objstore
 
         def wrapped(method: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:

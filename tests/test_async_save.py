@@ -26,8 +26,8 @@ from conftest import assert_bit_exact, every_dtype_tensors
 from reliability_support import sentinel_like
 
 import ckpt
-from ckpt.atomic import is_temporary
-from ckpt.state import read_state
+from ckpt.storage.atomic import is_temporary
+from ckpt.storage.state import read_state
 
 WRITABLE = [f.name for f in base.formats() if f.can_write]
 EXT = {name: base.get_format(name).extensions[0] for name in WRITABLE}
@@ -519,7 +519,7 @@ def test_save_returns_once_only_the_staged_tail_is_left(tmp_path):
 
 
 def test_an_interrupt_while_save_waits_is_raised_after_the_writer_is_done():
-    from ckpt.async_save import _wait_uninterrupted
+    from ckpt.saving.async_save import _wait_uninterrupted
 
     class Gate:
         calls = 0

@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from conftest import assert_bit_exact, every_dtype_tensors, OUTSIDE_CHECKOUT
 
 import ckpt
-from ckpt.atomic import replace_atomically
+from ckpt.storage.atomic import replace_atomically
 from ckpt.cli import main, progress
-from ckpt.comparison import compare_values
+from ckpt.tools.comparison import compare_values
 from ckpt.cli.ls_cmd import human_size
 from ckpt.formats import base
-from ckpt.state import CheckpointEntry, CheckpointState, write_state
+from ckpt.storage.state import CheckpointEntry, CheckpointState, write_state
 
 SAMPLES = os.path.join(os.path.dirname(__file__), os.pardir, "sample_checkpoints")
 #: A float32 whose bytes are easy to find in a file, to damage a tensor's data.
@@ -420,7 +420,7 @@ def test_compare_values_edge_cases():
 
 
 def test_compare_values_in_chunks(monkeypatch):
-    from ckpt import comparison
+    from ckpt.tools import comparison
 
     monkeypatch.setattr(comparison, "CHUNK", 3)
     a, b = np.arange(10.0), np.arange(10.0)

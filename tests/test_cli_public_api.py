@@ -48,10 +48,10 @@ def test_the_public_names_are_what_ckpt_exports():
 
 def test_the_check_finds_internal_imports():
     public = public_names()
-    source = ("import ckpt\nimport ckpt.atomic\nfrom ckpt.state import STATE_FILE\nfrom ckpt import _remote, convert\n"
-              "from ckpt.formats import base\nfrom .errors import Failure\nx = ckpt.inspect.jsonable\ny = ckpt.compare\n")
-    assert internal_uses(source, public) == ["ckpt.atomic", "ckpt.state", "ckpt._remote", "ckpt.formats",
-                                             "ckpt.inspect"]
+    source = ("import ckpt\nimport ckpt.storage.atomic\nfrom ckpt.storage.state import STATE_FILE\nfrom ckpt import storage, convert\n"
+              "from ckpt.formats import base\nfrom .errors import Failure\nx = ckpt.tools.inspect.jsonable\ny = ckpt.compare\n")
+    assert internal_uses(source, public) == ["ckpt.storage.atomic", "ckpt.storage.state", "ckpt.storage", "ckpt.formats",
+                                             "ckpt.tools"]
 
 
 def test_cli_modules_use_only_public_ckpt_names():

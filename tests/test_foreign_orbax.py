@@ -291,7 +291,7 @@ def test_manager_skips_unfinished_steps(tmp_path):
 
 @pytest.mark.parametrize("directory", ["orbax_zarr", "orbax_ocdbt"])
 def test_read_box_into_reads_only_the_overlapping_chunks(directory):
-    from ckpt.reader import read_box_into
+    from ckpt.saving.reader import read_box_into
 
     want = expected("orbax_zarr_expected.npz")["params/grid"]
     with ckpt.load_checkpoint(os.path.join(FIXTURES, directory)) as reader:

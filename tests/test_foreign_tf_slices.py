@@ -244,8 +244,8 @@ def test_index_truncated_at_every_byte_and_bit_flips(tmp_path):
 
 
 def test_read_box_into_reads_blocks_for_a_distributed_restore():
-    """ckpt.reader.read_box_into (what a sharded restore uses) takes the sliced reader's own path."""
-    from ckpt.reader import read_box_into
+    """ckpt.saving.reader.read_box_into (what a sharded restore uses) takes the sliced reader's own path."""
+    from ckpt.saving.reader import read_box_into
 
     want = expected("tf2_sliced_expected.npz")
     with ckpt.load_checkpoint(os.path.join(FIXTURES, "tf2_sliced", "ckpt")) as reader:

@@ -25,7 +25,7 @@ def test_every_public_name_resolves_and_is_declared_for_type_checkers():
     assert declared == set(ckpt._LAZY)
     for name in ckpt._LAZY:
         assert getattr(ckpt, name) is not None and name in dir(ckpt)
-    assert ckpt.Saver.__module__ == "ckpt.saver" and ckpt.dtypes.__name__ == "ckpt.dtypes"
+    assert ckpt.Saver.__module__ == "ckpt.saving.saver" and ckpt.dtypes.__name__ == "ckpt.dtypes"
 
 
 def test_reading_a_ckpt_file_imports_only_its_format(tmp_path):

@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckpt import initializers, random
-from ckpt.initializers import (
+from ckpt.runtime import initializers, random
+from ckpt.runtime.initializers import (
     Constant,
     GlorotNormal,
     GlorotUniform,

@@ -1,4 +1,4 @@
-"""ckpt.inspect: print_tensors_in_checkpoint_file, parameter counts, statistics, the JSON view."""
+"""ckpt.tools.inspect: print_tensors_in_checkpoint_file, parameter counts, statistics, the JSON view."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conftest import every_dtype_tensors
 
 import ckpt
-from ckpt import inspect, stats
+from ckpt.tools import inspect, stats
 from ckpt.cli import main
 from ckpt.formats.base import TensorInfo
 

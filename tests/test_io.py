@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt
-import ckpt.state
+import ckpt.storage.state
 from ckpt.formats import _io
 from ckpt.storage import ReadableBlob
 
@@ -174,7 +174,7 @@ def test_a_fifo_named_like_a_checkpoint_is_refused_without_blocking(tmp_path):
     run.mkdir()
     fifo = run / "m-1.h5"
     os.mkfifo(fifo)
-    ckpt.state.write_state(str(run), ckpt.state.CheckpointState([ckpt.state.CheckpointEntry("m-1.h5", 1.0, 1)]))
+    ckpt.storage.state.write_state(str(run), ckpt.storage.state.CheckpointState([ckpt.storage.state.CheckpointEntry("m-1.h5", 1.0, 1)]))
     child = subprocess.run([sys.executable, "-c", FIFO_CHILD, str(fifo)], capture_output=True, text=True,
                            timeout=30, check=True)
     out = json.loads(child.stdout)

@@ -18,8 +18,8 @@ CKPT = pathlib.Path(ckpt.__file__).parent
 FORMATS = pathlib.Path(ckpt.formats.__file__).parent  # installed as ckpt.formats (formats/ in the checkout)
 #: Core modules that must import at module level, except where a line says why not (start-up cost,
 #: optional dependencies, a format module that loads on use).
-CORE = ["state.py", "listing.py", "conversion.py", "_localstore.py", "_locations.py", "reader.py", "comparison.py",
-        "_chunks.py", "files.py"]
+CORE = ["storage/state.py", "tools/listing.py", "tools/conversion.py", "storage/local.py", "storage/locations.py",
+        "saving/reader.py", "tools/comparison.py", "tools/chunks.py", "saving/files.py"]
 
 
 def _function_imports(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -45,8 +45,8 @@ def test_function_local_imports_in_the_core_say_why(name):
             f"ckpt/{name}:{lineno}: {text} has no one-line reason"
 
 
-@pytest.mark.parametrize("module", ["ckpt.state", "ckpt._localstore", "ckpt._locations", "ckpt._remote",
-                                    "ckpt.formats.base", "ckpt.listing", "ckpt.conversion", "ckpt.reader",
+@pytest.mark.parametrize("module", ["ckpt.storage.state", "ckpt.storage.local", "ckpt.storage.locations", "ckpt.storage.remote",
+                                    "ckpt.formats.base", "ckpt.tools.listing", "ckpt.tools.conversion", "ckpt.saving.reader",
                                     "ckpt.formats.keras", "ckpt.formats.h5plain"])
 def test_each_core_module_imports_first_in_a_fresh_interpreter(module):
     """A cycle shows as an ImportError when its modules load in the wrong order: load each first."""
@@ -56,8 +56,8 @@ def test_each_core_module_imports_first_in_a_fresh_interpreter(module):
 
 def test_state_py_knows_nothing_of_stores_or_urls():
     """The state file's module sits below the stores: it imports neither them nor the URL code."""
-    source = (CKPT / "state.py").read_text(encoding="utf-8")
-    assert "_localstore" not in source and "is_url" not in source and "_remote" not in source
+    source = (CKPT / "storage" / "state.py").read_text(encoding="utf-8")
+    assert "storage.local" not in source and "is_url" not in source and "storage.remote" not in source
 
 
 def test_formats_do_not_ask_whether_a_path_is_a_url():

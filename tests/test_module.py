@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt import initializers
+from ckpt.runtime import initializers
 
 
 class SimpleModule(ckpt.Module):

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 import ckpt
-from ckpt import _remote, _urls
-from ckpt import _objstore
-from ckpt._objstore import ObjectStore
-from ckpt._storefaults import store_error
-from ckpt.state import CheckpointEntry, CheckpointState, parse_state
+from ckpt.storage import remote as _remote, urls as _urls
+from ckpt.storage import objstore as _objstore
+from ckpt.storage.objstore import ObjectStore
+from ckpt.storage.faults import store_error
+from ckpt.storage.state import CheckpointEntry, CheckpointState, parse_state
 
 pytest.importorskip("s3fs")
 

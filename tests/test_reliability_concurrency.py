@@ -19,9 +19,9 @@ import pytest
 from reliability_support import step_of, step_tensors
 
 import ckpt
-from ckpt import _locations
-from ckpt.atomic import is_temporary
-from ckpt.state import LOCK_FILE, STATE_FILE, read_state
+from ckpt.storage import locations as _locations
+from ckpt.storage.atomic import is_temporary
+from ckpt.storage.state import LOCK_FILE, STATE_FILE, read_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAVES = 30  # per writer, x --reliability-scale

@@ -29,9 +29,9 @@ import pytest
 from reliability_support import equal_tensors, restore_outcome, sentinel_like, small_tensors, step_of, step_tensors
 
 import ckpt
-from ckpt.atomic import is_temporary
-from ckpt._localstore import open_store
-from ckpt.state import LOCK_FILE, STATE_FILE, read_state
+from ckpt.storage.atomic import is_temporary
+from ckpt.storage.local import open_store
+from ckpt.storage.state import LOCK_FILE, STATE_FILE, read_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ERRNOS = [errno.ENOSPC, errno.EIO]

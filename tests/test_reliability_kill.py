@@ -23,9 +23,9 @@ import pytest
 from reliability_support import step_of, step_tensors
 
 import ckpt
-from ckpt.atomic import is_temporary
-from ckpt._localstore import open_store
-from ckpt.state import LOCK_FILE, STATE_FILE, read_state
+from ckpt.storage.atomic import is_temporary
+from ckpt.storage.local import open_store
+from ckpt.storage.state import LOCK_FILE, STATE_FILE, read_state
 from conftest import OUTSIDE_CHECKOUT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -206,7 +206,7 @@ main(["convert", sys.argv[1], sys.argv[2]])
 def test_a_killed_convert_leaves_nothing_once_the_next_convert_ran(tmp_path):
     """Killed converts leave their temporary files; the next convert into that directory
     removes every one whose writer is dead, and none a live writer still holds."""
-    from ckpt.atomic import replace_atomically
+    from ckpt.storage.atomic import replace_atomically
 
     src = str(tmp_path / "src.msgpack")
     values = {"w": np.arange(1000.0), "b": np.ones(3, np.float32)}

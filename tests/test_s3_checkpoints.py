@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import assert_bit_exact, every_dtype_tensors, OUTSIDE_CHECKOUT
 
 import ckpt
-from ckpt import _remote
+from ckpt.storage import remote as _remote
 
 pytest.importorskip("s3fs")
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import assert_bit_exact, every_dtype_tensors
 
 import ckpt
-from ckpt import _objstore
+from ckpt.storage import objstore as _objstore
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

@@ -9,7 +9,8 @@ from conftest import assert_bit_exact
 from distributed_support import global_tensors
 
 import ckpt
-from ckpt import _remote, distributed
+from ckpt.storage import remote as _remote
+from ckpt import distributed
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
 pytest.importorskip("s3fs")

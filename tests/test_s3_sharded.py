@@ -10,7 +10,8 @@ from conftest import assert_bit_exact
 from distributed_support import global_tensors, layout, make_variables, run_ranks
 
 import ckpt
-from ckpt import _objstore, _remote, distributed
+from ckpt.storage import objstore as _objstore, remote as _remote
+from ckpt import distributed
 
 pytest.importorskip("s3fs")
 

@@ -1,4 +1,4 @@
-"""Saves streamed into S3 (ckpt._objstore.S3Upload) against moto's server, both ways an object
+"""Saves streamed into S3 (ckpt.storage.objstore.S3Upload) against moto's server, both ways an object
 goes up: one PUT (up to SINGLE_PUT_MAX, the writer's buffers lent, not copied) and a multipart
 upload. The object is byte-for-byte what a local save writes, nothing is visible before it is
 complete, a second writer is refused, and a failed writer leaves no object and no upload behind."""
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt import _objstore, _remote
+from ckpt.storage import objstore as _objstore, remote as _remote
 from ckpt.formats._io import crc32c
 
 pytest.importorskip("s3fs")
@@ -307,7 +307,7 @@ def test_convert_to_s3_in_shards(s3_bucket, tmp_path, ext):
 
 
 def test_a_sharded_conversion_to_s3_that_does_not_read_back_commits_nothing(s3_bucket, tmp_path, monkeypatch):
-    from ckpt import conversion
+    from ckpt.tools import conversion
 
     source = str(tmp_path / "src.h5")
     ckpt.save_file({"w": np.ones((4, 2))}, source)

@@ -23,7 +23,7 @@ from conftest import assert_bit_exact
 
 import ckpt
 from ckpt.cli import main
-from ckpt.state import read_state
+from ckpt.storage.state import read_state
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 SAMPLES = os.path.join(ROOT, "sample_checkpoints")

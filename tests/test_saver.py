@@ -13,8 +13,8 @@ import pytest
 from conftest import assert_bit_exact, data_offset, every_dtype_tensors
 
 import ckpt
-from ckpt import saver as saver_module
-from ckpt.state import read_state
+from ckpt.saving import saver as saver_module
+from ckpt.storage.state import read_state
 
 FORMATS = ["h5", "msgpack"]
 
@@ -146,7 +146,7 @@ def test_global_step_may_be_a_variable(tmp_path):
 
 @pytest.mark.parametrize("blocking", [True, False])
 def test_missing_parent_directories_are_created_durably(tmp_path, monkeypatch, blocking):
-    from ckpt import atomic
+    from ckpt.storage import atomic
 
     synced = []
     real = atomic.fsync_directory

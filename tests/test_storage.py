@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt import _remote
-from ckpt._localstore import LocalStore, open_store
-from ckpt.state import CheckpointEntry, CheckpointState
+from ckpt.storage import remote as _remote
+from ckpt.storage.local import LocalStore, open_store
+from ckpt.storage.state import CheckpointEntry, CheckpointState
 from ckpt.storage import ReadableBlob, Store, WritableBlob
 
 
@@ -229,7 +229,7 @@ def test_convert_reads_the_written_bytes_back_before_they_become_visible(tmp_pat
 def test_a_pending_entry_counts_only_where_its_commit_happened(tmp_path):
     """The state file names a save's checkpoint pending before the rename: a reader counts it once
     the file is in place, and where the save replaces a file, only once it is *this* save's file."""
-    from ckpt.state import read_state
+    from ckpt.storage.state import read_state
 
     store = open_store(str(tmp_path))
     saver = ckpt.Saver({"w": ckpt.Variable(1.0)}, max_to_keep=None)

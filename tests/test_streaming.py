@@ -1,4 +1,4 @@
-"""Whole-checkpoint functions read tensors in bounded chunks, checked as they stream (ckpt/_chunks.py)."""
+"""Whole-checkpoint functions read tensors in bounded chunks, checked as they stream (ckpt/tools/chunks.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt import _chunks
+from ckpt.tools import chunks as _chunks
 
 MiB = 1 << 20
 

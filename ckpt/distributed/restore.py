@@ -27,11 +27,11 @@ from collections.abc import Mapping
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..formats import ckpt_sharded as sharded
-from ..reader import open_checkpoint
-from ..restore import RestoreResult, restore_from
-from .._locations import resolve_checkpoint, using
-from .._urls import StorageOptions, is_url
-from ..variables import Variable
+from ckpt.saving.reader import open_checkpoint
+from ckpt.saving.restore import RestoreResult, restore_from
+from ckpt.storage.locations import resolve_checkpoint, using
+from ckpt.storage.urls import StorageOptions, is_url
+from ckpt.runtime.variables import Variable
 from .comm import Communicator, decode, encode
 
 __all__ = ["restore_collective"]

@@ -12,7 +12,7 @@
 
 At an object-store URL there is no directory: rank 0 picks a unique data prefix instead
 (``_prepare_remote``), and the commit is the sharded COMMIT object, then the checkpoint's
-create-only commit record (``_commit_remote``; ckpt/_remote.py). Each rank writes its file the
+create-only commit record (``_commit_remote``; ckpt/storage/remote.py). Each rank writes its file the
 same way in both cases: ``Store.write_file`` of the directory's ``LocalStore`` (temporary file,
 rename) or of the data prefix's ``RemoteDirectory`` (a create-only upload streamed as the
 format writes it), then reads its index back.
@@ -42,21 +42,21 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import boxes, dtypes
-from .._localstore import LocalStore, store_of
-from .._urls import is_url
-from ..atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
+from ckpt.storage.local import LocalStore, store_of
+from ckpt.storage.urls import is_url
+from ckpt.storage.atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
 from ..formats.base import format_for_path, write_into  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
-from ..staging import peek
-from ..state import state_lock
+from ckpt.saving.staging import peek
+from ckpt.storage.state import state_lock
 from . import plan as planning
 from .comm import CollectiveTimeoutError, Communicator, OutcomeUnknownError, decode, encode
 
 if TYPE_CHECKING:
-    from .._remote import RemoteDirectory
-    from ..saver import Saver
+    from ckpt.storage.remote import RemoteDirectory
+    from ckpt.saving.saver import Saver
     from ..storage import Store, WritableBlob
 
 __all__ = ["save_sharded", "remove_leftovers", "build_record"]
@@ -248,7 +248,7 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
 
 
 def _remote_store(saver: Saver, path: str) -> RemoteDirectory:
-    from .._remote import RemoteDirectory  # object-store support is imported only for URLs
+    from ckpt.storage.remote import RemoteDirectory  # object-store support is imported only for URLs
 
     store = store_of(path, saver._storage_options)
     assert isinstance(store, RemoteDirectory)

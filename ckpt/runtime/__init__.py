@@ -1,0 +1,1 @@
+"""The variable runtime: Variable, Module, scopes, initializers, random numbers, casting."""

@@ -1,0 +1,1 @@
+"""Saving and restoring: the Saver, restore planning, asynchronous saves, staging, readers."""

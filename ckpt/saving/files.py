@@ -1,0 +1,88 @@
+"""save_file / load_file: plain ``{name: numpy array}`` dicts in and out, as safetensors does.
+
+No Variables, no Saver and no state file: one file, written atomically with a checksum per
+tensor like every ckpt save, in the format of its extension; read back from any format ckpt
+reads.
+
+Example:
+    >>> import ckpt, numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "weights", "model.msgpack")
+    >>> _ = ckpt.save_file({"w": np.eye(2, dtype=np.float32), "step": np.int64(7)}, path)
+    >>> loaded = ckpt.load_file(path)
+    >>> sorted(loaded), loaded["step"]
+    (['step', 'w'], array(7))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ckpt.storage.atomic import replace_atomically
+from ckpt.runtime.casting import infer_array
+from ckpt.formats import base  # the format registry; importing it registers the built-ins
+from ckpt.saving.reader import open_checkpoint, read_in_batches
+
+__all__ = ["save_file", "load_file"]
+
+
+
+def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
+              metadata: Mapping[str, Any] | None = None) -> str:
+    """Write ``{key: array}`` to one checkpoint file, atomically and checksummed.
+
+    Args:
+        tensors: keys ("/"-separated) to numpy arrays (or values numpy can make arrays of:
+            Python floats become float32 and ints int32, as for Variables).
+        path: the file; its extension picks the format (.h5/.hdf5, .msgpack, .safetensors).
+            Missing directories are created.
+        metadata: a JSON-like dict stored with the tensors.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: an unknown extension or an invalid key.
+        InvalidMetadataError: metadata that is not JSON-like (a ValueError too).
+        TypeError: a value of a dtype no checkpoint holds.
+        CheckpointWriteError: the file could not be written; a previous file is untouched.
+    """
+    path = os.fspath(path)
+    fmt = base.format_for_path(path)
+    if not isinstance(fmt, base.WritableFormat) or not fmt.can_write:
+        writable = ", ".join(e for f in base.formats() if f.can_write for e in f.extensions)
+        raise ValueError(f"{path}: no format writes this extension; use one of {writable}")
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"{path}: tensors must be a dict of key -> array, got {type(tensors).__name__}")
+    base.validate_keys(tensors, path)
+    arrays = []
+    for key, value in tensors.items():
+        try:
+            arrays.append((key, infer_array(value)))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{path}: tensor {key!r}: {exc}") from None
+    normalized = base.normalize_metadata(metadata, path)
+    with replace_atomically(path) as tmp:
+        fmt.write(tmp, arrays, normalized)
+    return path
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read every tensor of a checkpoint (any format ckpt reads) into new numpy arrays.
+
+    Args:
+        path: a checkpoint file, or a directory (its latest checkpoint).
+
+    Returns:
+        ``{key: array}`` in the file's order; every checksum is verified.
+
+    Raises:
+        CheckpointNotFoundError, UnsupportedCheckpointError, CorruptCheckpointError.
+    """
+    with open_checkpoint(path) as reader:
+        out = {key: np.empty(info.shape, dtype=info.dtype) for key, info in reader.tensors.items()}
+        read_in_batches(reader, out.items())
+        return out

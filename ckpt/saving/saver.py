@@ -1,0 +1,496 @@
+"""ckpt.Saver: tf.train.Saver's semantics for numpy variables, in HDF5 or msgpack files.
+
+Example:
+    >>> import ckpt, tempfile, os
+    >>> directory = tempfile.mkdtemp()
+    >>> v1 = ckpt.Variable([1.0, 2.0], name="v1")
+    >>> v2 = ckpt.Variable(3, name="v2")
+    >>> saver = ckpt.Saver({"my_v2": v2}, max_to_keep=2)
+    >>> path = saver.save(os.path.join(directory, "model.h5"), global_step=10)
+    >>> os.path.basename(path)
+    'model-10.h5'
+    >>> _ = v2.assign(0)
+    >>> saver.restore(directory).restored
+    ['my_v2']
+    >>> int(v2)
+    3
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
+from typing import Any, Literal, overload
+from collections.abc import Callable
+
+from ckpt.storage import urls as _urls
+from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
+from ckpt.saving.async_save import BackgroundSaves, SaveFuture
+from ckpt.storage.local import LocalStore, store_of
+from ckpt.storage.atomic import require_directory
+from ckpt.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    StorageError,
+    UninitializedVariableError,
+)
+from ckpt.gcpause import gc_paused
+from ckpt.runtime.module import Module
+from ckpt.saving.restore import RestoreResult, restore_variables
+from ckpt.storage.state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock
+from ckpt.storage import StateChange, Store, WritableBlob
+from ckpt.runtime.variables import Variable, global_variables
+
+__all__ = ["Saver"]
+
+VarList = None | Module | Mapping[str, Variable] | Iterable[Variable]
+
+
+def _where(path_arg: Any) -> str:
+    """The path a save was given, for messages, whatever the caller passed."""
+    return str(os.fspath(path_arg)) if isinstance(path_arg, (str, os.PathLike)) else repr(path_arg)
+
+
+def _key_map(var_list: VarList) -> dict[str, Variable]:
+    """Turn a var_list into an ordered {checkpoint key: Variable} map, refusing ambiguity."""
+    if var_list is None:
+        pairs = [(v.key, v) for v in global_variables()]
+    elif isinstance(var_list, Module):
+        pairs = var_list.named_variables()
+    elif isinstance(var_list, Mapping):
+        pairs = list(var_list.items())
+    elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):  # type: ignore[unreachable]
+        unique = {id(v): v for v in var_list}  # the same variable listed twice is listed once
+        pairs = [(v.key if isinstance(v, Variable) else v, v) for v in unique.values()]
+    else:
+        raise TypeError(f"var_list must be None, a Module, a dict or a list of Variables, "
+                        f"got {type(var_list).__name__}")
+    keys: dict[str, Variable] = {}
+    owner: dict[int, str] = {}
+    for key, var in pairs:
+        if not isinstance(var, Variable):
+            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}, not a ckpt.Variable")
+        if not isinstance(key, str):
+            raise TypeError(f"checkpoint keys are strings, got {key!r} for {var.name}")
+        if key in keys:
+            raise ValueError(f"two variables would be saved under the key {key!r}: {keys[key].name} "
+                             f"and {var.name}; give them distinct names or pass a dict")
+        if id(var) in owner:
+            raise ValueError(f"variable {var.name} would be saved under two keys: {owner[id(var)]!r} "
+                             f"and {key!r}")
+        keys[key] = var
+        owner[id(var)] = key
+    if not keys:
+        raise ValueError("there are no variables to save (empty var_list)")
+    _formats.validate_keys(keys, "Saver")
+    return keys
+
+
+def _load_hdf5_library() -> None:
+    """Import h5py now, while the interpreter is whole: the HDF5 writer imports it on first use,
+    and a first use inside an atexit handler ("checkpoint on exit") imports it during shutdown,
+    where h5py's own exit hook is never run and libhdf5's then calls into the finalized
+    interpreter (SIGSEGV after the checkpoint committed)."""
+    # lazy: only Savers that write HDF5 load h5py (`import ckpt` stays free of it)
+    import h5py  # noqa: F401
+
+
+class Saver:
+    """Saves variables to checkpoint files and restores them.
+
+    Args:
+        var_list: what to save. None: every live variable, keyed by name (without ":0").
+            A list: those variables, keyed by name. A dict: its keys are the names in the
+            file (``Saver({"my_v2": v2})``). A Module: keyed by its attribute paths
+            ("layers/0/kernel").
+        max_to_keep: keep the newest N checkpoints of the directory, delete older ones
+            (None or 0 keeps all, as in TF1).
+        keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
+        format: the format for paths without a known extension ("hdf5" or "msgpack").
+        staging_bytes: for ``save(..., blocking=False)``: the most memory the snapshot of the
+            variables may take (None: a model's worth). Below the model's size, ``save``
+            writes all but the last ``staging_bytes`` itself and returns with only those left.
+        comm: a :class:`ckpt.distributed.Communicator` (``distributed.mpi()``): ``save`` and
+            ``restore`` become collective; every rank writes its own blocks (variables with a
+            ``ckpt.Shard``) and rank 0 commits a sharded checkpoint. See docs/distributed.md.
+        timeout: with ``comm``, seconds a rank waits for the others in each step of a save or
+            restore before it raises (a rank that died or never arrived).
+        storage_options: for object-store URLs ("s3://bucket/run/model.msgpack"), options for
+            the store's fsspec filesystem; credentials and endpoints otherwise come from the
+            store's usual configuration (for S3 the AWS_* variables and profiles).
+
+    Raises:
+        ValueError: two variables under one key, one variable under two keys, an invalid
+            key, nothing to save, or a negative staging_bytes.
+    """
+
+    def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
+                 staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self._vars = _key_map(var_list)
+        self._storage_options = storage_options
+        self._background = BackgroundSaves(staging_bytes)
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._comm = comm
+        self._async_comm: Any = None
+        self._timeout = float(timeout)
+        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 0):
+            raise ValueError(f"max_to_keep must be a positive int, or None or 0 (keep all), got {max_to_keep!r}")
+        if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
+            raise ValueError("keep_checkpoint_every_n_hours must be positive or None")
+        fmt = _formats.get_format(format)
+        if not fmt.can_write:
+            raise ValueError(f"format {format!r} can be read but not written")
+        self._format = fmt
+        if fmt.name == "hdf5":
+            _load_hdf5_library()
+        self._max_to_keep = max_to_keep or None  # TF1: 0 keeps every checkpoint
+        self._keep_hours = keep_checkpoint_every_n_hours
+        self._last_checkpoints: list[str] = []
+        self._saved = False  # until the first save, a restore's directory gives last_checkpoints
+        self._restored_from: str | None = None
+
+    @property
+    def var_list(self) -> dict[str, Variable]:
+        """The {checkpoint key: Variable} map this Saver saves and restores."""
+        return dict(self._vars)
+
+    @property
+    def last_checkpoints(self) -> list[str]:
+        """The kept checkpoints of the directory last saved to, oldest first.
+
+        Before its first save, a Saver that restored from a directory's checkpoint lists that
+        directory's checkpoints (a Saver is bound to no directory until it saves or restores).
+        """
+        if not self._saved and self._restored_from is not None:
+            return self._listed_beside(self._restored_from)
+        return list(self._last_checkpoints)
+
+    def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
+        name = os.fspath(path)
+        fmt = _formats.format_for_path(name)
+        if fmt is None or not fmt.can_write:
+            fmt = self._format
+            name += fmt.extensions[0]
+        ext = next(e for e in fmt.extensions if name.lower().endswith(e))
+        if global_step is not None:
+            step = operator.index(global_step)
+            name = f"{name[:len(name) - len(ext)]}-{step}{name[len(name) - len(ext):]}"
+        return name, fmt
+
+    @overload
+    def save(self, path: str | os.PathLike[str], global_step: Any = None,
+             metadata: Mapping[str, Any] | None = None, *, blocking: Literal[True] = True) -> str: ...
+
+    @overload
+    def save(self, path: str | os.PathLike[str], global_step: Any = None,
+             metadata: Mapping[str, Any] | None = None, *, blocking: bool) -> str | SaveFuture: ...
+
+    def save(self, path: str | os.PathLike[str], global_step: Any = None,
+             metadata: Mapping[str, Any] | None = None, *, blocking: bool = True) -> str | SaveFuture:
+        """Write a checkpoint atomically and record it in the directory's state file.
+
+        Every save first waits for this Saver's asynchronous save in flight, if any, and
+        raises that save's error if it failed and nobody has seen the error yet.
+
+        Args:
+            path: the file; its extension (.h5, .hdf5, .msgpack) picks the format, a path
+                without one gets the Saver's format and its extension.
+            global_step: an int (or int Variable) appended to the name: "model-1000.h5".
+            metadata: a JSON-like dict stored with the tensors.
+            blocking: False copies the variables' values into staging memory and writes
+                them in a background thread (docs/async.md): the checkpoint holds the values
+                of this call, whatever training does to the variables afterwards.
+
+        Returns:
+            The path written; with ``blocking=False`` a :class:`ckpt.SaveFuture` whose
+            ``result()`` is that path once the checkpoint is committed.
+
+        Raises:
+            CheckpointWriteError: the disk is full or unwritable, or a missing directory
+                cannot be created (missing ones are); the previous checkpoint and the state
+                file are untouched.
+            UninitializedVariableError: a variable has no value yet.
+            InvalidMetadataError: ``metadata`` that no format stores (a ValueError too);
+                nothing is written.
+        """
+        if self._comm is not None and not blocking:
+            return self._save_sharded_async(path, global_step, metadata)
+        if self._comm is not None:
+            return self._save_sharded(path, global_step, metadata)
+        self._background.wait()
+        path, fmt = self._target(path, global_step)
+        step = None if global_step is None else operator.index(global_step)
+        sharded = [v.name for v in self._vars.values() if v.shard is not None]
+        if sharded:
+            raise ValueError(f"cannot save {path}: {sharded[0]} holds a block of a larger tensor (it has a "
+                             "Shard); pass comm= to the Saver (distributed.local() for one process)")
+        tensors = []
+        for key, var in self._vars.items():
+            try:
+                tensors.append((key, var._read()))
+            except UninitializedVariableError as exc:
+                raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
+        meta: dict[str, Any] = _formats.normalize_metadata(metadata, path)
+        store = store_of(path, self._storage_options)
+        self._read_owner(store, path)  # found now, not later in the background
+        if not blocking:
+            if not _urls.is_url(path):
+                require_directory(path)
+            return self._background.submit(
+                path, tensors, lambda sources: self._commit(store, path, fmt, sources, meta, step, background=True))
+        return self._commit(store, path, fmt, tensors, meta, step)
+
+    def _save_sharded_async(self, path_arg: Any, global_step: Any, metadata: Any) -> SaveFuture:
+        """Snapshot this rank's variables, then run the collective save in a background thread on a
+        duplicate of the communicator (its collectives never meet training's own)."""
+        from ckpt.distributed.save import save_sharded
+
+        try:
+            self._background.wait()  # the save in flight, and its error if nobody has seen it
+            path, fmt = self._target(path_arg, global_step)
+            step = None if global_step is None else operator.index(global_step)
+            metadata = _formats.normalize_metadata(metadata, path)
+            tensors, missing = [], set()
+            for key, var in self._vars.items():
+                if var.is_initialized():
+                    tensors.append((key, var._read()))
+                else:
+                    missing.add(key)  # reported to every rank by the save's plan, not raised here alone
+        except Exception as exc:
+            if self._async_comm is None:
+                self._agree_before_dup(_where(path_arg), exc)
+            else:  # the others' saves (in the background) hear of it now, not at their timeout
+                comm, problem = self._async_comm, exc  # (``exc`` is unbound once the except block ends)
+                self._background.take_part(_where(path_arg), lambda: self._fail_together(comm, path_arg, problem))
+            raise
+        if self._async_comm is None:
+            self._agree_before_dup(path, None)
+            from ckpt.distributed.comm import duplicate
+
+            try:  # a collective: every rank's first asynchronous save (bounded where dup takes a timeout)
+                self._async_comm = duplicate(self._comm, self._timeout)
+            except CheckpointError as exc:
+                raise CheckpointWriteError(f"{path}: the asynchronous save did not start on rank {self._comm.rank}: "
+                                           f"{exc}; nothing was written") from exc
+        comm = self._async_comm
+
+        def write(sources: Any) -> str:
+            values: dict[str, Any] = dict.fromkeys(missing)
+            values.update(sources)
+            return save_sharded(self, comm, self._timeout, path, fmt, step, metadata, values)
+
+        return self._background.submit(path, tensors, write)
+
+    def _save_sharded(self, path_arg: Any, global_step: Any, metadata: Any) -> str:
+        """The blocking collective save on the Saver's communicator. A rank that fails before the
+        save's first exchange (a bad path or step, metadata it cannot store, an unseen error of its
+        last asynchronous save) still takes part in it with its error, then raises that error: the
+        other ranks raise at once, naming it, instead of waiting ``timeout`` seconds for it."""
+        from ckpt.distributed.save import save_sharded
+
+        try:
+            self._background.wait()
+            path, fmt = self._target(path_arg, global_step)
+            step = None if global_step is None else operator.index(global_step)
+            metadata = _formats.normalize_metadata(metadata, path)
+        except Exception as exc:
+            self._fail_together(self._comm, path_arg, exc)
+            raise
+        return save_sharded(self, self._comm, self._timeout, path, fmt, step, metadata)
+
+    def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:
+        """Take part in a sharded save's collectives on ``comm`` carrying ``problem`` (this rank's
+        save failed before it started) in place of a plan, so every rank's save fails at once
+        naming this rank and the ranks stay in step; the collective's own outcome is ignored
+        (the caller raises ``problem``)."""
+        from ckpt.distributed.save import save_sharded
+
+        try:
+            save_sharded(self, comm, self._timeout, _where(path_arg), None, None, {},
+                         failure=f"{type(problem).__name__}: {problem}")
+        except Exception:
+            pass  # every rank's save failed with this rank's error, which the caller raises
+
+    def _agree_before_dup(self, path: str, problem: Exception | None) -> None:
+        """Before the first asynchronous save duplicates the communicator (a collective; a
+        Communicator whose dup takes no timeout cannot time out in it), every rank says whether it
+        got that far: a rank that failed makes every rank raise (itself its own error), a rank that
+        never comes makes the others raise after the timeout, instead of waiting in dup for ever."""
+        from ckpt.distributed.comm import decode, encode
+
+        mine = None if problem is None else f"{type(problem).__name__}: {problem}"
+        try:
+            got = [decode(r, path) for r in self._comm.allgather(encode(mine), self._timeout)]
+        except CheckpointError as exc:
+            if problem is not None:
+                raise problem from exc
+            raise CheckpointWriteError(f"{path}: the asynchronous save did not start on rank {self._comm.rank}: "
+                                       f"{exc}; nothing was written") from exc
+        failed = [f"rank {rank}: {error}" for rank, error in enumerate(got) if error is not None]
+        if failed and problem is None:
+            raise CheckpointWriteError(f"{path}: the asynchronous save did not start, it failed on " +
+                                       "; ".join(failed) + "; nothing was written")
+
+    def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
+                background: bool = False) -> str:
+        """Write the checkpoint atomically and record it in the state file (``Store.commit``)."""
+        name = os.path.basename(path)
+
+        def write(blob: WritableBlob) -> None:
+            # the GC switch is process-wide: a background save leaves it to the training loop
+            with gc_paused() if not background else nullcontext():
+                _formats.write_into(fmt, blob, tensors, metadata)
+
+        try:
+            state = store.commit(name, write, self._change(store, path, step), step)
+        except CheckpointNotFoundError as exc:  # a missing bucket: as a missing directory is for files
+            raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
+        except StorageError as exc:  # store faults on the way (the state file, listing orphans)
+            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+        self._saved_to(path, state)
+        return path
+
+    def wait(self) -> None:
+        """Wait until this Saver's asynchronous save, if one is in flight, is committed.
+
+        Raises:
+            CheckpointError: that save failed, and its error was not already seen through its
+                future (``result()``/``exception()``) or raised by a later ``save``.
+
+        Example:
+            >>> import ckpt, os, tempfile
+            >>> saver = ckpt.Saver([ckpt.Variable(1.0, name="w")])
+            >>> _ = saver.save(os.path.join(tempfile.mkdtemp(), "m.h5"), blocking=False)
+            >>> saver.wait()
+        """
+        self._background.wait()
+
+    def _read_owner(self, store: Store, path: str) -> None:
+        """Refuse, before anything is written, a directory whose state file another program owns."""
+        try:
+            self._check_owner(store.read_state(), store.location, path)
+        except CorruptCheckpointError:
+            pass  # a damaged state file is ckpt's to rewrite: the commit goes by the directory's checkpoints
+        except CheckpointNotFoundError as exc:  # the bucket: as a missing directory is for files
+            raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
+        except StorageError as exc:
+            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+        except OSError as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointWriteError(f"{path}: cannot read the state file of {store.location}: "
+                                       f"{exc.strerror or exc}; nothing was written") from exc
+
+    @staticmethod
+    def _check_state_owner(directory: str, path: str) -> CheckpointState | None:
+        """Read the directory's state; refuse to take over another program's state file (a damaged
+        one reads as None: the commit replaces it by the directory's checkpoints)."""
+        try:
+            state = read_state(directory)
+        except CorruptCheckpointError:
+            return None
+        return Saver._check_owner(state, directory, path)
+
+    @staticmethod
+    def _check_owner(state: CheckpointState | None, directory: str, path: str) -> CheckpointState | None:
+        if state is not None and state.written_by != "ckpt":
+            raise CheckpointWriteError(
+                f"{path}: {directory} holds a {state.written_by} '{STATE_FILE}' state file; save ckpt "
+                "checkpoints into another directory (ckpt will not rewrite it)")
+        return state
+
+    def _change(self, store: Store, path: str, step: int | None) -> StateChange:
+        """The state file's change for a save of ``path``: add it, apply retention."""
+        name = os.path.basename(path)
+        return lambda state: self._retain(self._check_owner(state, store.location, path) or CheckpointState(),
+                                          name, step, store.exists)
+
+    def _saved_to(self, path: str, state: CheckpointState) -> None:
+        self._last_checkpoints = [os.path.join(os.path.dirname(path), e.path) for e in state.checkpoints]
+        self._saved = True
+
+    def _record(self, path: str, step: int | None, listed_before: bool, locked: bool = False) -> None:
+        """Add a checkpoint put in place by the caller (a sharded save) to the state file and
+        apply retention (``LocalStore.record``); ``locked``: the caller holds the state lock."""
+        store = LocalStore(os.path.dirname(os.path.abspath(path)))
+        with state_lock(store.location) if not locked else nullcontext():
+            state = store.record(os.path.basename(path), self._change(store, path, step), listed_before)
+        self._saved_to(path, state)
+
+    def _retain(self, state: CheckpointState, name: str, step: int | None,
+                exists: Callable[[str], bool]) -> tuple[CheckpointState, list[str]]:
+        """Add ``name`` to ``state`` and apply max_to_keep / keep-every-N-hours; return the new
+        state and the names to delete."""
+        now = time.time()
+        doomed: list[str] = []
+        state.checkpoints = [e for e in state.checkpoints if e.path != name]
+        state.preserved = [e for e in state.preserved if e.path != name]
+        state.checkpoints.append(CheckpointEntry(name, now, step))
+        if state.last_preserved_time is None:
+            state.last_preserved_time = now
+        while self._max_to_keep is not None and len(state.checkpoints) > self._max_to_keep:
+            old = state.checkpoints.pop(0)
+            if self._keep_hours and old.time - self._keep_hours * 3600 >= state.last_preserved_time:
+                state.preserved.append(old)
+                state.last_preserved_time = old.time
+            else:
+                doomed.append(old.path)
+        # recorded before deleting: a save killed in between leaves the files to the next save
+        kept = {e.path for e in state.checkpoints + state.preserved}
+        leftover = [n for n in state.deleting if exists(n)]
+        state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
+        return state, list(state.deleting)
+
+    def restore(self, path: str | os.PathLike[str], strict: bool = True,
+                allow_cast: bool = False) -> RestoreResult:
+        """Restore this Saver's variables from a checkpoint file or a directory's latest.
+
+        Everything is checked before any variable changes: missing keys (a KeyError, with the
+        closest keys in the file), shape and dtype mismatches (a ValueError), all reported
+        in one error. Data is read straight into the variables' buffers and verified.
+
+        Args:
+            path: a checkpoint file, or a directory (its latest checkpoint).
+            strict: with False, keys missing from the file are skipped and listed in the
+                result's ``missing`` instead of raising (mismatched shapes still raise).
+            allow_cast: with True, a tensor whose dtype differs from its variable's is cast
+                when the assign rule allows it (numpy's same_kind: float32 -> float64,
+                float64 -> float32, int -> float; an integer that does not fit still fails,
+                before any variable changes). Off by default.
+
+        Returns:
+            A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
+        """
+        if self._comm is not None:
+            from ckpt.distributed.restore import restore_collective
+
+            return restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast,
+                                      self._storage_options)
+        result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast,
+                                   storage_options=self._storage_options)
+        self._restored_from = result.path
+        return result
+
+    @staticmethod
+    def _listed_beside(path: str) -> list[str]:
+        """The checkpoints the state file of ``path``'s directory lists, if it lists ``path``
+        (TF1 users expect ``last_checkpoints`` to show a run they resume)."""
+        directory = os.path.dirname(path)
+        try:  # pending entries count where their save committed; a damaged file: what verifies
+            state = LocalStore(directory or ".").effective_state()
+        except (OSError, ValueError):
+            return []  # an unreadable state file lists nothing; restores and saves report it
+        if state is None or not any(e.path == os.path.basename(path) for e in state.all_entries()):
+            return []
+        return [os.path.join(directory, e.path) for e in state.checkpoints]
+
+    def __repr__(self) -> str:
+        return f"<ckpt.Saver {len(self._vars)} variables format={self._format.name}>"

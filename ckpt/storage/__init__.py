@@ -1,0 +1,233 @@
+"""The storage layer: the one interface between checkpoint formats and the bytes.
+
+A format never touches a file descriptor or an object store itself: it reads a
+:class:`ReadableBlob` (one file, or one object), which a local file
+(``ckpt.formats._io.LocalFile``: ``preadv`` runs, a checksum thread pool) and an object in a
+store (``ckpt.storage.remote.RemoteFile``: concurrent ranged GETs) both implement, and it writes a
+:class:`WritableBlob` (``ckpt.formats._io.LocalSink``: ``pwrite``/``pwritev``). A directory of
+checkpoints is a :class:`Store` (``ckpt.storage.local.LocalStore``: temporary file, fsync,
+rename, an ``flock``'d state file; ``ckpt.storage.remote.RemoteDirectory``: a data object, then a
+create-only commit record, a compare-and-swap state file), which the Saver, retention and
+``latest_checkpoint`` use without asking which kind it is (``ckpt.storage.local.open_store``).
+A new kind of storage (per-rank shard files, another object store) is a new implementation
+of these Protocols; no format module changes.
+
+Every method raises :class:`ckpt.CorruptCheckpointError` naming the blob (``name``) and
+``what`` was being read when the bytes are not there (a truncated file, EIO, a short object).
+
+Example:
+    >>> import os, tempfile
+    >>> from ckpt.storage import ReadableBlob
+    >>> from ckpt.formats._io import LocalFile
+    >>> path = os.path.join(tempfile.mkdtemp(), "blob")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"hello, world")
+    >>> blob = LocalFile(path)
+    >>> isinstance(blob, ReadableBlob), blob.size
+    (True, 12)
+    >>> buf = bytearray(5)
+    >>> blob.read_into(memoryview(buf), 7, "a word")
+    >>> bytes(buf)
+    b'world'
+    >>> blob.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from ckpt.storage.state import CheckpointState
+
+__all__ = ["ReadableBlob", "WritableBlob", "Store", "Span", "Bytes", "StateChange", "Listed"]
+
+T = TypeVar("T")
+#: One row of ``Store.listing``: name, step, time, size in bytes, note.
+Listed = tuple[str, int | None, float | None, int | None, str]
+
+#: ``(offset in the blob, buffer to fill)``: one range of a multi-range read.
+Span = tuple[int, memoryview]
+#: What a write takes: bytes, or a flat byte view of an array (never copied on the way).
+Bytes = bytes | bytearray | memoryview
+
+
+@runtime_checkable
+class ReadableBlob(Protocol):
+    """One readable blob of bytes (a file, an object): positioned reads into caller buffers.
+
+    Implementations read straight into the given buffers (no copy of a tensor is made on the
+    way) and may read several ranges concurrently. ``read_spans`` also returns each span's
+    crc32c, which an implementation computes while the bytes are still in cache (or in
+    parallel): formats compare it with the checksum they stored.
+    """
+
+    @property
+    def name(self) -> str:
+        """The path or URL, as error messages show it."""
+
+    @property
+    def size(self) -> int:
+        """The blob's size in bytes, now."""
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
+        """Fill ``view`` (a flat byte view) with the bytes at ``offset``.
+
+        Raises:
+            CorruptCheckpointError: fewer bytes than ``len(view)`` are there, or the read
+                failed; the message names the blob and ``what``.
+        """
+
+    def read_spans(self, spans: Sequence[Span], name: Callable[[int], str]) -> list[int]:
+        """Fill each ``(offset, view)`` of ``spans`` and return the views' crc32c values.
+
+        Spans may come in any order and may be read in any order or at once; ``name(i)``
+        labels span ``i`` in errors ("tensor 'w'"). No buffer is written once this returns
+        or raises.
+        """
+
+    def close(self) -> None:
+        """Release what the blob holds (descriptors, caches); reading after this is an error."""
+
+
+@runtime_checkable
+class WritableBlob(Protocol):
+    """One blob being written (a new file, a new object): positioned writes of caller buffers.
+
+    The order of writes is a contract, so that an object store can upload a blob in parts
+    while it is written (without a local copy): **the head** is every byte before the end of
+    the blob's first write; writes into the head may come at any time (a header reserved at
+    the start and filled in last: hdf5's user block, safetensors' header, msgpack's element
+    count), while every write past the head starts at or after the end of the write before
+    it. Bytes never written (gaps between writes) read as zeros. ckpt's writers keep to this,
+    and keep the head small (a header reserved by a first small write), because an object store
+    holds the part with the head in memory until the end.
+
+    A blob may also offer ``lend_pieces(pieces, offset)`` (not part of this Protocol): the same
+    as ``write_pieces``, but the caller promises the pieces stay alive and unchanged until the
+    blob is finished, so the blob may keep references instead of copies (an S3 upload sent as
+    one PUT does). ``formats._io.Runs`` lends what a writer marks ``lent``, where it can.
+
+    A writer (``WritableFormat.write_blob``) is handed a blob by a :class:`Store` and never
+    closes it: the Store finishes it (the file is renamed into place, the upload completed and
+    committed) or discards it when the writer raised.
+
+    Example:
+        >>> import os, pathlib, tempfile
+        >>> from ckpt.formats._io import LocalSink
+        >>> path = os.path.join(tempfile.mkdtemp(), "blob")
+        >>> with LocalSink(path) as out:
+        ...     out.write_pieces([b"body ", b"text"], 4)  # the first write: bytes 0-3 are the head
+        ...     out.write_at(b"HEAD", 0)  # filled in last
+        ...     out.size
+        13
+        >>> pathlib.Path(path).read_bytes()
+        b'HEADbody text'
+    """
+
+    @property
+    def name(self) -> str:
+        """The path or URL, as error messages show it."""
+
+    @property
+    def size(self) -> int:
+        """The end of the furthest byte written so far."""
+
+    def write_at(self, data: Bytes, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (OSError when the storage fails: a full disk)."""
+
+    def write_pieces(self, pieces: Sequence[Bytes], offset: int) -> None:
+        """Write ``pieces`` back to back from ``offset`` without joining them into one copy."""
+
+    def close(self) -> None:
+        """Finish the blob: everything written is in the storage once this returns."""
+
+
+#: A change of a directory's state file: the state read (None: no state file yet) -> the
+#: state to write and the names of checkpoints to delete once it is written.
+StateChange = Callable[["CheckpointState | None"], "tuple[CheckpointState, list[str]]"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A directory-like location holding checkpoints and their state file ("checkpoint").
+
+    Names are plain names in the location ("model-1000.h5"); ``join`` makes the path or URL
+    users see. Every method raises a :class:`ckpt.CheckpointError` naming the location.
+
+    Example:
+        >>> import os, tempfile, ckpt
+        >>> from ckpt.storage.local import open_store
+        >>> store = open_store(tempfile.mkdtemp())
+        >>> path = ckpt.Saver({"w": ckpt.Variable(1.0)}).save(store.join("m.h5"))
+        >>> isinstance(store, ckpt.storage.Store), store.exists("m.h5"), store.latest() == path
+        (True, True, True)
+    """
+
+    @property
+    def location(self) -> str:
+        """The directory's path or URL."""
+
+    def join(self, name: str) -> str:
+        """The path or URL of ``name`` in this location."""
+
+    def open(self, name: str) -> ReadableBlob:
+        """Open the checkpoint blob ``name`` for reading (CheckpointNotFoundError if absent)."""
+
+    def exists(self, name: str) -> bool:
+        """True when ``name`` exists in the location (a checkpoint, or something in its way)."""
+
+    def list_names(self) -> list[str]:
+        """The names of what the location holds, sorted, without the store's own bookkeeping
+        (temporary files, locks, uncommitted data)."""
+
+    def delete_checkpoints(self, names: Sequence[str]) -> None:
+        """Delete each named checkpoint if it exists (a sharded one's commit record first)."""
+
+    def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
+                         check: Callable[[str], None] | None = None) -> None:
+        """Create ``name`` atomically from ``write(blob)``, which writes the checkpoint's bytes into
+        the :class:`WritableBlob` the store hands it (in the blob write order): whole or not at
+        all, never half-written (local: temporary file, fsync, rename, fsync of the directory;
+        object store: a data object under a unique name, uploaded as it is written, then a
+        create-only commit record). ``check(location)``, if given, is called with the path or URL
+        of the complete but not yet visible bytes (to read them back); if it raises, nothing is
+        created."""
+
+    def write_file(self, name: str, write: Callable[[WritableBlob], None],
+                   check: Callable[[str], None] | None = None) -> int:
+        """Create the plain file ``name`` like ``write_checkpoint`` (whole or not at all; local:
+        temporary file and rename; object store: a create-only upload streamed as it is written)
+        but without a commit record of its own: for the files of a checkpoint whose own commit
+        names them (a sharded checkpoint's shard files). Return its size in bytes."""
+
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
+        """``write_checkpoint``, then record it in the state file with ``change`` as one step
+        (no other save's retention can delete it in between), then delete what ``change``
+        dropped; return the state written. Just before the commit (the rename, the commit
+        record) the state file is written with ``name`` (at ``step``) *pending*, so a save killed
+        after its commit still leaves the new checkpoint the latest. ``step`` is the save's global
+        step (an object store also binds it into the commit record; a local file is bound by its
+        name alone). If the state file cannot be written, the new checkpoint is removed again
+        (unless it replaced one the state file lists) and a CheckpointWriteError says that the
+        previous checkpoint is still the latest."""
+
+    def read_state(self) -> CheckpointState | None:
+        """The parsed state file, or None when there is none."""
+
+    def effective_state(self) -> CheckpointState | None:
+        """The state readers go by: ``read_state`` with pending entries settled (``ckpt.storage.state.settle``);
+        for a damaged state file, the directory's verified checkpoints, with a StateFileWarning."""
+
+    def update_state(self, change: Callable[[CheckpointState | None], tuple[CheckpointState, T]]) -> T:
+        """Read, change and write the state file with no other writer in between (local: under
+        its lock; object store: compare-and-swap, retried); return ``change``'s second item."""
+
+    def latest(self) -> str | None:
+        """The path or URL of the newest checkpoint the state file lists that exists, or None."""
+
+    def listing(self) -> list[Listed]:
+        """``(name, step, time, size, note)`` per checkpoint (``ckpt.list_checkpoints``'s rows): the
+        state file's entries (note "latest", "preserved", "missing" or ""), then checkpoints it does
+        not list; CheckpointNotFoundError when the directory does not exist."""

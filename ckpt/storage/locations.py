@@ -1,0 +1,102 @@
+"""Checkpoint locations, read side: the one place in the core that tells a local path from an
+object-store URL (internal; the public names are ``ckpt.latest_checkpoint`` and the readers).
+
+A directory of checkpoints is a :class:`ckpt.storage.Store` (``ckpt.storage.local.open_store``
+picks ``LocalStore`` or ``_remote.RemoteDirectory``); what differs between the two beyond the
+Store methods is decided here once: how a location resolves to a checkpoint, and which storage
+options are in force. ``reader.py``, ``listing.py`` and the collective restore ask here instead of
+branching on URLs themselves.
+
+Example:
+    >>> import tempfile
+    >>> from ckpt.storage import locations as _locations
+    >>> _locations.latest_checkpoint(tempfile.mkdtemp()) is None
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+from collections.abc import Mapping
+
+from ckpt.storage import urls as _urls
+from ckpt.storage.local import open_store
+from ckpt.errors import CheckpointNotFoundError
+from ckpt.formats.base import formats  # the registry: formats that read a whole directory
+from ckpt.storage.state import STATE_FILE
+
+__all__ = ["latest_checkpoint", "resolve_checkpoint", "using"]
+
+
+def latest_checkpoint(directory: str | os.PathLike[str],
+                      storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """Return the path of the newest checkpoint in ``directory`` that exists, or None.
+
+    ``directory`` may be an object-store URL ("s3://bucket/run"); ``storage_options`` go to
+    its fsspec filesystem (credentials and endpoints otherwise come from the environment).
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> saver = ckpt.Saver({"v": ckpt.Variable(1.0)})
+        >>> path = saver.save(os.path.join(d, "model.h5"), global_step=7)
+        >>> ckpt.latest_checkpoint(d) == path
+        True
+    """
+    return open_store(os.fspath(directory), storage_options).latest()
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
+    """A checkpoint file as is; a directory -> its latest checkpoint, or itself when a format reads
+    whole directories (a Hugging Face model directory without a state file). A URL: see
+    ``_remote.resolve`` (a URL with a checkpoint extension costs no request).
+
+    Raises:
+        CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
+    """
+    path = os.fspath(path)
+    if _urls.is_url(path):
+        # lazy: object-store code loads only for URLs (start-up cost of local reads)
+        from ckpt.storage import remote as _remote
+
+        return _remote.resolve(path)
+    if os.path.isdir(path):
+        latest = open_store(path).latest()
+        if latest is None and any(f.claims(path) for f in formats()):  # a Hugging Face model directory, say
+            return path
+        if latest is None:
+            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}")
+        return latest
+    return path
+
+
+def _why_none(directory: str) -> str:
+    """What the state file of a directory without checkpoints names (a copied TensorFlow
+    directory's state file names the old machine's absolute paths)."""
+    state = open_store(directory).read_state()
+    entries = state.all_entries() if state is not None else []
+    if not entries:
+        return f" (no '{STATE_FILE}' state file naming an existing checkpoint)"
+    missing = os.path.join(directory, entries[-1].path)  # an absolute path stays as recorded
+    what = "is not a checkpoint file" if os.path.lexists(missing) else "does not exist"  # a FIFO, say
+    earlier = f"; nor do the {len(entries) - 1} earlier ones it lists" if len(entries) > 1 else ""
+    return f": its '{STATE_FILE}' state file names {missing}, which {what}{earlier}"
+
+
+def using(location: str | os.PathLike[str],
+          storage_options: _urls.StorageOptions | None) -> AbstractContextManager[None]:
+    """The context in which ``storage_options`` apply to every object opened for ``location``
+    (nothing to do for a local path, or without options).
+
+    Raises:
+        TypeError: ``storage_options`` is not a mapping.
+    """
+    _urls.check_options(storage_options)
+    if storage_options is None or not _urls.is_url(location):
+        return nullcontext()
+    # lazy: object-store code loads only for URLs (start-up cost of local reads)
+    from ckpt.storage.remote import using as remote_using
+
+    return remote_using(storage_options)

@@ -1,0 +1,712 @@
+"""Checkpoints in object stores: the commit protocol, the state file, retention and cleanup
+(internal; ``Saver``, ``latest_checkpoint`` and the readers call it for URLs).
+
+An object store has no rename, so a save to ``<dir>/<name>`` goes (docs/formats.md, "Object
+stores"):
+
+1. the format writes the checkpoint into a blob that uploads it to the data object
+   ``<dir>/.ckpt-data/<name>/<token>`` (a unique name), create-only, invisible until complete:
+   on S3 one PUT of up to 512 MiB whose body is read out of the writer's (lent) buffers, or a
+   multipart upload whose parts go up while later ones are written (the first part, which
+   holds the head the format fills in last, goes last) (``_objstore.S3Upload``; other
+   stores: a local temporary file uploaded at the end);
+2. optionally the uploaded data object is read back and checked (``ckpt.convert``);
+3. the commit record ``<dir>/<name>`` (small JSON naming the data object) is written with a
+   create-only conditional write: from this moment the checkpoint exists, whole; a late or
+   duplicate writer of the same name is refused by the store;
+4. the state file ``<dir>/checkpoint`` is updated by compare-and-swap on its version,
+   retried, so racing savers never lose each other's entries. A save (``commit``) writes it
+   twice: before step 3 with the checkpoint pending (naming its data object), after step 3 with
+   it recorded and retention applied; a reader counts a pending entry whose commit record names
+   that data object, so a save killed between 3 and 4 still leaves its checkpoint the latest.
+
+Data objects no commit record names (a save killed between 2 and 3) are deleted by a later
+save once they are older than ``ORPHAN_GRACE_S`` (their token starts with the save's start
+time); retention deletes a dropped checkpoint's commit record, then its data object.
+
+A sharded checkpoint (``Saver(comm=)``, ckpt/distributed/save.py) uses a data *prefix*
+``.ckpt-data/<name>/<token>/``: the ranks' shard files, then its ``COMMIT``, which the commit
+record names; deleting it (retention, a failed save, orphan cleanup) deletes the whole prefix.
+
+Example:
+    >>> from ckpt.storage import remote as _remote
+    >>> _remote.is_commit_record(_remote.commit_record(".ckpt-data/m.msgpack/abc", 10))
+    True
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import time
+import warnings
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+
+from ckpt.storage import urls as _urls
+from ckpt.storage.objstore import ObjectStore
+from ckpt.storage.recovery import is_candidate, recover_state
+from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from ckpt.formats.base import format_for_path, offering, open_reader  # the registry: which names are checkpoints
+from ckpt.storage.state import (
+    STATE_FILE,
+    CheckpointEntry,
+    CheckpointState,
+    dump_state,
+    parse_state,
+    settle,
+    with_pending,
+)
+from ckpt.storage import Listed, StateChange, WritableBlob
+
+split_url = _urls.split
+
+__all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", "parse_commit", "Commit", "DATA_DIR",
+           "ORPHAN_GRACE_S", "HEAD_BYTES"]
+
+DATA_DIR = ".ckpt-data"
+_COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1
+_COMMIT_PREFIX = b'{"format": "ckpt-commit"'
+#: Bytes of a data object fetched when it is opened: its start (format sniffing, headers)
+#: and its end (footers and indexes). The commit record carries a copy of both, so opening a
+#: committed checkpoint costs no GET of the data object.
+OPEN_HEAD, OPEN_TAIL = 4096, 64 << 10
+#: A checkpoint's first ranged GET: enough for a commit record (with its copies of the data
+#: object's head and tail, base64), or a plain checkpoint's header.
+HEAD_BYTES = 128 << 10
+#: Commit records are never longer than this (a longer object is not one).
+_COMMIT_LIMIT = 1 << 20
+#: Seconds after which an uncommitted data object counts as abandoned (no live save takes that
+#: long between finishing its upload and writing its commit record).
+ORPHAN_GRACE_S = 3600.0
+_CAS_ATTEMPTS = 50
+
+T = TypeVar("T")
+
+
+def commit_record(data: str, size: int, head: bytes = b"", tail: bytes = b"", name: str | None = None,
+                  step: int | None = None) -> bytes:
+    """The commit record of checkpoint ``name`` (its ``step``, if any) naming ``data`` (relative
+    to the directory), ``size`` bytes long, with copies of its first bytes ``head`` and last bytes
+    ``tail`` (and their crc32c). ``name`` defaults to the one in ``data`` (".ckpt-data/<name>/...")."""
+    from ckpt.formats._io import crc32c
+
+    if len(head) + len(tail) > size:
+        raise ValueError("the head and tail of a data object overlap")
+    doc: dict[str, object] = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION,
+                              "name": name if name is not None else data.split("/")[1], "step": step,
+                              "data": data, "size": size, "time": time.time()}
+    if head or tail:
+        doc.update(head=base64.b64encode(head).decode(), tail=base64.b64encode(tail).decode(),
+                   crc32c=crc32c(head + tail))
+    return json.dumps(doc).encode()
+
+
+def is_commit_record(head: bytes) -> bool:
+    """True when the bytes at the start of an object are a commit record."""
+    return head.startswith(_COMMIT_PREFIX)
+
+
+class Commit(NamedTuple):
+    """A parsed commit record: its data object (relative to the directory), the data's size,
+    ``[(offset, copied bytes)]`` of the data's head and tail (none in records without), and the
+    step it commits (None: saved without a step, or a record written before steps were recorded)."""
+
+    data: str
+    size: int
+    copies: list[tuple[int, bytes]]
+    step: int | None
+
+
+def parse_commit(raw: bytes, url: str) -> Commit:
+    """The commit record ``raw`` read at ``url``, checked to be the one of that name: its
+    ``name`` (records of ckpt < 0.2 have none) and its data object (always under
+    ".ckpt-data/<name>/") must both be the name in ``url``, or the record was copied over
+    another checkpoint's or edited to point at another checkpoint's data."""
+    from ckpt.formats._io import crc32c
+
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise CorruptCheckpointError(f"{url}: the commit record is not valid JSON") from None
+    if not _well_formed(doc):
+        raise CorruptCheckpointError(f"{url}: malformed commit record")
+    data, size = doc["data"], doc["size"]
+    if doc["version"] > _COMMIT_VERSION:
+        raise CorruptCheckpointError(f"{url}: commit record version {doc['version']} is newer than this "
+                                     f"ckpt reads ({_COMMIT_VERSION}): upgrade ckpt")
+    _check_bound(doc, data, url)
+    step = doc.get("step")
+    if "head" not in doc and "tail" not in doc:
+        return Commit(data, size, [], step)
+    try:
+        head, tail = base64.b64decode(doc["head"], validate=True), base64.b64decode(doc["tail"], validate=True)
+    except (KeyError, TypeError, ValueError):
+        raise CorruptCheckpointError(f"{url}: malformed commit record (its copy of the data's head and "
+                                     "tail)") from None
+    if len(head) + len(tail) > size or doc.get("crc32c") != crc32c(head + tail):
+        raise CorruptCheckpointError(f"{url}: the commit record's copy of the data's head and tail does not "
+                                     "match its crc32c (or its size): the record is damaged")
+    return Commit(data, size, [(offset, copy) for offset, copy in ((0, head), (size - len(tail), tail)) if copy],
+                  step)
+
+
+def _well_formed(doc: Any) -> bool:
+    """Whether a parsed commit record has its fields, of their types (``data`` a clean relative
+    name under DATA_DIR, never a way out of the directory)."""
+    if not isinstance(doc, dict):
+        return False
+    data, size, step = doc.get("data"), doc.get("size"), doc.get("step")
+    return type(doc.get("version")) is int and isinstance(data, str) and type(size) is int and size >= 0 and \
+        data.startswith(DATA_DIR + "/") and all(part not in ("", ".", "..") for part in data.split("/")) and \
+        (step is None or type(step) is int) and isinstance(doc.get("name", ""), str)
+
+
+def _check_bound(doc: dict[str, Any], data: str, url: str) -> None:
+    """Refuse a record that commits another checkpoint than the one at ``url``."""
+    name = _urls.split(url)[1]
+    recorded, owner = doc.get("name", name), data.split("/")[1]
+    if recorded != name or owner != name:
+        other = recorded if recorded != name else owner
+        raise CorruptCheckpointError(
+            f"{url}: the commit record is not {name}'s: it commits {other} (data object {data}); a commit "
+            "record was copied over this one or edited, and reading it would give another checkpoint's values")
+
+
+def _token() -> str:
+    """A unique data-object name that starts with the save's start time (ms, hex)."""
+    return f"{int(time.time() * 1000):012x}-{os.urandom(8).hex()}"
+
+
+def _token_age(token: str) -> float | None:
+    try:
+        return time.time() - int(token.split("-", 1)[0], 16) / 1000
+    except ValueError:
+        return None
+
+
+class RemoteDirectory:
+    """One checkpoint directory in an object store (``s3://bucket/run``)."""
+
+    def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
+                 store: ObjectStore | None = None) -> None:
+        self.url = _urls.check(url).rstrip("/")
+        self.store = store if store is not None else ObjectStore(self.url, storage_options)
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def join(self, name: str) -> str:
+        return _urls.join(self.url, name)
+
+    def open(self, name: str) -> RemoteFile:
+        return RemoteFile(self.join(name), self)
+
+    def list_names(self) -> list[str]:
+        names = (str(item["name"]) for item in self.store.list(self.url))
+        return sorted(n for n in names if "/" not in n and n != DATA_DIR)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def locate(self, name: str) -> tuple[str, int, list[tuple[int, bytes]]]:
+        """``(data object URL, size, [(offset, bytes of it already fetched)])`` for the
+        checkpoint ``name``: through its commit record (which copies the data object's head and
+        tail), or the object itself when it is a plain checkpoint (uploaded by hand).
+
+        Raises:
+            CheckpointNotFoundError: no such checkpoint.
+        """
+        url = self.join(name)
+        found = self._read(url)
+        if found is None:
+            raise CheckpointNotFoundError(f"{url}: no such checkpoint")
+        if isinstance(found, Commit):
+            return self.join(found.data), found.size, found.copies
+        data, size = found
+        return url, size, [(0, data)] if data else []
+
+    def _read(self, url: str) -> Commit | tuple[bytes, int] | None:
+        """The commit record at ``url`` (parsed and checked), or a plain object's first bytes and
+        size; None when there is no such object. One GET (two for an overlong record)."""
+        head = self.store.read_small_or_head(url, HEAD_BYTES, "the checkpoint")
+        if head is None or not is_commit_record(head[0]):
+            return head
+        data, size = head
+        if size > len(data):  # longer than one GET: not written by ckpt, but read it whole (bounded)
+            data = self.store.read_small(url, _COMMIT_LIMIT, "the commit record") or b""
+        return parse_commit(data, url)
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(self.join(name))
+
+    def copy_problems(self, name: str) -> list[str]:
+        """Compare the data object of checkpoint ``name`` with its commit record's copies of its
+        head and tail (readers use the copies, so damage there is seen by plain msgpack/h5py
+        users of the object only): one line per difference; none for a plain object."""
+        data_url, size, copies = self.locate(name)
+        if data_url == self.join(name) or not copies:
+            return []
+        got = [bytearray(len(copy)) for _, copy in copies]
+        try:
+            self.store.read_into(data_url, [(offset, memoryview(b)) for (offset, _), b in zip(copies, got)],
+                                 lambda i: "the bytes the commit record copies", size)
+        except CorruptCheckpointError as exc:
+            return [str(exc)]
+        return [f"{data_url}: bytes {offset}-{offset + len(copy) - 1} ({'its head' if not offset else 'its tail'}) "
+                "differ from the commit record's copy of them: the data object is damaged (ckpt reads the copy; a "
+                "plain msgpack or h5py reader of the object reads the damage)"
+                for (offset, copy), b in zip(copies, got) if bytes(b) != copy]
+
+    def size_of(self, name: str) -> int:
+        """The bytes of checkpoint ``name``'s data: its data object, or every object under a
+        sharded checkpoint's data prefix (its shard files and COMMIT; one LIST)."""
+        from ckpt.formats.ckpt_sharded import COMMIT
+
+        data, size, _ = self.locate(name)
+        prefix, _, last = data.rpartition("/")
+        if last != COMMIT or data == self.join(name):
+            return size
+        return sum(int(e.get("size") or 0) for e in self.store.list(prefix, recursive=True))
+
+    def new_data(self, name: str) -> str:
+        """A unique data-object name for a save of ``name``, relative to the directory (a sharded
+        save puts its shard files and their commit record under it, as a prefix)."""
+        return f"{DATA_DIR}/{name}/{_token()}"
+
+    def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
+                         check: Callable[[str], None] | None = None, step: int | None = None) -> None:
+        """Upload with ``write(blob)`` (streamed to the store in parts as it is written), ``check``
+        the uploaded data object (by its URL) if asked, then commit ``name`` (at ``step``) create-only.
+
+        Raises:
+            CheckpointWriteError: the store refused or failed; nothing was committed (the
+                data object, if uploaded, is deleted again, or left to the next cleanup).
+        """
+        relative = self.new_data(name)
+        size, head, tail = self._upload(relative, write, check)
+        self.publish(name, relative, size, head, tail, step)
+
+    def write_file(self, name: str, write: Callable[[WritableBlob], None],
+                   check: Callable[[str], None] | None = None) -> int:
+        """Upload the object ``name`` create-only with ``write(blob)``, no commit record (a
+        sharded save's shard files, under its data prefix); ``check`` it by URL if asked."""
+        return self._upload(name, write, check)[0]
+
+    def _upload(self, name: str, write: Callable[[WritableBlob], None],
+                check: Callable[[str], None] | None) -> tuple[int, bytes, bytes]:
+        """Write, finish and optionally check the object ``name``; return its size, head and tail.
+        If ``write`` or ``check`` fails, nothing is left (the upload aborted or the object deleted)."""
+        url = self.join(name)
+        blob = self.store.open_upload(url, create_only=True)
+        try:
+            write(blob)
+        except BaseException:
+            blob.abort()
+            raise
+        size, head, tail = blob.finish()
+        if check is not None:
+            try:
+                parent, _ = _urls.split(url)
+                with offering(url, RemoteFile(url, RemoteDirectory(parent, store=self.store))):
+                    check(url)
+            except BaseException:
+                self._delete_data(url, quietly=True)
+                raise
+        return size, head, tail
+
+    def under(self, relative: str) -> RemoteDirectory:
+        """The directory ``relative`` inside this one (a data prefix), sharing its ObjectStore."""
+        return RemoteDirectory(self.join(relative), store=self.store)
+
+    def put_and_publish(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
+        """Write the small data object ``relative`` (create-only), then ``publish`` it as ``name``."""
+        self.store.put(self.join(relative), data, create_only=True)
+        self.publish_bytes(name, relative, data, step)
+
+    def publish_bytes(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
+        """``publish`` the uploaded data object ``relative``, whose bytes are ``data``."""
+        head = data[:OPEN_HEAD]
+        self.publish(name, relative, len(data), head, data[max(len(head), len(data) - OPEN_TAIL):], step)
+
+    def publish(self, name: str, relative: str, size: int, head: bytes, tail: bytes, step: int | None = None) -> None:
+        """Write the commit record of ``name`` (``step``; create-only) naming the uploaded data object
+        ``relative`` (``size`` bytes, its first bytes ``head`` and last ``tail``); if that fails,
+        delete the data again (a sharded checkpoint's whole prefix) and raise."""
+        try:
+            self.store.put(self.join(name), commit_record(relative, size, head, tail, name, step), create_only=True)
+        except BaseException:
+            self._delete_data(self.join(relative), quietly=True)
+            raise
+
+    def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
+               step: int | None = None) -> CheckpointState:
+        """Clean orphans, upload ``name``'s data, name it pending in the state file (``intend``),
+        write its commit record (``step`` goes into it), then record it (``record``)."""
+        self.clean_orphans()
+        relative = self.new_data(name)
+        size, head, tail = self._upload(relative, write, None)
+        try:
+            self.intend(name, step, relative)
+        except BaseException:
+            self._delete_data(self.join(relative), quietly=True)
+            raise
+        self.publish(name, relative, size, head, tail, step)
+        return self.record(name, change)
+
+    def intend(self, name: str, step: int | None, relative: str) -> None:
+        """Name ``name`` pending in the state file, committed once a commit record names the data
+        object ``relative`` (written next)."""
+        def change(state: CheckpointState | None) -> tuple[CheckpointState, None]:
+            state = state or CheckpointState()
+            if state.written_by != "ckpt":
+                raise CheckpointWriteError(f"{self.join(STATE_FILE)}: a {state.written_by} state file; ckpt will "
+                                           "not rewrite it")
+            entry = CheckpointEntry(name, time.time(), step, relative)
+            return with_pending(settle(state, self._committed), entry), None
+
+        try:
+            self.update_state(change)
+        except CheckpointError as exc:
+            raise CheckpointWriteError(f"{self.join(name)}: not saved, the state file cannot be written ({exc}); "
+                                       "the previous checkpoint is still the latest") from exc
+
+    def _committed(self, entry: CheckpointEntry) -> bool:
+        """True when the pending ``entry``'s commit record exists (and names its data object)."""
+        try:
+            if entry.commit is None:
+                return self.exists(entry.path)
+            return self.locate(entry.path)[0] == self.join(entry.commit)
+        except (CheckpointNotFoundError, CorruptCheckpointError):
+            return False  # not there, or not a commit this save could have written
+
+    def effective_state(self) -> CheckpointState | None:
+        """The state readers go by: pending entries settled; for a damaged state file, the
+        directory's verified checkpoints (with a StateFileWarning)."""
+        url = self.join(STATE_FILE)
+        raw = self.store.read_small(url, 16 << 20, "the state file")
+        return None if raw is None else settle(self._parsed(raw, url), self._committed)
+
+    def _parsed(self, raw: bytes, url: str) -> CheckpointState:
+        try:
+            return parse_state(raw, url)
+        except CorruptCheckpointError as exc:
+            return self._recovered(exc)
+
+    def _recovered(self, problem: CorruptCheckpointError) -> CheckpointState:
+        found = []
+        for item in self.store.list(self.url):
+            name = str(item["name"])
+            if "/" not in name and is_candidate(name):
+                modified: Any = item.get("LastModified") or item.get("mtime")
+                found.append((name, float(modified.timestamp()) if hasattr(modified, "timestamp") else 0.0))
+        return recover_state(problem, found, self._verifies)
+
+    def _verifies(self, name: str) -> bool:
+        url = self.join(name)
+        try:
+            with offering(url, RemoteFile(url, self)), open_reader(url) as reader:
+                return not reader.verify()
+        except CorruptCheckpointError:
+            return False
+        except CheckpointNotFoundError:
+            return False
+
+    def record(self, name: str, change: StateChange) -> CheckpointState:
+        """Record the committed ``name`` in the state file (compare-and-swap) and delete what
+        ``change`` dropped. A checkpoint that cannot be recorded is deleted again."""
+        try:
+            state, doomed = self.update_state(
+                lambda state: _pair(change(None if state is None else settle(state, self._committed, name))))
+        except CheckpointError as exc:
+            try:
+                self.delete_checkpoints([name])
+            except CheckpointError:
+                pass  # the store is failing: the next save's cleanup takes the data object
+            raise CheckpointWriteError(f"{self.join(name)}: the checkpoint was written but could not be recorded "
+                                       f"in the state file ({exc}); it was removed, and the previous "
+                                       "checkpoint is still the latest") from exc
+        try:
+            self.delete_checkpoints(doomed)
+        except CheckpointError as exc:
+            warnings.warn(f"could not delete old checkpoints {doomed}: {exc}", stacklevel=4)
+        return state
+
+    def latest(self) -> str | None:
+        return self._latest_in(self.effective_state())
+
+    def _latest_in(self, state: CheckpointState | None) -> str | None:
+        for entry in reversed(state.all_entries() if state is not None else []):
+            if self.holds(entry.path, entry.step):
+                return self.join(entry.path)
+        return None
+
+    def holds(self, name: str, step: int | None = None) -> bool:
+        """Whether checkpoint ``name`` exists (one GET of its first bytes, as a HEAD would cost),
+        checked to be committed as ``name`` and, when both are known, as ``step``.
+
+        Raises:
+            CorruptCheckpointError: its commit record commits another checkpoint or step.
+        """
+        url = self.join(name)
+        found = self._read(url)
+        if isinstance(found, Commit) and None not in (step, found.step) and found.step != step:
+            raise CorruptCheckpointError(f"{url}: the commit record commits step {found.step}; the "
+                                         f"'{STATE_FILE}' state file lists this name at step {step}")
+        return found is not None
+
+    def listing(self) -> list[Listed]:
+        """``(name, step, time, size, note)`` for each checkpoint: the state file's entries (note
+        "latest", "preserved", "missing" or ""), then committed checkpoints the state file does not
+        list. Sizes come from the commit records (a sharded checkpoint's: the objects under its data
+        prefix)."""
+        state = self.effective_state()
+        found = self._latest_in(state)
+        rows: list[Listed] = []
+        known = {STATE_FILE}
+        for entry in state.all_entries() if state is not None else []:
+            known.add(entry.path)
+            try:
+                size: int | None = self.size_of(entry.path)
+            except CheckpointNotFoundError:
+                size = None
+            note = "latest" if self.join(entry.path) == found else "missing" if size is None else \
+                "preserved" if state is not None and entry in state.preserved else ""
+            rows.append((entry.path, entry.step, entry.time, size, note))
+        for item in self.store.list(self.location):
+            name = str(item["name"])
+            if name not in known and "/" not in name and format_for_path(name) is not None:
+                rows.append((name, None, None, self.size_of(name), f"not in the '{STATE_FILE}' state file"))
+        return rows
+
+    def delete_checkpoints(self, names: Sequence[str]) -> None:
+        """Delete each checkpoint: its commit record first (it stops existing), then its data."""
+        for name in names:
+            url = self.join(name)
+            try:
+                data, _, _ = self.locate(name)
+            except CheckpointNotFoundError:
+                continue
+            self.store.delete([url])
+            if data != url:
+                self._delete_data(data)
+
+    def _delete_data(self, data_url: str, quietly: bool = False) -> None:
+        """Delete a data object; a sharded checkpoint's (its "COMMIT") with every object under its prefix."""
+        from ckpt.formats.ckpt_sharded import COMMIT
+
+        try:
+            prefix, _, last = data_url.rpartition("/")
+            urls = [data_url]
+            if last == COMMIT:  # the shard files first, the record naming them last
+                urls = [_urls.join(prefix, str(e["name"])) for e in self.store.list(prefix, recursive=True)
+                        if str(e["name"]) != COMMIT] + urls
+            self.store.delete(urls)
+        except CheckpointError:
+            if not quietly:
+                raise  # else: left for clean_orphans
+
+    def clean_orphans(self) -> list[str]:
+        """Delete data objects of saves that never committed (older than ORPHAN_GRACE_S), and abort
+        their unfinished uploads (S3: a save killed mid-upload); return their names. Costs one LIST
+        when there are none (and on S3 one listing of unfinished uploads)."""
+        removed = []
+        for url, upload_id in self.store.unfinished_uploads(self.join(DATA_DIR)):
+            relative = url.rpartition(f"/{DATA_DIR}/")[2]  # "<name>/<token>[/<file>]": the token dates it
+            age = _token_age(relative.split("/")[1] if relative.count("/") else "")
+            if age is not None and age >= ORPHAN_GRACE_S:
+                try:
+                    self.store.abort_upload(url, upload_id)
+                    removed.append(relative)
+                except CheckpointError:
+                    pass  # the next save tries again
+        commits: dict[str, str | None] = {}
+        for entry in self.store.list(self.join(DATA_DIR), recursive=True):
+            # "<name>/<token>", or "<name>/<token>/<file>" under a sharded save's prefix
+            name, _, rest = str(entry["name"]).partition("/")
+            token = rest.partition("/")[0]
+            age = _token_age(token)
+            if not name or age is None or age < ORPHAN_GRACE_S:
+                continue
+            if name not in commits:
+                try:
+                    commits[name] = self.locate(name)[0]
+                except CheckpointNotFoundError:
+                    commits[name] = None
+                except CorruptCheckpointError:
+                    continue  # a damaged commit record: leave its data for a person to look at
+            data_url = self.join(f"{DATA_DIR}/{entry['name']}")
+            committed = commits[name]
+            if committed != data_url and not (committed or "").startswith(self.join(f"{DATA_DIR}/{name}/{token}/")):
+                self._delete_quietly([data_url])
+                removed.append(str(entry["name"]))
+        return removed
+
+    def _delete_quietly(self, urls: list[str]) -> None:
+        try:
+            self.store.delete(urls)
+        except CheckpointError:
+            pass  # left for clean_orphans
+
+    # -- the state file ---------------------------------------------------------------------
+
+    def read_state(self) -> CheckpointState | None:
+        url = self.join(STATE_FILE)
+        raw = self.store.read_small(url, 16 << 20, "the state file")
+        return None if raw is None else parse_state(raw, url)
+
+    def update_state(self, change: Callable[[CheckpointState | None], tuple[CheckpointState, T]]) -> T:
+        """Apply ``change`` to the current state and write the result if nobody wrote in between;
+        otherwise re-read and apply again (compare-and-swap on the state file's version).
+
+        Raises:
+            CheckpointWriteError: still conflicting after many attempts, or the store failed.
+        """
+        url = self.join(STATE_FILE)
+        for attempt in range(_CAS_ATTEMPTS):
+            raw, version = self.store.get_versioned(url)
+            state, result = change(None if raw is None else self._parsed(raw, url))
+            if self.store.put_if(url, dump_state(state), version):
+                return result
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))  # back off, jittered
+        raise CheckpointWriteError(f"{url}: the state file kept changing under {_CAS_ATTEMPTS} attempts "
+                                   "to update it")
+
+
+
+_options: ContextVar[_urls.StorageOptions | None] = ContextVar("ckpt_storage_options", default=None)
+
+
+@contextmanager
+def _setting(var: ContextVar[T], value: T) -> Iterator[None]:
+    """Give ``var`` the value ``value`` inside the block."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def using(storage_options: _urls.StorageOptions | None) -> AbstractContextManager[None]:
+    """Use ``storage_options`` for every URL opened inside the block (the public API's keyword)."""
+    return _setting(_options, storage_options)
+
+
+def directory(url: str) -> RemoteDirectory:
+    """The RemoteDirectory of ``url`` with the storage options in force."""
+    return RemoteDirectory(url, _options.get())
+
+
+class RemoteFile:
+    """A committed checkpoint's data object opened for ranged reads: the
+    :class:`ckpt.storage.ReadableBlob` formats read an object-store checkpoint through. The
+    first and last bytes are known on open (copied in the commit record, or fetched side by side),
+    so sniffing, headers, footers and small indexes cost no further request.
+
+    ``size``: the object is a data object of this many bytes (a sharded checkpoint's shard file,
+    which its record lists): no commit record is looked for, and its head and tail are fetched
+    side by side (a store answering with another size is a CorruptCheckpointError)."""
+
+    def __init__(self, url: str, parent: RemoteDirectory | None = None, size: int | None = None) -> None:
+        self.url = url
+        parent_url, name = _urls.split(url)
+        self.directory = parent if parent is not None else directory(parent_url)
+        if size is None:
+            self.data_url, self.size, self._cache = self.directory.locate(name)
+        else:
+            self.data_url, self.size, self._cache = url, size, []
+        first = next((len(data) for offset, data in self._cache if offset == 0), 0)
+        wanted = []
+        if first < min(OPEN_HEAD, self.size):
+            wanted.append((0, min(OPEN_HEAD, self.size)))
+        tail = max(first, self.size - OPEN_TAIL)
+        if wanted and tail <= OPEN_HEAD:
+            wanted = [(0, self.size)]  # a small object: one GET for all of it
+        elif tail < self.size and self._cached(tail, self.size - tail) is None:
+            wanted.append((tail, self.size - tail))
+        if wanted:  # a plain object, or a commit record without copies (written before they existed)
+            buffers = [bytearray(n) for _, n in wanted]
+            self.directory.store.read_into(self.data_url, [(o, memoryview(b)) for (o, _), b in zip(wanted, buffers)],
+                                           lambda i: "the checkpoint's header and index", self.size)
+            self._cache += [(o, bytes(b)) for (o, _), b in zip(wanted, buffers)]
+        self.head = next((data for offset, data in self._cache if offset == 0), b"")
+
+    def _cached(self, offset: int, n: int) -> bytes | None:
+        for start, data in self._cache:
+            if start <= offset and offset + n <= start + len(data):
+                return data[offset - start:offset - start + n]
+        return None
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
+        if offset + len(view) > self.size:
+            raise CorruptCheckpointError(f"{self.url}: the object ends in the middle of {what} (offset "
+                                         f"{self.size}): it is truncated")
+        cached = self._cached(offset, len(view))
+        if cached is not None:
+            view[:] = cached
+        else:
+            self.directory.store.read_into(self.data_url, [(offset, view)], lambda i: what, self.size)
+
+    def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
+        """Fill every span (several ranged GETs in flight) and return each one's crc32c (a big
+        span's computed on the I/O pool as soon as it is filled, while the next ones arrive)."""
+        from ckpt.formats import _io
+
+        fetch = []
+        for i, (offset, view) in enumerate(spans):
+            cached = self._cached(offset, len(view))
+            if cached is not None:
+                view[:] = cached
+            elif offset + len(view) > self.size:
+                raise CorruptCheckpointError(f"{self.url}: the object ends in the middle of {name(i)}: it is "
+                                             "truncated")
+            else:
+                fetch.append(i)
+        started: dict[int, Callable[[], int]] = {}  # checksums begun while later bytes still arrive
+
+        def done(j: int) -> None:
+            started[fetch[j]] = _io.checksum_async(spans[fetch[j]][1])
+
+        self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]), self.size,
+                                       done)
+        return [started[i]() if i in started else _io.crc32c(view) for i, (_, view) in enumerate(spans)]
+
+    def close(self) -> None:
+        self._cache.clear()
+
+
+def latest(url: str) -> str | None:
+    """The URL of the newest existing checkpoint the directory's state file lists, or None."""
+    return directory(url).latest()
+
+
+def _pair(change: tuple[CheckpointState, list[str]]) -> tuple[CheckpointState, tuple[CheckpointState, list[str]]]:
+    """``update_state``'s change result for a StateChange: the state to write, and both back."""
+    return change[0], change
+
+
+def resolve(url: str) -> str:
+    """A checkpoint URL as is; a directory URL -> its latest checkpoint. A URL ending in a
+    checkpoint extension is a checkpoint (no request spent on looking for a state file).
+
+    Raises:
+        CheckpointNotFoundError: a directory without a state file naming an existing checkpoint.
+    """
+    if format_for_path(url) is not None:
+        return url
+    found = latest(url)
+    if found is not None:
+        return found
+    parent, name = _urls.split(url)
+    if name and directory(parent).exists(name):
+        return url  # a checkpoint object without a known extension
+    raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
+                                  "naming an existing checkpoint)")

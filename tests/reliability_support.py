@@ -349,7 +349,7 @@ def run_cases(directory: str, pristine: str, expected: Tensors, cases: Sequence[
               per_case_seconds: float = 10.0) -> collections.Counter:
     """Read every case (in a child process when it could reach libhdf5); check the rules.
 
-    Returns a Counter of (region, outcome) for the figures in docs/reliability.md.
+    Returns a Counter of (region, outcome): what each part of the file did when damaged.
     """
     counts: collections.Counter = collections.Counter()
     isolated = []

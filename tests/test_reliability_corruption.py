@@ -109,7 +109,7 @@ def expected_of(size: str):
 
 
 def report(title: str, counts: collections.Counter) -> None:
-    """Print the (region, outcome) table: the figures docs/reliability.md records."""
+    """Print the (region, outcome) table (run with -s to see where damage was caught)."""
     print(f"\n{title}: {sum(counts.values())} cases")
     for (region, kind), n in sorted(counts.items()):
         print(f"  {region:28} {kind:13} {n}")

@@ -22,6 +22,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import ReadableBlob
 
 from . import _io
+from ._zstd import zstd_decompress
 
 MANIFEST = "manifest.ocdbt"
 _MANIFEST_MAGIC, _VERSION_MAGIC, _BTREE_MAGIC = 0x0CDB3A2A, 0x0CDB1234, 0x0CDB20DE
@@ -87,8 +88,6 @@ def _decode(raw: bytes, magic: int, where: str) -> _Reader:
         raise UnsupportedCheckpointError(f"{where}: OCDBT {_KIND[magic]} version {version}; ckpt reads version 0")
     body = header.data[header.pos:]
     if compression == 1:
-        from .orbax import zstd_decompress
-
         body = zstd_decompress(body, MAX_NODE + 1, where)
         if len(body) > MAX_NODE:
             raise CorruptCheckpointError(f"{where}: decompresses past {MAX_NODE} bytes")

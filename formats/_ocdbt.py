@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 from ckpt.storage import ReadableBlob
 
 from . import _io
@@ -80,8 +80,9 @@ def _decode(raw: bytes, magic: int, where: str) -> _Reader:
     if int.from_bytes(raw[4:12], "little") != len(raw):
         raise CorruptCheckpointError(f"{where}: declares {int.from_bytes(raw[4:12], 'little')} bytes, holds "
                                      f"{len(raw)}: it is truncated or damaged")
-    if _io.crc32c(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
-        raise CorruptCheckpointError(f"{where}: fails its crc32c: the file is damaged")
+    got, expected = _io.crc32c(raw[:-4]), int.from_bytes(raw[-4:], "little")
+    if got != expected:
+        raise checksum_error(where, f"the OCDBT {_KIND[magic]}", got, expected)
     header = _Reader(raw[12:-4], where)
     version, compression = header.varint(), header.varint()
     if version != 0:

@@ -12,6 +12,7 @@ import pytest
 from conftest import OUTSIDE_CHECKOUT
 
 import ckpt
+import ckpt.cli
 import ckpt.formats
 
 CKPT = pathlib.Path(ckpt.__file__).parent
@@ -68,3 +69,23 @@ def test_formats_do_not_ask_whether_a_path_is_a_url():
     asking = sorted(p.name for p in formats_dir.glob("*.py") if "is_url(" in p.read_text(encoding="utf-8"))
     assert asking == ["_blobs.py", "ckpt_sharded.py"]
     assert (formats_dir / "_blobs.py").read_text(encoding="utf-8").count("is_url(") == 1
+
+
+def _message_strings(path: pathlib.Path) -> list[str]:
+    """The string literals of a module that are not docstrings (the parts of f-strings included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+def test_the_checksum_failure_is_worded_in_one_place():
+    """Every checksum failure a user sees is worded by ckpt.errors.checksum_error/checksum_message
+    (``_sstable``'s own errors are not CheckpointErrors: tensorflow.py wraps them, naming the file)."""
+    roots = [CKPT, FORMATS, pathlib.Path(ckpt.cli.__file__).parent]
+    phrases = ("fails its checksum", "fail their checksum", "fails its crc", "fails the zip", "fails its CRC")
+    writing = sorted(f"{p.parent.name}/{p.name}" for root in roots for p in root.rglob("*.py")
+                     if any(phrase in text for text in _message_strings(p) for phrase in phrases))
+    assert writing == ["ckpt/errors.py", "formats/_sstable.py"]

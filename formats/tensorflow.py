@@ -269,7 +269,8 @@ class TensorFlowReader(BaseReader):
 
     def info(self, key: str) -> TensorInfo:
         if key in self._notes:
-            raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}")
+            raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}",
+                                   path=self.path, key=key)
         return super().info(key)
 
     def _shard(self, shard: int) -> ReadableBlob:

@@ -33,11 +33,27 @@ __all__ = [
     "StateFileWarning",
     "InvalidURLError",
     "closest_hint",
+    "checksum_message",
+    "checksum_error",
 ]
 
 
 class CheckpointError(Exception):
-    """The root of every error ckpt raises about checkpoints and variables."""
+    """The root of every error ckpt raises about checkpoints and variables.
+
+    ``path`` (the file, directory or URL) and ``key`` (the tensor) say what the error concerns,
+    where the code that raised it knew them (None otherwise); the message names them too.
+
+    Example:
+        >>> exc = CheckpointError("m.h5: tensor 'w' is damaged", path="m.h5", key="w")
+        >>> exc.path, exc.key
+        ('m.h5', 'w')
+    """
+
+    def __init__(self, *args: object, path: str | None = None, key: str | None = None) -> None:
+        super().__init__(*args)
+        self.path = path
+        self.key = key
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
@@ -115,3 +131,32 @@ def closest_hint(key: str, keys: Iterable[str]) -> str:
     """Return "; closest keys: a, b" for a key that was not found (empty when nothing is close)."""
     close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.5)
     return f"; closest keys: {', '.join(close)}" if close else ""
+
+
+def checksum_message(path: str, what: str, got: int | None = None, expected: int | str | None = None,
+                     checksum: str = "crc32c", cause: str = "the file is damaged") -> str:
+    """The one wording of a checksum failure: "<path>: <what> fails its checksum (<checksum> <got>,
+    expected <expected>): <cause>" (the values where known); for lists of problems (verify).
+
+    Example:
+        >>> checksum_message("m.h5", "tensor 'w'", 1, 2)
+        "m.h5: tensor 'w' fails its checksum (crc32c 0x00000001, expected 0x00000002): the file is damaged"
+        >>> checksum_message("m.msgpack", "the index")
+        'm.msgpack: the index fails its checksum: the file is damaged'
+    """
+    shown = f"{expected:#010x}" if isinstance(expected, int) else expected  # a damaged value, shown as found
+    values = "" if got is None or expected is None else f" ({checksum} {got:#010x}, expected {shown})"
+    return f"{path}: {what} fails its checksum{values}: {cause}"
+
+
+def checksum_error(path: str, what: str, got: int | None = None, expected: int | str | None = None, *,
+                   key: str | None = None, checksum: str = "crc32c",
+                   cause: str = "the file is damaged") -> CorruptCheckpointError:
+    """The error of a checksum failure (:func:`checksum_message`), carrying ``path`` and ``key``.
+
+    Example:
+        >>> exc = checksum_error("m.h5", "tensor 'w'", 1, 2, key="w")
+        >>> isinstance(exc, CorruptCheckpointError), exc.path, exc.key
+        (True, 'm.h5', 'w')
+    """
+    return CorruptCheckpointError(checksum_message(path, what, got, expected, checksum, cause), path=path, key=key)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -38,10 +37,8 @@ _HINT = "; closest keys: "
 _PASSED_ON = (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError)
 
 
-#: The arguments of the commands that name files (the candidates for an error's "file").
+#: The arguments of the commands that name files (an error's "file" when it names none itself).
 _PATH_PARAMETERS = ("path", "src", "dst", "a", "b", "directory")
-# how messages name a tensor: "tensor 'k'" (repr), or TensorFlow's "Tensor k not found"
-_KEY_IN_MESSAGE = re.compile(r"""[Tt]ensor (?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)"|(\S+) not found)""")
 
 
 class Failure(click.ClickException):
@@ -55,24 +52,15 @@ class Failure(click.ClickException):
         super().__init__(message)
         self.exit_code = exit_code  # type: ignore[misc]  # click types it per class; ours is per failure
         self.file = file
-        self.key = key if key is not None else _key_of(message)
+        self.key = key
 
 
-def _key_of(message: str) -> str | None:
-    match = _KEY_IN_MESSAGE.search(message)
-    if match is None:
-        return None
-    quoted = match.group(1) if match.group(1) is not None else match.group(2)
-    if quoted is not None:
-        return quoted.encode("latin-1", "backslashreplace").decode("unicode_escape")  # undo repr's escapes
-    return match.group(3)
-
-
-def _file_of(message: str, paths: list[str]) -> str | None:
-    """The file a message is about: the path it starts with, else the command's only path."""
-    first = message.partition(": ")[0]
-    if first in paths or (first and os.path.exists(first)):
-        return first
+def _file_of(exc: BaseException, paths: list[str]) -> str | None:
+    """The file an error is about: the one it carries (CheckpointError.path, OSError.filename),
+    else the command's only path."""
+    carried = exc.path if isinstance(exc, ckpt.CheckpointError) else getattr(exc, "filename", None)
+    if carried is not None:
+        return str(carried)
     return paths[0] if len(paths) == 1 else None
 
 
@@ -87,13 +75,13 @@ def reports_errors(exit_code: int = 1) -> Callable[[F], F]:
                 return command(*args, **kwargs)
             except Failure as exc:
                 if exc.file is None:
-                    exc.file = _file_of(exc.format_message(), paths)
+                    exc.file = paths[0] if len(paths) == 1 else None
                 raise
             except _PASSED_ON:
                 raise
             except (ckpt.CheckpointError, OSError) as exc:
-                message = str(exc) or type(exc).__name__
-                raise Failure(message, exit_code, _file_of(message, paths)) from exc
+                key = exc.key if isinstance(exc, ckpt.CheckpointError) else None
+                raise Failure(str(exc) or type(exc).__name__, exit_code, _file_of(exc, paths), key) from exc
             except Exception as exc:  # a bug, or a foreign reader failing in its own way
                 raise Failure(f"unexpected {type(exc).__name__}: {exc} (this is a bug; please report it)",
                               exit_code, paths[0] if len(paths) == 1 else None) from exc
@@ -115,7 +103,7 @@ def error_json(message: str, exc: click.ClickException) -> str:
     """The one-line JSON form of an error, for commands run with ``--json``.
 
     Example:
-        >>> print(error_json("m.h5: tensor 'w' not found", Failure("m.h5: tensor 'w' not found", file="m.h5")))
+        >>> print(error_json("m.h5: tensor 'w' not found", Failure("m.h5: tensor 'w' not found", file="m.h5", key="w")))
         {"error": "m.h5: tensor 'w' not found", "file": "m.h5", "key": "w"}
     """
     return json.dumps({"error": message, "file": getattr(exc, "file", None), "key": getattr(exc, "key", None)})

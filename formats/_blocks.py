@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import boxes
-from ckpt.errors import CorruptCheckpointError
+from ckpt.errors import CorruptCheckpointError, checksum_error
 
 from . import _io
 from ._io import crc32c
@@ -177,9 +177,7 @@ def read_part(reader: Any, extents: Sequence[tuple[int, int]], key: str, dtype: 
             end = min(start + block_bytes, b)
             got, want = crc32c(buf.data[start - lo:end - lo]), int(crcs[start // block_bytes])
             if got != want:
-                raise CorruptCheckpointError(
-                    f"{reader.path}: tensor {key!r}: bytes {start}..{end} fail their checksum (crc32c "
-                    f"{got:#010x}, expected {want:#010x}): the file is damaged")
+                raise checksum_error(reader.path, f"tensor {key!r}, bytes {start}..{end},", got, want, key=key)
     strides = [itemsize] * len(shape)
     for axis in range(len(shape) - 2, -1, -1):
         strides[axis] = strides[axis + 1] * shape[axis + 1]

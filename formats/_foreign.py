@@ -57,7 +57,7 @@ def read_json(path: str, limit: int = MAX_JSON) -> Any:
             size = os.fstat(f.fileno()).st_size
             raw = f.read(min(size, limit) + 1)  # read(n) allocates n bytes up front: ask for what is there
     except FileNotFoundError:
-        raise CheckpointNotFoundError(f"{path}: no such file") from None
+        raise CheckpointNotFoundError(f"{path}: no such file", path=path) from None
     except OSError as exc:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if len(raw) > limit:

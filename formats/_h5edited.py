@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CorruptCheckpointError
+from ckpt.errors import CorruptCheckpointError, checksum_error
 from ckpt.storage import ReadableBlob
 
 from . import _io, h5plain
@@ -93,6 +93,5 @@ class RewrittenReader(h5plain.H5pyReader):
         raw = encode_strings(out)[0] if dtypes.is_string(info.dtype) else out
         crc = _io.crc32c(_io.byte_view(raw))
         if crc != known.extra.crc32c:
-            raise CorruptCheckpointError(
-                f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {crc:#010x}, expected "
-                f"{known.extra.crc32c:#010x}): its value changed after ckpt saved the file, or the file is damaged")
+            raise checksum_error(self.path, f"tensor {info.key!r}", crc, known.extra.crc32c, key=info.key,
+                                 cause="its value changed after ckpt saved the file, or the file is damaged")

@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 from ckpt.storage import ReadableBlob
 
 from . import _io
+from ._zstd import zstd_decompress
 
 MANIFEST = "manifest.ocdbt"
 _MANIFEST_MAGIC, _VERSION_MAGIC, _BTREE_MAGIC = 0x0CDB3A2A, 0x0CDB1234, 0x0CDB20DE
@@ -79,16 +80,15 @@ def _decode(raw: bytes, magic: int, where: str) -> _Reader:
     if int.from_bytes(raw[4:12], "little") != len(raw):
         raise CorruptCheckpointError(f"{where}: declares {int.from_bytes(raw[4:12], 'little')} bytes, holds "
                                      f"{len(raw)}: it is truncated or damaged")
-    if _io.crc32c(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
-        raise CorruptCheckpointError(f"{where}: fails its crc32c: the file is damaged")
+    got, expected = _io.crc32c(raw[:-4]), int.from_bytes(raw[-4:], "little")
+    if got != expected:
+        raise checksum_error(where, f"the OCDBT {_KIND[magic]}", got, expected)
     header = _Reader(raw[12:-4], where)
     version, compression = header.varint(), header.varint()
     if version != 0:
         raise UnsupportedCheckpointError(f"{where}: OCDBT {_KIND[magic]} version {version}; ckpt reads version 0")
     body = header.data[header.pos:]
     if compression == 1:
-        from .orbax import zstd_decompress
-
         body = zstd_decompress(body, MAX_NODE + 1, where)
         if len(body) > MAX_NODE:
             raise CorruptCheckpointError(f"{where}: decompresses past {MAX_NODE} bytes")

@@ -116,8 +116,8 @@ class BaseReader:
             return self._tensors[key]
         except KeyError:
             raise KeyNotFoundError(
-                f"{self.path}: tensor {key!r} not found in checkpoint{closest_hint(key, self._tensors)}"
-            ) from None
+                f"{self.path}: tensor {key!r} not found in checkpoint{closest_hint(key, self._tensors)}",
+                path=self.path, key=key) from None
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         self.read_into_many([(key, out)])
@@ -131,7 +131,8 @@ class BaseReader:
             if out.shape != info.shape or out.dtype != info.dtype or not (
                     out.flags.c_contiguous and out.flags.writeable):
                 raise MismatchError(f"{self.path}: tensor {key!r} is {info.dtype} {list(info.shape)}; "
-                                    f"cannot read it into a {out.dtype} {list(out.shape)} array")
+                                    f"cannot read it into a {out.dtype} {list(out.shape)} array",
+                                    path=self.path, key=key)
             pairs.append((info, out))
         self._read_many(pairs)
 

@@ -149,13 +149,13 @@ def _open_to_sniff(path: str) -> ReadableBlob:
     except CheckpointError:
         raise
     except FileNotFoundError:
-        raise CheckpointNotFoundError(f"{path}: no such checkpoint file") from None
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file", path=path) from None
     except IsADirectoryError:
-        raise CheckpointNotFoundError(f"{path}: is a directory, not a checkpoint file") from None
+        raise CheckpointNotFoundError(f"{path}: is a directory, not a checkpoint file", path=path) from None
     except PermissionError as exc:  # it exists: not a "not found" that code may take for a fresh start
-        raise CheckpointError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        raise CheckpointError(f"{path}: cannot open: {exc.strerror or exc}", path=path) from exc
     except OSError as exc:  # EIO and friends: the storage under the file is failing
-        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}", path=path) from exc
 
 
 def _first_to_open(path: str, head: bytes) -> Reader | None:

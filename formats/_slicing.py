@@ -53,5 +53,5 @@ def check_box(info: Any, offset: Sequence[int], shape: Sequence[int], path: str)
     if len(offset) != len(info.shape) or len(shape) != len(info.shape) or \
             any(a < 0 or b > d for (a, b), d in zip(bounds, info.shape)):
         raise MismatchError(f"{path}: tensor {info.key!r} is {list(info.shape)}; the block at {list(offset)} of "
-                            f"shape {list(shape)} does not lie inside it")
+                            f"shape {list(shape)} does not lie inside it", path=path, key=info.key)
     return bounds

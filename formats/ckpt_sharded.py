@@ -40,7 +40,8 @@ from ckpt import boxes, dtypes
 from ckpt.storage.local import LocalStore
 from ckpt.storage.atomic import replace_atomically
 from ckpt.storage.urls import is_url
-from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError,
+                         UnsupportedCheckpointError, checksum_error)
 
 from . import _io
 from ._blocks import BLOCK_BYTES, block_crcs, read_part
@@ -283,7 +284,7 @@ def _parse_commit(raw: bytes, path: str) -> dict[str, Any]:
         raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated")
     body = raw[start:len(raw) - FOOTER_SIZE]
     if _io.crc32c(body) != fields[8]:
-        raise CorruptCheckpointError(f"{path}: the commit record fails its checksum: the file is damaged")
+        raise checksum_error(path, "the commit record")
     record = unpack(body, path, "the commit record")
     if not isinstance(record, dict) or record.get("format") != FORMAT_NAME:
         raise CorruptCheckpointError(f"{path}: not a ckpt commit record")

@@ -41,7 +41,8 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import (CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError,
+                         checksum_error, checksum_message)
 from ckpt.storage import ReadableBlob, WritableBlob
 
 from . import _blocks, _h5edited, _h5head, _h5struct, _io, h5plain
@@ -436,7 +437,7 @@ class Hdf5Reader(BlockSlicing, FileReader):
                                          "truncated or damaged")
         raw = _io.pread(source, _HEADER.size, index_len, "the index")
         if _io.crc32c(raw) != index_crc:
-            raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
+            raise checksum_error(path, "the index")
         index = _unpack_index(raw, path)
         if index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the user block does not hold a ckpt HDF5 index")
@@ -498,9 +499,7 @@ class Hdf5Reader(BlockSlicing, FileReader):
         crcs = self._source.read_spans(spans, lambda i: f"tensor {pairs[i][0].key!r}")
         for (info, _), crc in zip(pairs, crcs):
             if crc != info.extra.crc32c:
-                raise CorruptCheckpointError(
-                    f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {crc:#010x}, expected "
-                    f"{info.extra.crc32c:#010x}): the file is damaged")
+                raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
         for i, raw in strings.items():
             info, out = pairs[i]
             flat = out.reshape(-1)
@@ -513,13 +512,11 @@ class Hdf5Reader(BlockSlicing, FileReader):
             offset, expected = info.extra.offset, info.extra.crc32c
             got = _io.checksum_range(self._source, offset, info.nbytes, f"tensor {key!r}")
             if got != expected:
-                problems.append(f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, "
-                                f"expected {expected:#010x}): the file is damaged")
+                problems.append(checksum_message(self.path, f"tensor {key!r}", got, expected))
             if progress is not None:
                 progress(info.nbytes)
         if _metadata_crc(self._source, self._userblock, self._source.size, self._extents) != self._meta_crc:
-            problems.append(f"{self.path}: the HDF5 structure (groups, dataset headers, attributes) "
-                            "fails its checksum: the file is damaged")
+            problems.append(checksum_message(self.path, "the HDF5 structure (groups, dataset headers, attributes)"))
         return problems + table_problems(self.path, self._blocks, self._tensors, self._block_bytes)
 
 

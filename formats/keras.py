@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import (CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError,
+                         checksum_message, checksum_error)
 from ckpt.storage import ReadableBlob
 
 from . import _h5head, _io, _zip
@@ -104,8 +105,9 @@ class KerasReader(BaseReader):
         problems = []
         if self._archive is not None and self._member is not None:
             offset, size, crc = self._member
-            if _zip.crc32_range(self._archive, offset, size, WEIGHTS_MEMBER) != crc:
-                problems.append(f"{self.path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
+            got = _zip.crc32_range(self._archive, offset, size, WEIGHTS_MEMBER)
+            if got != crc:
+                problems.append(checksum_message(self.path, WEIGHTS_MEMBER, got, crc, "CRC-32"))
         return problems + super().verify(progress)
 
     def close(self) -> None:
@@ -315,8 +317,9 @@ def _open_zip(path: str, source: ReadableBlob) -> KerasReader:
         raise UnsupportedCheckpointError(f"{path}: a .keras archive without {WEIGHTS_MEMBER} (Keras 3 "
                                          "keeps the weights there)") from None
     offset, size = _zip.member_span(source, info)
-    if _zip.crc32_range(source, offset, size, WEIGHTS_MEMBER) != info.CRC:
-        raise CorruptCheckpointError(f"{path}: {WEIGHTS_MEMBER} fails the zip's CRC-32: the file is damaged")
+    got = _zip.crc32_range(source, offset, size, WEIGHTS_MEMBER)
+    if got != info.CRC:
+        raise checksum_error(path, WEIGHTS_MEMBER, got, info.CRC, checksum="CRC-32")
     metadata = _zip_metadata(archive, path)
     inner = H5pyReader(path, file=_io.RangeFile(source, offset, size))
     try:

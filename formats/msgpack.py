@@ -39,7 +39,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CorruptCheckpointError
+from ckpt.errors import CorruptCheckpointError, checksum_error
 from ckpt.storage import WritableBlob
 
 from . import _blocks, _io
@@ -272,7 +272,7 @@ class MsgpackReader(BlockSlicing, FileReader):
                                          f"(+{index_len} bytes) in a {size}-byte file")
         raw = _io.pread(source, index_offset, index_len, "the index")
         if _io.crc32c(raw) != index_crc:
-            raise CorruptCheckpointError(f"{path}: the index fails its checksum: the file is damaged")
+            raise checksum_error(path, "the index")
         index = unpack(raw, path, "the index")
         if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the index is not a ckpt msgpack index")
@@ -342,9 +342,7 @@ class MsgpackReader(BlockSlicing, FileReader):
 
     def _check_crc(self, info: TensorInfo, got: int, expected: int) -> None:
         if got != expected:
-            raise CorruptCheckpointError(
-                f"{self.path}: tensor {info.key!r} fails its checksum (crc32c {got:#010x}, expected "
-                f"{expected:#010x}): the file is damaged")
+            raise checksum_error(self.path, f"tensor {info.key!r}", got, expected, key=info.key)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems = []

@@ -35,6 +35,7 @@ from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Unsuppo
 
 from ._foreign import MAX_JSON, NUMPY_DTYPES, parse_json, read_json
 from ._slicing import box, check_box
+from ._zstd import zstd_bytes
 from .base import Format
 from .base import BaseReader, TensorInfo, check_shape, key_problem
 
@@ -351,27 +352,6 @@ def _decompress(data: bytes, codec: str | None, limit: int, path: str, key: str)
         if codec in ("zlib", "gzip"):
             inflate = zlib.decompressobj(zlib.MAX_WBITS | (16 if codec == "gzip" else 0))
             return inflate.decompress(data, limit)
-        return _zstd(data, limit)
+        return zstd_bytes(data, limit)
     except (zlib.error, ValueError, EOFError) as exc:
         raise CorruptCheckpointError(f"{path}: chunk of {key!r} does not decompress ({codec}): {exc}") from exc
-
-
-def zstd_decompress(data: bytes, limit: int, where: str) -> bytes:
-    """At most ``limit`` bytes of a zstd frame; CorruptCheckpointError when it is damaged."""
-    try:
-        return _zstd(data, limit)
-    except ValueError as exc:
-        raise CorruptCheckpointError(f"{where}: does not decompress (zstd): {exc}") from exc
-
-
-def _zstd(data: bytes, limit: int) -> bytes:
-    try:
-        import zstandard
-    except ImportError:  # zstandard is optional: only orbax's zstd chunks need it
-        raise UnsupportedCheckpointError("orbax's zstd-compressed chunks need the zstandard package: "
-                                         "pip install \"ckpt[orbax]\"") from None
-    try:
-        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
-            return reader.read(limit)
-    except zstandard.ZstdError as exc:
-        raise ValueError(str(exc)) from exc

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 from ckpt.storage import WritableBlob
 
 from . import _io
@@ -197,9 +197,7 @@ class SafetensorsReader(FileReader):
     def _check(self, key: str, got: int) -> None:
         expected = self._crcs[key] if self._crcs is not None else got
         if got != expected:
-            raise CorruptCheckpointError(
-                f"{self.path}: tensor {key!r} fails its checksum (crc32c {got:#010x}, expected "
-                f"{expected:#010x}): the file is damaged")
+            raise checksum_error(self.path, f"tensor {key!r}", got, expected, key=key)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         if self._crcs is None:
@@ -292,10 +290,10 @@ def _check_header_crc(header: dict[str, Any], meta: dict[str, str], length: int,
             "damaged or edited after ckpt wrote it")
     stored, got = meta["ckpt_header_crc32c"], _header_crc(header, length)
     if stored != str(got):
-        expected = f"{int(stored):#010x}" if stored.isdigit() and len(stored) < 11 else repr(stored)
-        raise CorruptCheckpointError(
-            f"{path}: the header fails its checksum (crc32c {got:#010x}, expected {expected}): names, "
-            "dtypes, shapes, offsets or metadata were damaged or edited after ckpt wrote it")
+        expected = int(stored) if stored.isdigit() and len(stored) < 11 else repr(stored)
+        raise checksum_error(path, "the header", got, expected,
+                             cause="names, dtypes, shapes, offsets or metadata were damaged or edited after ckpt "
+                                   "wrote it")
 
 
 def _ckpt_fields(meta: dict[str, str], tensors: dict[str, TensorInfo], path: str,

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError, UnsupportedCheckpointError
+from ckpt.errors import (CheckpointNotFoundError, CorruptCheckpointError, KeyNotFoundError,
+                         UnsupportedCheckpointError, checksum_error)
 from ckpt.storage import ReadableBlob
 
 from . import _io
@@ -268,7 +269,8 @@ class TensorFlowReader(BaseReader):
 
     def info(self, key: str) -> TensorInfo:
         if key in self._notes:
-            raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}")
+            raise KeyNotFoundError(f"{self.path}: {key!r} is not a tensor ckpt can read: {self._notes[key]}",
+                                   path=self.path, key=key)
         return super().info(key)
 
     def _shard(self, shard: int) -> ReadableBlob:
@@ -305,8 +307,7 @@ class TensorFlowReader(BaseReader):
             source.read_into(view, offset, what)
             crc = _io.crc32c(view)
         if crc != unmask(stored_crc):
-            raise CorruptCheckpointError(f"{name}: {what} fails its checksum (crc32c {crc:#010x}, expected "
-                                         f"{unmask(stored_crc):#010x}): the file is damaged")
+            raise checksum_error(name, what, crc, unmask(stored_crc))
 
     def close(self) -> None:
         for f in self._shards.values():

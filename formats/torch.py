@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error, checksum_message
 
 from . import _io, _zip
 from ._foreign import check_key
@@ -145,8 +145,9 @@ class TorchReader(FileReader):
         info = self._zip.getinfo(name)
         offset, size = _zip.member_span(self._source, info)
         data = _io.pread(self._source, offset, size, f"zip member {name!r}")
-        if _zip.crc32(data) != info.CRC:
-            raise CorruptCheckpointError(f"{self.path}: zip member {name!r} fails its CRC-32: the file is damaged")
+        got = _zip.crc32(data)
+        if got != info.CRC:
+            raise checksum_error(self.path, f"zip member {name!r}", got, info.CRC, checksum="CRC-32")
         return data
 
     def _storage(self, ref: StorageRef) -> StorageRef:
@@ -245,8 +246,7 @@ class TorchReader(FileReader):
             return
         got = _zip.crc32(data)
         if got != expected:
-            raise CorruptCheckpointError(f"{self.path}: tensor {key!r}: its storage fails the zip's CRC-32 "
-                                         f"({got:#010x}, expected {expected:#010x}): the file is damaged")
+            raise checksum_error(self.path, f"the storage of tensor {key!r}", got, expected, key=key, checksum="CRC-32")
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """Every tensor read as a restore reads it (its storage checked against the zip's CRC-32),
@@ -267,8 +267,7 @@ class TorchReader(FileReader):
                 if progress is not None:
                     progress(size)
             if got != crc:
-                problems.append(f"{self.path}: storage {key!r} fails the zip's CRC-32 ({got:#010x}, expected "
-                                f"{crc:#010x}): the file is damaged")
+                problems.append(checksum_message(self.path, f"storage {key!r}", got, crc, "CRC-32"))
         return problems
 
 

@@ -98,7 +98,7 @@ def test_damage_inside_a_slice_names_the_file_key_and_bytes(big_file):
         with pytest.raises(ckpt.CorruptCheckpointError) as caught:
             reader.get_slice("big", np.s_[2000:2001, :3])
         message = str(caught.value)
-        assert message.startswith(f"{big_file}: tensor 'big': bytes {7 * MIB}..{8 * MIB} fail their checksum")
+        assert message.startswith(f"{big_file}: tensor 'big', bytes {7 * MIB}..{8 * MIB}, fails its checksum")
 
 
 def test_a_sharded_restore_from_one_file_reads_only_each_ranks_blocks(big_file, monkeypatch):

@@ -960,3 +960,17 @@ def test_json_errors_name_the_key(tmp_path):
     assert json_error(result) == {
         "error": f"Tensor enc/kernal not found in checkpoint {path}; closest keys: enc/kernel, enc/bias",
         "file": path, "key": "enc/kernal"}
+
+
+def test_json_errors_take_file_and_key_from_the_error_not_its_message(tmp_path):
+    """A path with ": " in it, two paths on the command line and a damaged tensor: the error carries
+    the file and key (CheckpointError.path/.key); nothing is parsed out of the message."""
+    folder = tmp_path / "run: 2"
+    folder.mkdir()
+    a = save(tmp_path / "a.msgpack", model())
+    b = save(folder / "b.msgpack", model())
+    damage(b)
+    result = run("diff", a, b, "--json")
+    assert result.exit_code == 2
+    error = json_error(result)
+    assert (error["file"], error["key"]) == (b, "dec/w") and "fails its checksum" in error["error"]

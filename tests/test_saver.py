@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_bit_exact, data_offset, every_dtype_tensors
 
 import ckpt
-from ckpt.saving import saver as saver_module
+from ckpt.saving import retention as retention_module
 from ckpt.storage.state import read_state
 
 FORMATS = ["h5", "msgpack"]
@@ -227,7 +227,7 @@ def test_a_later_saver_continues_the_directory_list(tmp_path):
 
 def test_keep_checkpoint_every_n_hours(tmp_path, monkeypatch):
     clock = [1_000_000.0]
-    monkeypatch.setattr(saver_module.time, "time", lambda: clock[0])
+    monkeypatch.setattr(retention_module.time, "time", lambda: clock[0])
     saver = ckpt.Saver([ckpt.Variable(0.0)], max_to_keep=2, keep_checkpoint_every_n_hours=1)
     for step in range(8):  # one save every 20 minutes
         saver.save(str(tmp_path / "m.h5"), global_step=step)

@@ -36,6 +36,7 @@ import fcntl
 import os
 import shutil
 from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping
 
@@ -49,6 +50,7 @@ from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteE
                       UninitializedVariableError)
 from ..formats.base import format_for_path, write_into  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
+from ckpt.saving.retention import Retention, kept_paths, read_local_owner, read_owner
 from ckpt.saving.staging import peek
 from ckpt.storage.state import state_lock
 from . import plan as planning
@@ -56,13 +58,23 @@ from .comm import CollectiveTimeoutError, Communicator, OutcomeUnknownError, dec
 
 if TYPE_CHECKING:
     from ckpt.storage.remote import RemoteDirectory
-    from ckpt.saving.saver import Saver
+    from ckpt.runtime.variables import Variable
     from ..storage import Store, WritableBlob
 
-__all__ = ["save_sharded", "remove_leftovers", "build_record"]
+__all__ = ["Job", "save_sharded", "remove_leftovers", "build_record"]
 
 _ERRORS: dict[str, type[CheckpointError]] = {"mismatch": MismatchError, "write": CheckpointWriteError,
                                              "notfound": CheckpointNotFoundError}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a sharded save needs from its Saver: the variables by key, the retention policy, the
+    object store's options."""
+
+    variables: Mapping[str, Variable]
+    retention: Retention
+    storage_options: Mapping[str, Any] | None = None
 
 
 def _sharded() -> Any:
@@ -71,7 +83,7 @@ def _sharded() -> Any:
     return sharded
 
 
-def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, Any] | None,
+def _local_plan(job: Job, path: str, step: int | None, values: Mapping[str, Any] | None,
                 ) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
     """This rank's plan message, and its (key, variable, value) items; ``values`` (key -> a
     snapshot or None for an uninitialized variable) replaces reading the variables. The plan
@@ -80,7 +92,7 @@ def _local_plan(saver: Saver, path: str, step: int | None, values: Mapping[str, 
 
     specs, items, error = [], [], None
     digests: dict[str, int] = {}
-    for key, var in saver._vars.items():
+    for key, var in job.variables.items():
         try:
             if values is None:
                 value = var._read()
@@ -105,9 +117,11 @@ def _raise(message: dict[str, Any]) -> None:
         raise _ERRORS.get(message.get("kind", ""), CheckpointWriteError)(message["error"])
 
 
-def save_sharded(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-                 metadata: dict[str, Any], values: Mapping[str, Any] | None = None, failure: str | None = None) -> str:
-    """Run the collective save on every rank; return ``path`` (the checkpoint directory).
+def save_sharded(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
+                 metadata: dict[str, Any], values: Mapping[str, Any] | None = None,
+                 failure: str | None = None) -> list[str]:
+    """Run the collective save of ``path`` (the checkpoint directory) on every rank; return the
+    checkpoints the directory keeps, oldest first (as rank 0 recorded them).
 
     ``values`` (key -> snapshot, for an asynchronous save) replaces reading the variables;
     then the save runs in a background thread and leaves the garbage collector alone.
@@ -116,19 +130,19 @@ def save_sharded(saver: Saver, comm: Communicator, timeout: float, path: str, fm
     others waiting out the timeout.
     """
     try:
-        return _save(saver, comm, timeout, path, fmt, step, metadata, values, failure)
+        return _save(job, comm, timeout, path, fmt, step, metadata, values, failure)
     except CollectiveTimeoutError as exc:
         raise CheckpointWriteError(f"{path}: the sharded save failed on rank {comm.rank} of {comm.size}: {exc}; "
                                    "the previous checkpoint is still the latest") from exc
 
 
-def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-          metadata: dict[str, Any], values: Mapping[str, Any] | None, failure: str | None) -> str:
+def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
+          metadata: dict[str, Any], values: Mapping[str, Any] | None, failure: str | None) -> list[str]:
     sharded = _sharded()
     rank, size = comm.rank, comm.size
     if failure is None:
         try:
-            mine, items = _local_plan(saver, path, step, values)
+            mine, items = _local_plan(job, path, step, values)
         except Exception as exc:  # told to the others in the plan, not raised here alone
             failure = f"{type(exc).__name__}: {exc}"
     if failure is not None:
@@ -149,9 +163,9 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
             try:
                 save_id, data = os.urandom(8).hex(), None
                 if is_url(path):
-                    listed_before, data = _prepare_remote(saver, path)
+                    listed_before, data = _prepare_remote(job, path)
                 else:
-                    lock_fd, listed_before = _prepare(saver, path, save_id)
+                    lock_fd, listed_before = _prepare(path, save_id)
                 verdict = {"save_id": save_id, "data": data}
             except Exception as exc:
                 kind = "notfound" if isinstance(exc, CheckpointNotFoundError) else "write"
@@ -167,7 +181,7 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         writers = planning.replicated_writers(lay)
         report: dict[str, Any]
         try:
-            files: Store = LocalStore(path) if data is None else _remote_store(saver, path).under(data)
+            files: Store = LocalStore(path) if data is None else _remote_store(job, path).under(data)
         except Exception as exc:  # reported, so every rank fails now rather than at the timeout
             report = {"error": f"rank {rank}: {type(exc).__name__}: {exc}", "file": None, "blocks": []}
         else:
@@ -182,9 +196,9 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         if rank == 0:
             try:
                 if data is None:
-                    outcome = _commit(saver, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+                    outcome = _commit(job, path, save_id, lay, reports, step, metadata, listed_before, sharded)
                 else:
-                    outcome = _commit_remote(saver, path, data, build_record(lay, reports, step, metadata), reports)
+                    outcome = _commit_remote(job, path, data, build_record(lay, reports, step, metadata), reports)
             except Exception as exc:
                 outcome = {"kind": "write", "error": f"{path}: rank 0 could not commit: {type(exc).__name__}: {exc}"}
             try:
@@ -200,8 +214,7 @@ def _save(saver: Saver, comm: Communicator, timeout: float, path: str, fmt: Any,
         if lock_fd is not None:
             _unlock(path, save_id, lock_fd)
     _raise(outcome)
-    saver._last_checkpoints, saver._saved = list(outcome["kept"]), True  # every rank sees what rank 0 kept
-    return path
+    return list(outcome["kept"])  # every rank sees what rank 0 kept
 
 
 def _unknown(path: str, rank: int, size: int, exc: CollectiveTimeoutError) -> OutcomeUnknownError:
@@ -213,7 +226,7 @@ def _unknown(path: str, rank: int, size: int, exc: CollectiveTimeoutError) -> Ou
         f"written, as this one did); latest_checkpoint({os.path.dirname(path)!r}) tells")
 
 
-def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
+def _prepare(path: str, save_id: str) -> tuple[int, bool]:
     """Rank 0, before anything is written: check the parent directory and its state file,
     remove leftovers of killed saves, create the checkpoint directory and lock this save in it."""
     parent = os.path.dirname(os.path.abspath(path))
@@ -222,7 +235,7 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
         raise CheckpointWriteError(f"{path}: a file of that name exists; a sharded checkpoint is a directory "
                                    "(save under another name)")
     try:
-        state = saver._check_state_owner(parent, path)
+        state = read_local_owner(parent, path)
         listed_before = state is not None and any(e.path == os.path.basename(path) for e in state.all_entries())
         clean_stale_temporaries(parent)
         remove_leftovers(parent)
@@ -247,22 +260,22 @@ def _prepare(saver: Saver, path: str, save_id: str) -> tuple[int, bool]:
     return fd, listed_before
 
 
-def _remote_store(saver: Saver, path: str) -> RemoteDirectory:
+def _remote_store(job: Job, path: str) -> RemoteDirectory:
     from ckpt.storage.remote import RemoteDirectory  # object-store support is imported only for URLs
 
-    store = store_of(path, saver._storage_options)
+    store = store_of(path, job.storage_options)
     assert isinstance(store, RemoteDirectory)
     return store
 
 
-def _prepare_remote(saver: Saver, path: str) -> tuple[bool, str]:
+def _prepare_remote(job: Job, path: str) -> tuple[bool, str]:
     """Rank 0, before anything is written to an object store: check the state file's owner,
     delete orphaned data of killed saves, refuse a name already committed (commit records are
     create-only); return whether the state file lists the name, and this save's data prefix."""
-    store = _remote_store(saver, path)
+    store = _remote_store(job, path)
     name = os.path.basename(path)
-    saver._read_owner(store, path)
-    state = store.read_state()
+    read_owner(store, path)  # refuses another program's state file, reports a missing bucket as a save does
+    state = store.read_state()  # a damaged one is refused here (unlike a single-file save's, rewritten)
     store.clean_orphans()
     if store.exists(name):
         raise CheckpointWriteError(f"{path}: a checkpoint of that name exists (object-store checkpoints are "
@@ -270,14 +283,14 @@ def _prepare_remote(saver: Saver, path: str) -> tuple[bool, str]:
     return state is not None and any(e.path == name for e in state.all_entries()), store.new_data(name)
 
 
-def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
+def _commit_remote(job: Job, path: str, data: str, record: dict[str, Any],
                    reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0, once every rank uploaded its shard file under the prefix ``data``: upload the
     sharded COMMIT there, then the checkpoint's commit record (create-only), then record it in
     the state file (retention included); on a failure, delete this save's objects."""
     from ..formats.ckpt_sharded import COMMIT, commit_bytes
 
-    store = _remote_store(saver, path)
+    store = _remote_store(job, path)
     failed = [r["error"] for r in reports if r["error"]]
     try:
         if failed:
@@ -295,10 +308,10 @@ def _commit_remote(saver: Saver, path: str, data: str, record: dict[str, Any],
             pass  # the store is failing: the next save's clean_orphans takes them
         return {"kind": "write", "error": str(exc)}
     try:
-        saver._saved_to(path, store.record(os.path.basename(path), saver._change(store, path, record["step"])))
+        state = store.record(os.path.basename(path), job.retention.change(store, path, record["step"]))
     except CheckpointError as exc:
         return {"kind": "write", "error": str(exc)}
-    return {"error": None, "kept": saver._last_checkpoints}
+    return {"error": None, "kept": kept_paths(path, state)}
 
 
 def _unlock(path: str, save_id: str, fd: int) -> None:
@@ -458,7 +471,7 @@ def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int 
             "files": files, "tensors": tensors}
 
 
-def _commit(saver: Saver, path: str, save_id: str, lay: planning.Layout, reports: list[dict[str, Any]],
+def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: list[dict[str, Any]],
             step: int | None, metadata: dict[str, Any], listed_before: bool, sharded: Any) -> dict[str, Any]:
     """Rank 0: write the commit record and update the state file, or undo this save's files."""
     failed = [r["error"] for r in reports if r["error"]]
@@ -478,14 +491,14 @@ def _commit(saver: Saver, path: str, save_id: str, lay: planning.Layout, reports
             _discard(path, reports)
             return {"kind": "write", "error": str(exc)}
         try:
-            saver._record(path, step, listed_before, locked=True)
+            state = job.retention.record(path, step, listed_before, locked=True)
         except CheckpointError as exc:
             return {"kind": "write", "error": str(exc)}
     try:
         _clean_inside(path, keep=save_id)  # a checkpoint saved again under this name: the old files
     except OSError:
         pass
-    return {"error": None, "kept": saver._last_checkpoints}
+    return {"error": None, "kept": kept_paths(path, state)}
 
 
 def _discard(path: str, reports: list[dict[str, Any]]) -> None:

@@ -26,7 +26,7 @@ from ckpt import dtypes
 from ckpt.buffers import aligned_empty, is_aligned
 from ckpt.errors import UninitializedVariableError
 from ckpt.runtime.shard import Shard
-from ckpt.runtime.initializers import Initializer, RandomInitializer, as_shape
+from ckpt.runtime.initializer_base import Initializer, RandomInitializer, as_shape
 
 __all__ = ["Variable", "global_variables", "trainable_variables", "initialize_variables",
            "initialize_all_variables", "report_uninitialized_variables"]

@@ -51,13 +51,13 @@ def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOption
             if not is_dir or attempt == 4:
                 if isinstance(exc, CheckpointError):
                     raise
-                raise CheckpointNotFoundError(f"{exc.filename or os.fspath(path)}: no such checkpoint "
-                                              "file") from exc
+                where = str(exc.filename or os.fspath(path))
+                raise CheckpointNotFoundError(f"{where}: no such checkpoint file", path=where) from exc
         except OSError as exc:  # the state file or a format's own open() failing (EIO, EMFILE)
             if isinstance(exc, CheckpointError):
                 raise
-            raise CorruptCheckpointError(f"{exc.filename or os.fspath(path)}: cannot read: "
-                                         f"{exc.strerror or exc}") from exc
+            where = str(exc.filename or os.fspath(path))
+            raise CorruptCheckpointError(f"{where}: cannot read: {exc.strerror or exc}", path=where) from exc
     raise AssertionError("unreachable")
 
 

@@ -94,6 +94,7 @@ def _plan(reader: Reader, wanted: Sequence[tuple[str, Variable]], allow_missing:
     """
     name = os.path.basename(reader.path)
     pairs, missing, problems = [], [], []
+    troubled: list[str] = []  # the key of each problem, for the error's ``key``
     cast: set[str] = set()
     any_missing = False
     tensors = reader.tensors
@@ -133,11 +134,14 @@ def _plan(reader: Reader, wanted: Sequence[tuple[str, Variable]], allow_missing:
             if info.dtype != var.dtype:
                 cast.add(key)
             pairs.append((key, var))
+        if len(troubled) < len(problems):
+            troubled.append(key)
     if problems:
         error = KeyNotFoundError if any_missing else MismatchError
         noun = "problem" if len(problems) == 1 else "problems"
         raise error(f"cannot restore from {reader.path} ({len(problems)} {noun}; no variable was "
-                    "changed):\n  " + "\n  ".join(problems))
+                    "changed):\n  " + "\n  ".join(problems), path=reader.path,
+                    key=troubled[0] if len(troubled) == 1 else None)
     return pairs, missing, cast
 
 
@@ -155,7 +159,7 @@ def _read_cast(reader: Reader, pairs: Sequence[tuple[str, Variable]], cast: Coll
     if problems:
         raise MismatchError(f"cannot restore from {reader.path} ({len(problems)} "
                             f"{'problem' if len(problems) == 1 else 'problems'}; no variable was changed):"
-                            "\n  " + "\n  ".join(problems))
+                            "\n  " + "\n  ".join(problems), path=reader.path)
     return staged
 
 

@@ -20,30 +20,28 @@ from __future__ import annotations
 
 import operator
 import os
-import time
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from typing import Any, Literal, overload
-from collections.abc import Callable
 
 from ckpt.storage import urls as _urls
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
+from ckpt.saving.retention import Retention, kept_paths, read_owner
 from ckpt.storage.local import LocalStore, store_of
 from ckpt.storage.atomic import require_directory
 from ckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointWriteError,
-    CorruptCheckpointError,
     StorageError,
     UninitializedVariableError,
 )
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.module import Module
 from ckpt.saving.restore import RestoreResult, restore_variables
-from ckpt.storage.state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock
-from ckpt.storage import StateChange, Store, WritableBlob
+from ckpt.storage.state import CheckpointState
+from ckpt.storage import Store, WritableBlob
 from ckpt.runtime.variables import Variable, global_variables
 
 __all__ = ["Saver"]
@@ -151,8 +149,7 @@ class Saver:
         self._format = fmt
         if fmt.name == "hdf5":
             _load_hdf5_library()
-        self._max_to_keep = max_to_keep or None  # TF1: 0 keeps every checkpoint
-        self._keep_hours = keep_checkpoint_every_n_hours
+        self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours)  # TF1: 0 keeps all
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
@@ -240,7 +237,7 @@ class Saver:
                 raise UninitializedVariableError(f"cannot save {path}: {exc}") from None
         meta: dict[str, Any] = _formats.normalize_metadata(metadata, path)
         store = store_of(path, self._storage_options)
-        self._read_owner(store, path)  # found now, not later in the background
+        read_owner(store, path)  # found now, not later in the background
         if not blocking:
             if not _urls.is_url(path):
                 require_directory(path)
@@ -251,8 +248,6 @@ class Saver:
     def _save_sharded_async(self, path_arg: Any, global_step: Any, metadata: Any) -> SaveFuture:
         """Snapshot this rank's variables, then run the collective save in a background thread on a
         duplicate of the communicator (its collectives never meet training's own)."""
-        from ckpt.distributed.save import save_sharded
-
         try:
             self._background.wait()  # the save in flight, and its error if nobody has seen it
             path, fmt = self._target(path_arg, global_step)
@@ -285,7 +280,7 @@ class Saver:
         def write(sources: Any) -> str:
             values: dict[str, Any] = dict.fromkeys(missing)
             values.update(sources)
-            return save_sharded(self, comm, self._timeout, path, fmt, step, metadata, values)
+            return self._saved_sharded(path, self._run_sharded(comm, path, fmt, step, metadata, values))
 
         return self._background.submit(path, tensors, write)
 
@@ -294,8 +289,6 @@ class Saver:
         save's first exchange (a bad path or step, metadata it cannot store, an unseen error of its
         last asynchronous save) still takes part in it with its error, then raises that error: the
         other ranks raise at once, naming it, instead of waiting ``timeout`` seconds for it."""
-        from ckpt.distributed.save import save_sharded
-
         try:
             self._background.wait()
             path, fmt = self._target(path_arg, global_step)
@@ -304,18 +297,28 @@ class Saver:
         except Exception as exc:
             self._fail_together(self._comm, path_arg, exc)
             raise
-        return save_sharded(self, self._comm, self._timeout, path, fmt, step, metadata)
+        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata))
+
+    def _run_sharded(self, comm: Any, path: str, fmt: Any, step: int | None, metadata: dict[str, Any],
+                     values: Mapping[str, Any] | None = None, failure: str | None = None) -> list[str]:
+        """This rank's part of the collective save (``ckpt.distributed.save.save_sharded``)."""
+        # lazy: only Savers given a comm load the distributed save (start-up of `import ckpt`)
+        from ckpt.distributed.save import Job, save_sharded
+
+        job = Job(self._vars, self._retention, self._storage_options)
+        return save_sharded(job, comm, self._timeout, path, fmt, step, metadata, values, failure)
+
+    def _saved_sharded(self, path: str, kept: list[str]) -> str:
+        self._last_checkpoints, self._saved = kept, True
+        return path
 
     def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:
         """Take part in a sharded save's collectives on ``comm`` carrying ``problem`` (this rank's
         save failed before it started) in place of a plan, so every rank's save fails at once
         naming this rank and the ranks stay in step; the collective's own outcome is ignored
         (the caller raises ``problem``)."""
-        from ckpt.distributed.save import save_sharded
-
         try:
-            save_sharded(self, comm, self._timeout, _where(path_arg), None, None, {},
-                         failure=f"{type(problem).__name__}: {problem}")
+            self._run_sharded(comm, _where(path_arg), None, None, {}, failure=f"{type(problem).__name__}: {problem}")
         except Exception:
             pass  # every rank's save failed with this rank's error, which the caller raises
 
@@ -350,7 +353,7 @@ class Saver:
                 _formats.write_into(fmt, blob, tensors, metadata)
 
         try:
-            state = store.commit(name, write, self._change(store, path, step), step)
+            state = store.commit(name, write, self._retention.change(store, path, step), step)
         except CheckpointNotFoundError as exc:  # a missing bucket: as a missing directory is for files
             raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
         except StorageError as exc:  # store faults on the way (the state file, listing orphans)
@@ -373,81 +376,9 @@ class Saver:
         """
         self._background.wait()
 
-    def _read_owner(self, store: Store, path: str) -> None:
-        """Refuse, before anything is written, a directory whose state file another program owns."""
-        try:
-            self._check_owner(store.read_state(), store.location, path)
-        except CorruptCheckpointError:
-            pass  # a damaged state file is ckpt's to rewrite: the commit goes by the directory's checkpoints
-        except CheckpointNotFoundError as exc:  # the bucket: as a missing directory is for files
-            raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
-        except StorageError as exc:
-            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
-        except OSError as exc:
-            if isinstance(exc, CheckpointError):
-                raise
-            raise CheckpointWriteError(f"{path}: cannot read the state file of {store.location}: "
-                                       f"{exc.strerror or exc}; nothing was written") from exc
-
-    @staticmethod
-    def _check_state_owner(directory: str, path: str) -> CheckpointState | None:
-        """Read the directory's state; refuse to take over another program's state file (a damaged
-        one reads as None: the commit replaces it by the directory's checkpoints)."""
-        try:
-            state = read_state(directory)
-        except CorruptCheckpointError:
-            return None
-        return Saver._check_owner(state, directory, path)
-
-    @staticmethod
-    def _check_owner(state: CheckpointState | None, directory: str, path: str) -> CheckpointState | None:
-        if state is not None and state.written_by != "ckpt":
-            raise CheckpointWriteError(
-                f"{path}: {directory} holds a {state.written_by} '{STATE_FILE}' state file; save ckpt "
-                "checkpoints into another directory (ckpt will not rewrite it)")
-        return state
-
-    def _change(self, store: Store, path: str, step: int | None) -> StateChange:
-        """The state file's change for a save of ``path``: add it, apply retention."""
-        name = os.path.basename(path)
-        return lambda state: self._retain(self._check_owner(state, store.location, path) or CheckpointState(),
-                                          name, step, store.exists)
-
     def _saved_to(self, path: str, state: CheckpointState) -> None:
-        self._last_checkpoints = [os.path.join(os.path.dirname(path), e.path) for e in state.checkpoints]
+        self._last_checkpoints = kept_paths(path, state)
         self._saved = True
-
-    def _record(self, path: str, step: int | None, listed_before: bool, locked: bool = False) -> None:
-        """Add a checkpoint put in place by the caller (a sharded save) to the state file and
-        apply retention (``LocalStore.record``); ``locked``: the caller holds the state lock."""
-        store = LocalStore(os.path.dirname(os.path.abspath(path)))
-        with state_lock(store.location) if not locked else nullcontext():
-            state = store.record(os.path.basename(path), self._change(store, path, step), listed_before)
-        self._saved_to(path, state)
-
-    def _retain(self, state: CheckpointState, name: str, step: int | None,
-                exists: Callable[[str], bool]) -> tuple[CheckpointState, list[str]]:
-        """Add ``name`` to ``state`` and apply max_to_keep / keep-every-N-hours; return the new
-        state and the names to delete."""
-        now = time.time()
-        doomed: list[str] = []
-        state.checkpoints = [e for e in state.checkpoints if e.path != name]
-        state.preserved = [e for e in state.preserved if e.path != name]
-        state.checkpoints.append(CheckpointEntry(name, now, step))
-        if state.last_preserved_time is None:
-            state.last_preserved_time = now
-        while self._max_to_keep is not None and len(state.checkpoints) > self._max_to_keep:
-            old = state.checkpoints.pop(0)
-            if self._keep_hours and old.time - self._keep_hours * 3600 >= state.last_preserved_time:
-                state.preserved.append(old)
-                state.last_preserved_time = old.time
-            else:
-                doomed.append(old.path)
-        # recorded before deleting: a save killed in between leaves the files to the next save
-        kept = {e.path for e in state.checkpoints + state.preserved}
-        leftover = [n for n in state.deleting if exists(n)]
-        state.deleting = [n for n in dict.fromkeys(leftover + doomed) if n not in kept]
-        return state, list(state.deleting)
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True,
                 allow_cast: bool = False) -> RestoreResult:

@@ -67,7 +67,7 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
         if latest is None and any(f.claims(path) for f in formats()):  # a Hugging Face model directory, say
             return path
         if latest is None:
-            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}")
+            raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}", path=path)
         return latest
     return path
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.errors import CorruptCheckpointError
+from ckpt.errors import checksum_error
 from ckpt.formats import _io
 from ckpt.saving.reader import CheckpointReader
 
@@ -209,8 +209,7 @@ def _stream(reader: Any, key: str, extents: list[tuple[int, int]], expected: int
         for buffer in buffers:
             _give(buffer)
     if crc != expected:
-        raise CorruptCheckpointError(f"{reader.path}: tensor {key!r} fails its checksum (crc32c {crc:#010x}, "
-                                     f"expected {expected:#010x}): the file is damaged")
+        raise checksum_error(reader.path, f"tensor {key!r}", crc, expected, key=key)
 
 
 def tensor_chunks(reader: CheckpointReader, key: str, chunk_elements: int | None = None) -> Iterator[np.ndarray]:

@@ -105,9 +105,10 @@ def _selected_keys(reader: CheckpointReader, tensor_name: str | None) -> list[st
         return [tensor_name[:-2]]
     what = _non_tensors(reader).get(tensor_name)
     if what is not None:
-        raise KeyNotFoundError(f"{tensor_name} in checkpoint {reader.path} is not a tensor: {what}")
+        raise KeyNotFoundError(f"{tensor_name} in checkpoint {reader.path} is not a tensor: {what}",
+                               path=reader.path, key=tensor_name)
     raise KeyNotFoundError(f"Tensor {tensor_name} not found in checkpoint {reader.path}"
-                           f"{closest_hint(tensor_name, reader.tensors)}")
+                           f"{closest_hint(tensor_name, reader.tensors)}", path=reader.path, key=tensor_name)
 
 
 def _non_tensors(reader: CheckpointReader) -> dict[str, str]:

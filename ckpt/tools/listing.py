@@ -81,5 +81,5 @@ def list_checkpoints(directory: str | os.PathLike[str],
     rows = [ListedCheckpoint(*row) for row in open_store(directory, storage_options).listing()]
     if not rows:
         raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
-                                      "checkpoint files)")
+                                      "checkpoint files)", path=directory)
     return rows

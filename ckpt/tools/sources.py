@@ -56,12 +56,13 @@ def select_keys(available: Iterable[str], keys: Keys, path: str) -> list[str]:
             raise ValueError(f"{keys!r} is not a regular expression: {exc}") from exc
         chosen = [k for k in names if pattern.search(k)]
         if not chosen:
-            raise KeyNotFoundError(f"{path}: no tensor key matches {keys!r}")
+            raise KeyNotFoundError(f"{path}: no tensor key matches {keys!r}", path=str(path))
         return chosen
     wanted = list(dict.fromkeys(keys))
     present = set(names)
     for key in wanted:
         if key not in present:
-            raise KeyNotFoundError(f"{path}: tensor {key!r} not found in checkpoint{closest_hint(key, names)}")
+            raise KeyNotFoundError(f"{path}: tensor {key!r} not found in checkpoint{closest_hint(key, names)}",
+                                   path=str(path), key=key)
     wanted_set = set(wanted)
     return [k for k in names if k in wanted_set]

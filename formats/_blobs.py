@@ -19,20 +19,16 @@ from ckpt.storage.urls import is_url
 from ckpt.storage import ReadableBlob
 
 from ._io import LocalFile
-from ._offers import handed
 
 
 def open_blob(path: str) -> ReadableBlob:
     """The readable blob behind a checkpoint path: a local file, or an object for a URL.
 
     The one place a format's path becomes bytes: formats never ask whether a path is a URL.
-    A blob already opened for ``path`` and offered to the format being opened (``offering``:
-    ``open_reader`` sniffed through it, a sharded reader opened a shard file) is taken instead
-    of opening the path again.
     """
     if is_url(path):  # an object store: ranged GETs instead of preads
         # lazy: object-store code loads only for URLs (start-up cost of local reads)
         from ckpt.storage.remote import RemoteFile
 
-        return handed(path, RemoteFile) or RemoteFile(path)
-    return handed(path, LocalFile) or LocalFile(path)
+        return RemoteFile(path)
+    return LocalFile(path)

@@ -1,6 +1,7 @@
 """The format contract: :class:`Format` (recognise and open a checkpoint) and
-:class:`WritableFormat` (also write one), the Protocols every format, built-in or plugin,
-implements (``ckpt.Format``, ``ckpt.WritableFormat``).
+:class:`WritableFormat` (also write one), the base classes every format, built-in or plugin,
+subclasses (``ckpt.Format``, ``ckpt.WritableFormat``), and :func:`decline`, a format's
+"not mine" answer from ``open``.
 
 Example:
     >>> from ckpt.formats import _contract, base
@@ -11,44 +12,68 @@ Example:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, final
 
-from ckpt.storage import WritableBlob
+from ckpt.errors import UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob, WritableBlob
 
 from . import _io
 from ._readers import Reader
-from ._writing import stage
 
 
-@runtime_checkable
-class Format(Protocol):
+class Declined(UnsupportedCheckpointError):
+    """``Format.open``'s answer for a file its ``sniff`` accepted that a closer look shows is
+    not its own (raised by :func:`decline`): ``open_reader`` asks the next format whose
+    ``sniff`` accepts the file, handing it ``opened`` (what this format opened on the way, e.g.
+    Keras's reader of a plain HDF5 file) as ``open``'s ``declined`` argument; anyone else sees an
+    UnsupportedCheckpointError."""
+
+    def __init__(self, message: str, opened: Reader | None = None) -> None:
+        super().__init__(message)
+        self.opened = opened
+
+
+def decline(path: str, why: str, opened: Reader | None = None) -> NoReturn:
+    """Raise :class:`Declined` from ``Format.open``: ``path`` is not this format's (``why``).
+
+    ``opened`` (a reader of the container format this format opened on the way) goes to the
+    next format ``open_reader`` asks, which may return it as its reader instead of opening the
+    file again; ``open_reader`` closes it when none does. The blob ``open`` was given stays
+    open: the next format reads through it.
+
+    Example:
+        >>> from ckpt.formats import base
+        >>> try:
+        ...     base.decline("w.h5", "no Keras layout")
+        ... except base.Declined as exc:
+        ...     print(exc, exc.opened)
+        w.h5: no Keras layout None
+    """
+    raise Declined(f"{path}: {why}", opened)
+
+
+class Format(ABC):
     """The read side of a checkpoint format: a name, extensions, recognition, a reader.
 
     A format recognises its checkpoints in two ways, both declared here: ``claims(path)``,
     asked of every format for every path before any file is opened (for checkpoints that are
     not one file: TensorFlow's "model.ckpt-7" prefix, a directory of shards), then
     ``sniff(head)`` on the first bytes of the file; both are asked in registry order, and
-    the first format to say yes opens the file. A format whose files are some of another
+    the first format to say yes opens the checkpoint. A format whose files are some of another
     format's (Keras's HDF5 files are HDF5 files) registers before it
-    (``register_format(fmt, before="hdf5")``) and, when a look inside the opened file shows
-    it is not its own after all, calls :func:`decline` in ``open``: the registry then asks the
-    next format. Formats that also write implement :class:`WritableFormat`. Built-in formats
-    subclass these Protocols (inheriting ``claims`` that returns False); a plugin may too, or
-    just provide the members.
+    (``register_format(fmt, before="hdf5")``) and, when a look inside shows the file is not its
+    own after all, calls :func:`decline` in ``open``: the registry then asks the next format.
+    Formats that also write subclass :class:`WritableFormat`.
     """
 
-    @property
-    def name(self) -> str:
-        """The registered name ("hdf5")."""
-
-    @property
-    def extensions(self) -> tuple[str, ...]:
-        """Lower-case extensions with the dot, first is the default: (".h5", ".hdf5")."""
-
-    @property
-    def can_write(self) -> bool:
-        """Whether this is a WritableFormat (foreign formats may be read-only)."""
+    #: The registered name ("hdf5").
+    name: str
+    #: Lower-case extensions with the dot, first is the default: (".h5", ".hdf5").
+    extensions: tuple[str, ...]
+    #: True for a WritableFormat (foreign formats may be read-only).
+    can_write: bool = False
 
     def claims(self, path: str) -> bool:
         """True if ``path`` names a checkpoint of this format that sniffing cannot see.
@@ -57,27 +82,37 @@ class Format(Protocol):
         """
         return False
 
+    @abstractmethod
     def sniff(self, head: bytes) -> bool:
         """True if a file starting with ``head`` (up to SNIFF_BYTES) is in this format."""
 
-    def open(self, path: str) -> Reader:
-        """Open ``path`` and read its index; raise a CheckpointError for a bad file, or
-        :func:`decline` (a CheckpointError too) for a file that is not this format's."""
+    @abstractmethod
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        """Open the checkpoint ``path`` and read its index.
+
+        ``blob`` is the file the registry already opened to sniff it (None when ``claims``
+        recognised the path, or when called directly: open ``path`` then, e.g. with
+        ``base.open_blob``). Once ``open`` returns, the format owns it (its reader reads through
+        it, or it closes it); when ``open`` raises, the caller closes it. ``declined`` is what a
+        format asked before this one opened and handed on when declining the file
+        (:func:`decline`): return it as the reader if it serves, the registry closes it otherwise.
+
+        Raise a CheckpointError for a bad file, or :func:`decline` for a file that is not this
+        format's (leaving ``blob`` open for the next format).
+        """
 
 
-@runtime_checkable
-class WritableFormat(Format, Protocol):
-    """A Format that also writes checkpoints (``can_write`` is True).
+class WritableFormat(Format):
+    """A Format that also writes checkpoints: it implements ``write_blob``, the one write method.
 
-    A writer implements ``write_blob``: it writes into a :class:`ckpt.storage.WritableBlob` the
-    Store hands it (a local temporary file, an upload to an object store), so one writer saves
-    to every kind of storage. ``write(path, ...)`` is the path-taking convenience (a
-    :class:`~ckpt.formats._io.LocalSink` on ``path``). A format written before blobs existed,
-    which subclasses WritableFormat and overrides only ``write(path, ...)``, keeps working:
-    its inherited ``write_blob`` has ``write`` fill a local file and copies that into the blob
-    (``write_into`` picks whichever method the format's class overrides last).
+    ``write_blob`` writes into a :class:`ckpt.storage.WritableBlob` its caller hands it (a local
+    temporary file, an upload to an object store), so one writer saves to every kind of
+    storage. ``write(path, ...)`` is a convenience over it for a local file.
     """
 
+    can_write = True
+
+    @abstractmethod
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any]) -> None:
         """Write a complete checkpoint into ``blob`` (new and empty; ``blob.name`` names it in
@@ -89,11 +124,9 @@ class WritableFormat(Format, Protocol):
         (``materialize``), one at a time, so converting a file needs memory for one tensor.
         A lazy source may also stream (``source_chunks``): writers that can write a tensor in
         pieces take its bytes chunk by chunk, and memory holds a chunk.
-
-        The default (for formats that override only ``write``) stages through ``write(path)``.
         """
-        stage(self.write, blob, tensors, metadata)
 
+    @final
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
         """Write a complete checkpoint to the local file ``path`` (created or emptied):
         ``write_blob`` on a LocalSink over it."""

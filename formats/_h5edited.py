@@ -10,7 +10,7 @@ from a truncated or extended one by the end of file HDF5's superblock records.
 
 Example:
     >>> import h5py, numpy as np, os, tempfile
-    >>> from ckpt.formats.hdf5 import Hdf5Format
+    >>> from ckpt.formats.builtin import Hdf5Format
     >>> path = os.path.join(tempfile.mkdtemp(), "m.h5")
     >>> Hdf5Format().write(path, [("a", np.ones(2)), ("opt/m", np.zeros(3))], {})
     >>> with h5py.File(path, "r+") as f:

@@ -190,23 +190,25 @@ class FileReader(BaseReader):
     """A reader that keeps its checkpoint open and reads the index on construction.
 
     Subclasses implement ``_open()``, reading through ``self._source`` (a
-    :class:`ckpt.storage.ReadableBlob`: the local file, or for a URL the object in its
-    store); a failure there closes it again.
+    :class:`ckpt.storage.ReadableBlob`: ``blob`` when given, the one ``Format.open`` was handed,
+    else the local file or, for a URL, the object in its store). A failure there closes a blob
+    the reader opened itself; a blob handed in stays its caller's until the constructor returns.
     """
 
     #: True for formats whose ``_open`` bounds every shape itself (check_tensors would repeat it).
     _checks_shapes = False
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, blob: ReadableBlob | None = None) -> None:
         self.path = path
-        self._source: ReadableBlob = open_blob(path)
+        self._source: ReadableBlob = open_blob(path) if blob is None else blob
         try:
             with gc_paused():  # an index of many entries creates many small, acyclic objects
                 self._open()
             if not self._checks_shapes:
                 check_tensors(self._tensors, path)
         except BaseException:
-            self._source.close()
+            if blob is None:
+                self._source.close()
             raise
 
     def _open(self) -> None:

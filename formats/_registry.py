@@ -17,9 +17,7 @@ from ckpt.storage import ReadableBlob
 
 from . import _io
 from ._blobs import open_blob
-from ._contract import Format, WritableFormat
-from ._lazy import LazyFormat
-from ._offers import Declined, offering
+from ._contract import Declined, Format, WritableFormat
 from ._readers import Reader
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
@@ -38,7 +36,7 @@ def register_format(fmt: Format, *, replace: bool = False, before: str | None = 
     registered format it must be asked before.
 
     Args:
-        fmt: an object with the Format protocol's attributes and methods.
+        fmt: an instance of a :class:`Format` subclass (a :class:`WritableFormat` to write).
         replace: allow replacing a registered format of the same name (it keeps its place
             unless ``before`` is given).
         before: the name of a registered format; ``fmt`` is asked before it. For a format
@@ -56,19 +54,15 @@ def register_format(fmt: Format, *, replace: bool = False, before: str | None = 
         'nothing'
         >>> base.unregister_format("nothing")
     """
-    missing = [m for m in ("name", "extensions", "can_write", "claims", "sniff", "open") if not hasattr(fmt, m)]
-    if missing:  # a plugin written against the Protocol without subclassing it
-        raise TypeError(f"{fmt!r} is not a Format: it has no {', '.join(map(repr, missing))}")
-    if fmt.can_write and hasattr(fmt, "write") and not hasattr(fmt, "write_blob"):
-        raise TypeError(f"{fmt!r}: a writable format needs write_blob(blob, tensors, metadata): subclass "
-                        "ckpt.WritableFormat (its write_blob runs a path-taking write through a local file) "
-                        "or define write_blob (docs/storage.md)")
+    if not isinstance(fmt, Format):
+        raise TypeError(f"{fmt!r} is not a Format: subclass ckpt.Format (or ckpt.WritableFormat to write)")
     if fmt.can_write != isinstance(fmt, WritableFormat):
-        raise TypeError(f"{fmt!r}: can_write is {fmt.can_write} but it {'has no' if fmt.can_write else 'has a'} "
-                        "write method")
-    if isinstance(fmt, WritableFormat) and not isinstance(fmt, LazyFormat) and not any(
-            "write" in vars(k) or "write_blob" in vars(k) for k in type(fmt).__mro__ if k is not WritableFormat):
-        raise TypeError(f"{fmt!r}: a writable format must define write_blob (or the older write(path, ...))")
+        raise TypeError(f"{fmt!r}: can_write is {fmt.can_write} but it {'is not' if fmt.can_write else 'is'} "
+                        "a ckpt.WritableFormat")
+    if isinstance(fmt, WritableFormat) and type(fmt).write is not WritableFormat.write:
+        # the Saver, convert and sharded saves call write_blob only: an overridden write would be skipped
+        raise TypeError(f"{fmt!r} overrides write(path, ...), which only runs write_blob on a local file; "
+                        "override write_blob(blob, tensors, metadata) instead (docs/storage.md)")
     with _lock:
         if fmt.name in _registry and not replace:
             raise ValueError(f"a format named {fmt.name!r} is already registered")
@@ -116,8 +110,11 @@ def format_for_path(path: str | os.PathLike[str]) -> Format | None:
     return None
 
 
-def open_reader(path: str | os.PathLike[str]) -> Reader:
-    """Open a checkpoint file, recognising its format from its content.
+def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None) -> Reader:
+    """Open a checkpoint, recognising its format from its path or its first bytes.
+
+    ``blob``, if given, is ``path``'s bytes already opened (a Store reading back what it has not
+    committed yet): they are sniffed and read instead of opening ``path``; the reader owns them.
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
@@ -126,17 +123,19 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
     path = os.fspath(path)
     for fmt in formats():
         if fmt.claims(path):
+            if blob is not None:
+                blob.close()
             return fmt.open(path)
-    source = _open_to_sniff(path)
+    source = _open_to_sniff(path) if blob is None else blob
     try:
         head = _io.pread(source, 0, min(source.size, SNIFF_BYTES), "the first bytes")
-        with offering(path, source):  # the format's reader reads through the same blob
-            reader = _first_to_open(path, head)
+        reader = _first_to_open(path, source, head)
     except BaseException:
         source.close()
         raise
     if reader is not None:
         return reader
+    source.close()
     known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
     what = "an empty file" if not head else "not a checkpoint in any supported format"
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
@@ -158,12 +157,27 @@ def _open_to_sniff(path: str) -> ReadableBlob:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}", path=path) from exc
 
 
-def _first_to_open(path: str, head: bytes) -> Reader | None:
-    """The reader of the first format whose ``sniff`` accepts ``head`` and does not decline."""
-    for fmt in formats():
-        if fmt.sniff(head):
-            try:
-                return fmt.open(path)
-            except Declined:
-                continue
-    return None
+def _first_to_open(path: str, blob: ReadableBlob, head: bytes) -> Reader | None:
+    """The reader of the first format whose ``sniff`` accepts ``head`` and does not decline.
+
+    Each is given ``blob`` (the reader it returns owns it) and what the format before it opened
+    and handed on when declining (``Declined.opened``), which is closed unless it is the reader.
+    """
+    declined: Reader | None = None
+    try:
+        for fmt in formats():
+            if fmt.sniff(head):
+                try:
+                    reader = fmt.open(path, blob, declined)
+                except Declined as exc:
+                    if declined is not None and exc.opened is not declined:
+                        declined.close()
+                    declined = exc.opened
+                    continue
+                if reader is declined:
+                    declined = None
+                return reader
+        return None
+    finally:
+        if declined is not None:
+            declined.close()

@@ -1,13 +1,9 @@
-"""Calling a format's writer (``write_into``: ``write_blob``, or an older path-taking ``write``
-staged through a local file), and reading the tensors handed to a writer (``materialize``,
-``source_chunks``).
+"""What writers share: reading the tensors handed to them (``materialize``, ``source_chunks``),
+and ``stage``, running a writer that needs a local file (libhdf5) for any blob.
 
 Example:
-    >>> import numpy as np, os, tempfile
-    >>> from ckpt.formats import _io, _writing, base
-    >>> path = os.path.join(tempfile.mkdtemp(), "m.msgpack")
-    >>> with _io.LocalSink(path) as blob:
-    ...     _writing.write_into(base.get_format("msgpack"), blob, [("w", np.ones(2))], {})
+    >>> import numpy as np
+    >>> from ckpt.formats import _writing
     >>> _writing.materialize(np.ones(2)).tolist()
     [1.0, 1.0]
 """
@@ -16,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -24,41 +20,6 @@ from ckpt import dtypes
 from ckpt.storage import WritableBlob
 
 from . import _io
-
-if TYPE_CHECKING:  # annotations only: the contract's WritableFormat stages through this module
-    from ._contract import WritableFormat
-
-
-def _writes_by_path(fmt: WritableFormat) -> bool:
-    """True when the nearest definition of ``write`` or ``write_blob`` (a method set on the object
-    itself, then its classes, most derived first) is ``write`` only: a format written against the
-    path-taking contract."""
-    for namespace in (getattr(fmt, "__dict__", {}), *map(vars, type(fmt).__mro__)):
-        if "write_blob" in namespace:
-            return False
-        if "write" in namespace:
-            return True
-    return False
-
-
-def write_into(fmt: WritableFormat, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-               metadata: Mapping[str, Any]) -> None:
-    """Have ``fmt`` write a checkpoint into ``blob``: its ``write_blob``, or, for a format whose
-    class overrides the path-taking ``write`` after ``write_blob`` (a subclass of a built-in
-    written before blobs), that ``write`` staged through a local file (``stage``).
-
-    Example:
-        >>> import numpy as np, os, tempfile
-        >>> from ckpt.formats import base, _io
-        >>> path = os.path.join(tempfile.mkdtemp(), "m.msgpack")
-        >>> with _io.LocalSink(path) as blob:
-        ...     base.write_into(base.get_format("msgpack"), blob, [("w", np.ones(2))], {})
-        >>> base.open_reader(path).close()
-    """
-    if _writes_by_path(fmt):  # a lazy format's own write_blob loads the real format and comes back here
-        stage(fmt.write, blob, tensors, metadata)
-    else:
-        fmt.write_blob(blob, tensors, metadata)
 
 
 #: Bytes copied at a time from a staged file into its blob.
@@ -73,7 +34,7 @@ def stage(write: Callable[[str, Sequence[tuple[str, Any]], Mapping[str, Any]], N
     if isinstance(blob, _io.LocalSink) and blob.size == 0:
         write(blob.name, tensors, metadata)
         return
-    import tempfile  # lazy: only formats written against the path-taking contract stage (start-up cost)
+    import tempfile  # lazy: only libhdf5's rare layouts stage (start-up cost)
 
     fd, path = tempfile.mkstemp(prefix=".ckpt-stage-")
     try:

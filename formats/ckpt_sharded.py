@@ -45,9 +45,9 @@ from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckp
 
 from . import _io
 from ._blocks import BLOCK_BYTES, block_crcs, read_part
-from .base import (BaseReader, Format, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
-                   dtype_or_raise, format_for_path, offering, open_blob, key_problem, normalize_metadata,
-                   validate_keys, write_into)
+from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
+                   dtype_or_raise, format_for_path, open_blob, key_problem, normalize_metadata,
+                   validate_keys)
 from ._codec import packb, unpack
 from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from ckpt.storage.remote import RemoteDirectory
     from ckpt.storage import ReadableBlob, Store, WritableBlob
 
-__all__ = ["COMMIT", "CkptShardedFormat", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
+__all__ = ["COMMIT", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
            "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "write_shards",
            "referenced_files", "read_commit",
            "BLOCK_BYTES"]
@@ -206,8 +206,8 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
             continue
         name = shard_file_name(save_id, i, parts, ext)
 
-        def check(location: str, items: list[LazyBlock] = items) -> None:  # the stored sizes and checksums
-            with closing(fmt.open(location)) as reader:
+        def check(data: ReadableBlob, items: list[LazyBlock] = items) -> None:  # the stored sizes and checksums
+            with closing(fmt.open(data.name, data)) as reader:
                 for b in items:
                     entry = entries[b.key]
                     entry[2].append(len(written))
@@ -218,7 +218,7 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
                         entry[6].extend(stored_crcs(reader, b.key) or [])
 
         def write(blob: WritableBlob, items: list[LazyBlock] = items) -> None:
-            write_into(fmt, blob, [(b.key, b) for b in items], {})
+            fmt.write_blob(blob, [(b.key, b) for b in items], {})
 
         size = files.write_file(name, write, check)
         written.append([name, size])
@@ -462,11 +462,14 @@ class ShardedReader(BaseReader):
                 if isinstance(exc, CheckpointError):
                     raise
                 raise CorruptCheckpointError(f"{target}: cannot read: {exc.strerror or exc}") from exc
-            with offering(target, blob):  # the shard's reader reads through this blob (closed if not taken)
+            try:
                 if blob.size != size:
                     raise CorruptCheckpointError(f"{target}: {blob.size} bytes, the commit record says {size}: the "
                                                  "file was truncated or replaced")
-                reader = self._open[index] = fmt.open(target)
+                reader = self._open[index] = fmt.open(target, blob)  # the shard's reader reads through it
+            except BaseException:
+                blob.close()
+                raise
         return reader
 
     def _shard_info(self, index: int, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[Any, TensorInfo]:
@@ -547,22 +550,3 @@ class ShardedReader(BaseReader):
         self._open.clear()
 
 
-class CkptShardedFormat(Format):
-    """Registers ckpt's sharded checkpoints (directories with a commit record) with the registry.
-
-    It has no extension of its own (the shard files' extension names the checkpoint) and is
-    written by a Saver with ``comm=``, not through the registry's ``write``.
-    """
-
-    name = "ckpt-sharded"
-    extensions: tuple[str, ...] = ()
-    can_write = False
-
-    def sniff(self, head: bytes) -> bool:
-        return head.startswith(HEADER[:-1])  # a commit record: what an object-store URL of one leads to
-
-    def claims(self, path: str) -> bool:
-        return is_sharded(path)
-
-    def open(self, path: str) -> ShardedReader:
-        return ShardedReader(path)

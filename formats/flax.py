@@ -37,37 +37,13 @@ from ckpt.storage import ReadableBlob
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
-from .base import Format
 from .base import FileReader, TensorInfo
-from .msgpack import is_ckpt_msgpack
 
 _EXT_NDARRAY, _EXT_COMPLEX, _EXT_SCALAR = 1, 2, 3
 _CHUNKED = "__msgpack_chunked_array__"
 #: Deeper nesting than this is not a model's state dict.
 _MAX_DEPTH = 100
 _BUFFER = 1 << 16
-
-
-class FlaxFormat(Format):
-    """Flax's msgpack serialization (read-only)."""
-
-    name = "flax"
-    extensions = (".msgpack",)
-    can_write = False
-
-    def sniff(self, head: bytes) -> bool:
-        # a map whose first key is a string; ckpt's own msgpack files start with a map too
-        if not head or is_ckpt_msgpack(head):
-            return False
-        if head == b"\x80":  # an empty state dict
-            return True
-        first = head[0]
-        key_at = 1 if 0x80 < first <= 0x8F else {0xDE: 3, 0xDF: 5}.get(first)
-        return key_at is not None and len(head) > key_at and \
-            (0xA0 <= head[key_at] <= 0xBF or head[key_at] in (0xD9, 0xDA, 0xDB))
-
-    def open(self, path: str) -> FlaxReader:
-        return FlaxReader(path)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import closing
+from contextlib import closing, nullcontext
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,10 +30,11 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.storage import ReadableBlob
 
 from . import _h5child, _h5head
 from ._io import LocalFile
-from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, handed, key_problem, open_blob
+from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, key_problem, open_blob
 from ._codec import HDF5_VERSION as VERSION
 from ._codec import decode_strings
 from ._foreign import json_int
@@ -269,22 +270,22 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} {str(value)[:40]!r}"
 
 
-def open_foreign(path: str) -> H5pyReader:
+def open_foreign(path: str, blob: ReadableBlob | None = None, declined: Any = None) -> H5pyReader:
     """The one guarded way to open an HDF5 file ckpt did not write (used by hdf5 and keras).
 
-    Takes the H5pyReader a format that declined ``path`` opened (``base.handed``: libhdf5
-    opens the file once); else refuses what must never reach libhdf5 (a URL: libhdf5 reads
-    local files only; a ckpt file with a damaged header) and opens the file, which
-    ``_h5child`` first reads in a child process.
+    ``declined``, an H5pyReader a format asked before (keras) opened on ``path`` and handed on, is
+    the reader (libhdf5 opens the file once). Else it refuses what must never reach libhdf5 (a
+    URL: libhdf5 reads local files only; a ckpt file with a damaged header), looking at ``blob``
+    (``path``'s bytes, opened when not given; left open), and opens the file, which ``_h5child``
+    first reads in a child process.
     """
-    reader = handed(path, H5pyReader)
-    if reader is not None:
-        return reader
-    with closing(open_blob(path)) as blob:
-        if not isinstance(blob, LocalFile):  # libhdf5 reads local files only
+    if declined is not None and isinstance(declined, H5pyReader) and declined.path == path:
+        return declined
+    with nullcontext(blob) if blob is not None else closing(open_blob(path)) as source:
+        if not isinstance(source, LocalFile):  # libhdf5 reads local files only
             raise UnsupportedCheckpointError(f"{path}: an HDF5 file ckpt did not write cannot be read from an "
                                              "object store; download it first")
-        _h5head.refuse_damaged_ckpt_file(blob)
+        _h5head.refuse_damaged_ckpt_file(source)
     return H5pyReader(path)
 
 

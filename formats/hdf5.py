@@ -20,7 +20,7 @@ docs/formats.md specifies the layout byte for byte.
 
 Example:
     >>> import numpy as np, tempfile, os
-    >>> from ckpt.formats.hdf5 import Hdf5Format
+    >>> from ckpt.formats.builtin import Hdf5Format
     >>> path = os.path.join(tempfile.mkdtemp(), "t.h5")
     >>> Hdf5Format().write(path, [("enc/w", np.ones((2, 2), np.float32))], {"step": 3})
     >>> with Hdf5Format().open(path) as r:
@@ -34,6 +34,7 @@ import itertools
 import json
 import operator
 import struct
+from contextlib import closing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -45,13 +46,13 @@ from ckpt.errors import (CheckpointWriteError, CorruptCheckpointError, Unsupport
                          checksum_error, checksum_message)
 from ckpt.storage import ReadableBlob, WritableBlob
 
-from . import _blocks, _h5edited, _h5head, _h5struct, _io, h5plain
+from . import _blocks, _h5edited, _h5struct, _io, h5plain
 from ._h5head import FORMAT_NAME, MAGIC
 from ._h5head import HEADER as _HEADER
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import HDF5_VERSION, decode_strings, encode_strings, packb, unpack
 from ._validation import _FILE_DTYPES
-from .base import WritableFormat, stage
+from .base import Reader, open_blob, stage
 from .base import (BaseReader, FileReader, TensorInfo, all_exactly, all_lists, plain_extents,
                    check_metadata, check_shape, check_version, dtype_or_raise, key_problem, keys_plainly_valid,
                    materialize, normalize_metadata, source_chunks, validate_keys)
@@ -76,127 +77,128 @@ def _h5_type(dtype: np.dtype) -> Any:
     return h5t.py_create(dtype.newbyteorder("<") if dtype.kind not in "bS" else dtype, logical=True)
 
 
-class Hdf5Format(WritableFormat):
-    """The ckpt HDF5 format; also reads HDF5 files other tools wrote."""
+def open_hdf5(path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> BaseReader:
+    """The reader of an HDF5 file: ckpt's own (read through ``blob``), one an HDF5 tool rewrote,
+    or a foreign one (through h5py; ``declined`` is the H5pyReader keras opened, if it did)."""
+    source = open_blob(path) if blob is None else blob
+    try:
+        return Hdf5Reader(path, source)  # ckpt's own files: the reader reads ``source``, checks the magic
+    except _NotCkptFile:
+        pass
+    except _Rewritten as rewrite:
+        source.close()  # libhdf5 reads the file through its own handle
+        if not rewrite.local:  # libhdf5 reads local files only
+            raise UnsupportedCheckpointError(f"{rewrite}; download it to read it through h5py") from None
+        return _h5edited.RewrittenReader(path, rewrite.tensors, rewrite.metadata)
+    except BaseException:
+        source.close()
+        raise
+    with closing(source):  # libhdf5 reads the file through its own handle
+        return h5plain.open_foreign(path, source, declined)
 
-    name = "hdf5"
-    extensions = (".h5", ".hdf5")
-    can_write = True
 
-    def sniff(self, head: bytes) -> bool:
-        return _h5head.ckpt_head(head) or _h5head.hdf5_signature(head)
+def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+               metadata: Mapping[str, Any]) -> None:
+    """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index
+    into ``blob`` (the index, in the user block at the start, last).
 
-    def open(self, path: str) -> BaseReader:
-        try:
-            return Hdf5Reader(path)  # ckpt's own files: the reader opens the file once, checks the magic
-        except _NotCkptFile:
-            pass
-        except _Rewritten as rewrite:
-            if not rewrite.local:  # libhdf5 reads local files only
-                raise UnsupportedCheckpointError(f"{rewrite}; download it to read it through h5py") from None
-            return _h5edited.RewrittenReader(path, rewrite.tensors, rewrite.metadata)
-        return h5plain.open_foreign(path)  # the keras format (asked first) may have opened it already
+    Tensors may be lazy sources (see ``base.materialize``): each is read when its bytes
+    are written, so memory stays bounded by the largest tensor.
+    """
+    path = blob.name
+    validate_keys((key for key, _ in tensors), path)
+    metadata = normalize_metadata(metadata, path)
+    plans: list[_Plan] = []
+    new = tuple.__new__  # 10,000s of small tensors: no Python-level NamedTuple __new__ each
+    for key, source in tensors:
+        if type(source) is np.ndarray and source.dtype.kind != "O":  # the common case, in few calls
+            dtype = source.dtype
+            plans.append(new(_Plan, (key, dtype, source.shape, dtype, source.nbytes, source, None)))
+            continue
+        dtype, shape = np.dtype(source.dtype), tuple(source.shape)
+        if dtypes.is_string(dtype):
+            fixed, lengths = encode_strings(materialize(source))  # small: encoded up front
+            plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
+        else:
+            plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
+    entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first: a size bound
+    block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
+    blocks = {plan.key: bytes(4 * -(-plan.nbytes // block_bytes)) for plan in plans
+              if plan.nbytes > block_bytes and plan.file_dtype.kind != "S"}
+    bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32, blocks, block_bytes))
+    userblock = max(512, 1 << (bound - 1).bit_length())
+    if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
+        userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
+    structure = _structure(plans, metadata, userblock)
+    if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 lays out a local file
+        stage(lambda local, _t, _m: _write_local(local, plans, metadata, userblock, entries, blocks,
+                                                      block_bytes), blob, tensors, metadata)
+        return
+    # front to back (the WritableBlob contract): the structure's head, the data, the metadata
+    # after it, and last the user block before the head
+    blob.write_at(structure.head, userblock)
+    extents = _write_data(blob, plans, structure.offsets, entries, blocks, block_bytes)
+    blob.write_pieces(structure.metadata, structure.metadata_offset)
+    size = blob.size
+    known = [(userblock, structure.head), (structure.metadata_offset, b"".join(structure.metadata))]
+    meta_crc = _nondata_crc(userblock, size, extents, known)
+    _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
 
-    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
-        """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index
-        into ``blob`` (the index, in the user block at the start, last).
 
-        Tensors may be lazy sources (see ``base.materialize``): each is read when its bytes
-        are written, so memory stays bounded by the largest tensor.
-        """
-        path = blob.name
-        validate_keys((key for key, _ in tensors), path)
-        metadata = normalize_metadata(metadata, path)
-        plans: list[_Plan] = []
-        new = tuple.__new__  # 10,000s of small tensors: no Python-level NamedTuple __new__ each
-        for key, source in tensors:
-            if type(source) is np.ndarray and source.dtype.kind != "O":  # the common case, in few calls
-                dtype = source.dtype
-                plans.append(new(_Plan, (key, dtype, source.shape, dtype, source.nbytes, source, None)))
-                continue
-            dtype, shape = np.dtype(source.dtype), tuple(source.shape)
-            if dtypes.is_string(dtype):
-                fixed, lengths = encode_strings(materialize(source))  # small: encoded up front
-                plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
-            else:
-                plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
-        entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first: a size bound
-        block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
-        blocks = {plan.key: bytes(4 * -(-plan.nbytes // block_bytes)) for plan in plans
-                  if plan.nbytes > block_bytes and plan.file_dtype.kind != "S"}
-        bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32, blocks, block_bytes))
-        userblock = max(512, 1 << (bound - 1).bit_length())
-        if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
-            userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
-        structure = _structure(plans, metadata, userblock)
-        if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 lays out a local file
-            stage(lambda local, _t, _m: self._write_local(local, plans, metadata, userblock, entries, blocks,
-                                                          block_bytes), blob, tensors, metadata)
-            return
-        # front to back (the WritableBlob contract): the structure's head, the data, the metadata
-        # after it, and last the user block before the head
-        blob.write_at(structure.head, userblock)
-        extents = _write_data(blob, plans, structure.offsets, entries, blocks, block_bytes)
-        blob.write_pieces(structure.metadata, structure.metadata_offset)
+def _write_local(path: str, plans: list[_Plan], metadata: dict[str, Any], userblock: int,
+                 entries: list[Any], blocks: dict[str, bytes], block_bytes: int) -> None:
+    """Write the file at ``path`` with libhdf5 laying out its structure; the metadata checksum
+    is read back from the file (libhdf5 wrote those bytes)."""
+    offsets = _write_structure(path, plans, metadata, userblock)
+    with _io.LocalSink(path, create=False) as blob:
+        extents = _write_data(blob, plans, offsets, entries, blocks, block_bytes)
         size = blob.size
-        known = [(userblock, structure.head), (structure.metadata_offset, b"".join(structure.metadata))]
-        meta_crc = _nondata_crc(userblock, size, extents, known)
+        try:
+            with _io.LocalFile(path) as written:
+                meta_crc = _metadata_crc(written, userblock, size, extents)
+        except CorruptCheckpointError as exc:  # an I/O error reading back what was just written
+            raise CheckpointWriteError(f"{path}: writing failed: {exc}") from exc
         _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
 
-    def _write_local(self, path: str, plans: list[_Plan], metadata: dict[str, Any], userblock: int,
-                     entries: list[Any], blocks: dict[str, bytes], block_bytes: int) -> None:
-        """Write the file at ``path`` with libhdf5 laying out its structure; the metadata checksum
-        is read back from the file (libhdf5 wrote those bytes)."""
-        offsets = self._write_structure(path, plans, metadata, userblock)
-        with _io.LocalSink(path, create=False) as blob:
-            extents = _write_data(blob, plans, offsets, entries, blocks, block_bytes)
-            size = blob.size
-            try:
-                with _io.LocalFile(path) as written:
-                    meta_crc = _metadata_crc(written, userblock, size, extents)
-            except CorruptCheckpointError as exc:  # an I/O error reading back what was just written
-                raise CheckpointWriteError(f"{path}: writing failed: {exc}") from exc
-            _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
 
-    def _write_structure(self, path: str, plans: list[Any], metadata: dict[str, Any],
-                         userblock: int) -> list[int | None]:
-        """Create the file's groups and datasets with libhdf5 (space allocated, no data); return
-        data offsets. Only for files whose attributes _h5struct cannot hold (lengths of more than
-        ~8,000 strings); version 2 object headers store them densely."""
-        import h5py
-        from h5py import h5d, h5p, h5s
+def _write_structure(path: str, plans: list[Any], metadata: dict[str, Any],
+                     userblock: int) -> list[int | None]:
+    """Create the file's groups and datasets with libhdf5 (space allocated, no data); return
+    data offsets. Only for files whose attributes _h5struct cannot hold (lengths of more than
+    ~8,000 strings); version 2 object headers store them densely."""
+    import h5py
+    from h5py import h5d, h5p, h5s
 
-        lcpl = h5p.create(h5p.LINK_CREATE)
-        lcpl.set_create_intermediate_group(True)
-        offsets = []
-        try:
-            # large datasets start page-aligned (HDF5 counts from the user block's end, a multiple of PAGE)
-            aligned = {"alignment_threshold": ALIGN_MIN_BYTES, "alignment_interval": PAGE} \
-                if userblock >= PAGE else {}
-            with h5py.File(path, "w", libver=LIBVER, userblock_size=userblock, locking=False, **aligned) as f:
-                f.attrs["ckpt_format"] = FORMAT_NAME
-                f.attrs["ckpt_version"] = VERSION
-                f.attrs["ckpt_metadata"] = json.dumps(metadata)
-                for key, dt, shape, file_dtype, nbytes, _, lengths in plans:
-                    dcpl = h5p.create(h5p.DATASET_CREATE)
-                    dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)  # fixed offsets before data is written
-                    dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
-                    dcpl.set_obj_track_times(False)  # no timestamps: same tensors, same bytes
-                    space = h5s.create_simple(shape) if shape else h5s.create(h5s.SCALAR)
-                    dsid = h5d.create(f.id, key.encode("utf-8"), _h5_type(file_dtype), space,
-                                      dcpl=dcpl, lcpl=lcpl)
-                    if dtypes.is_string(dt) or dt == dtypes.bfloat16:
-                        attrs = h5py.Dataset(dsid).attrs
-                        attrs["ckpt_dtype"] = dtypes.dtype_name(dt)
-                        if lengths is not None:
-                            attrs["ckpt_lengths"] = np.asarray(lengths, dtype=np.uint64)
-                    offsets.append(dsid.get_offset() if nbytes else None)
-        except OSError:
-            raise
-        except Exception as exc:  # h5py reports some failures as RuntimeError/ValueError
-            raise CheckpointWriteError(f"{path}: HDF5 could not write the file: {exc}") from exc
-        return offsets
+    lcpl = h5p.create(h5p.LINK_CREATE)
+    lcpl.set_create_intermediate_group(True)
+    offsets = []
+    try:
+        # large datasets start page-aligned (HDF5 counts from the user block's end, a multiple of PAGE)
+        aligned = {"alignment_threshold": ALIGN_MIN_BYTES, "alignment_interval": PAGE} \
+            if userblock >= PAGE else {}
+        with h5py.File(path, "w", libver=LIBVER, userblock_size=userblock, locking=False, **aligned) as f:
+            f.attrs["ckpt_format"] = FORMAT_NAME
+            f.attrs["ckpt_version"] = VERSION
+            f.attrs["ckpt_metadata"] = json.dumps(metadata)
+            for key, dt, shape, file_dtype, nbytes, _, lengths in plans:
+                dcpl = h5p.create(h5p.DATASET_CREATE)
+                dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)  # fixed offsets before data is written
+                dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+                dcpl.set_obj_track_times(False)  # no timestamps: same tensors, same bytes
+                space = h5s.create_simple(shape) if shape else h5s.create(h5s.SCALAR)
+                dsid = h5d.create(f.id, key.encode("utf-8"), _h5_type(file_dtype), space,
+                                  dcpl=dcpl, lcpl=lcpl)
+                if dtypes.is_string(dt) or dt == dtypes.bfloat16:
+                    attrs = h5py.Dataset(dsid).attrs
+                    attrs["ckpt_dtype"] = dtypes.dtype_name(dt)
+                    if lengths is not None:
+                        attrs["ckpt_lengths"] = np.asarray(lengths, dtype=np.uint64)
+                offsets.append(dsid.get_offset() if nbytes else None)
+    except OSError:
+        raise
+    except Exception as exc:  # h5py reports some failures as RuntimeError/ValueError
+        raise CheckpointWriteError(f"{path}: HDF5 could not write the file: {exc}") from exc
+    return offsets
 
 
 _TYPE_MESSAGES: dict[np.dtype, bytes] = {}
@@ -382,7 +384,7 @@ def _nondata_crc(start: int, size: int, extents: list[tuple[int, int]], known: l
 
 
 class _NotCkptFile(CorruptCheckpointError):
-    """Raised by Hdf5Reader for a file without ckpt's magic: Hdf5Format.open looks further."""
+    """Raised by Hdf5Reader for a file without ckpt's magic: open_hdf5 looks further."""
 
     def __init__(self, path: str, head: bytes) -> None:
         super().__init__(f"{path}: not a ckpt HDF5 file (its user block holds no ckpt header)")
@@ -390,7 +392,7 @@ class _NotCkptFile(CorruptCheckpointError):
 
 
 class _Rewritten(CorruptCheckpointError):
-    """Raised by Hdf5Reader for a file an HDF5 tool rewrote: Hdf5Format.open reads it through h5py,
+    """Raised by Hdf5Reader for a file an HDF5 tool rewrote: open_hdf5 reads it through h5py,
     checking it against the index (``_h5edited``)."""
 
     def __init__(self, path: str, tensors: dict[str, TensorInfo], metadata: dict[str, Any], local: bool) -> None:

@@ -41,44 +41,42 @@ from ckpt.errors import (CheckpointError, CorruptCheckpointError, UnsupportedChe
                          checksum_message, checksum_error)
 from ckpt.storage import ReadableBlob
 
-from . import _h5head, _io, _zip
+from . import _io, _zip
 from ._foreign import MAX_INT_DIGITS, json_int
-from .base import BaseReader, Format, TensorInfo, decline, open_blob
+from .base import BaseReader, TensorInfo, decline, open_blob
 from .h5plain import H5pyReader, opaque_error, opaque_notes, open_foreign
 
 WEIGHTS_MEMBER = "model.weights.h5"
-_ZIP_MEMBERS = ("metadata.json", "config.json", WEIGHTS_MEMBER)
 #: metadata.json and config.json larger than this are not read into the metadata.
 _MAX_JSON = 16 << 20
 #: Where Keras 3 stores a variable: "vars/0", "layers/dense/vars/1", "optimizer/vars/12".
 _KERAS3_KEY = re.compile(r"(?:[^/]+/)*vars/\d+")
 
 
-class KerasFormat(Format):
-    """Keras weights: the .keras zip, and HDF5 files with Keras's layout.
-
-    Registered before the hdf5 format: it sniffs every HDF5 file ckpt did not write, opens it
-    (``h5plain.open_foreign``) and, when the file has no Keras layout, declines, handing the
-    open reader on to the hdf5 format (``base.decline``), so libhdf5 opens the file once.
-    """
-
-    name = "keras"
-    extensions = (".keras",)
-    can_write = False
-
-    def sniff(self, head: bytes) -> bool:
-        return _zip.first_member_name(head) in _ZIP_MEMBERS or _h5head.foreign_hdf5(head)
-
-    def open(self, path: str) -> KerasReader:
-        source = open_blob(path)
-        try:
-            if _io.pread(source, 0, min(source.size, len(_zip.ZIP_MAGIC)), "the first bytes") == _zip.ZIP_MAGIC:
-                return _open_zip(path, source)
-        except BaseException:
-            source.close()
-            raise
+def open_keras(path: str, blob: ReadableBlob | None = None) -> KerasReader:
+    """A KerasReader for a .keras zip or an HDF5 file with Keras's layout; for an HDF5 file
+    without it, decline, handing the H5pyReader opened on the way to the next format (hdf5) and
+    leaving ``blob`` open for it."""
+    source = open_blob(path) if blob is None else blob
+    try:
+        if _io.pread(source, 0, min(source.size, len(_zip.ZIP_MAGIC)), "the first bytes") == _zip.ZIP_MAGIC:
+            return _open_zip(path, source)  # the reader reads the archive through ``source``
+        inner = open_foreign(path, source)
+    except BaseException:
         source.close()
-        return _open_hdf5(path)
+        raise
+    try:
+        reader = _keras_reader(inner, {}, None, None, required=False)
+    except BaseException:
+        inner.close()
+        source.close()
+        raise
+    if reader is None:
+        if blob is None:
+            source.close()
+        decline(path, "an HDF5 file without Keras's layout (no layer_names; not every dataset in a vars group)", inner)
+    source.close()  # libhdf5 reads the file through its own handle
+    return reader
 
 
 class KerasReader(BaseReader):
@@ -114,19 +112,6 @@ class KerasReader(BaseReader):
         self._inner.close()
         if self._archive is not None:
             self._archive.close()
-
-
-def _open_hdf5(path: str) -> KerasReader:
-    """A KerasReader for an HDF5 file with a Keras layout; else decline, handing the open file on."""
-    inner = open_foreign(path)
-    try:
-        reader = _keras_reader(inner, {}, None, None, required=False)
-    except BaseException:
-        inner.close()
-        raise
-    if reader is None:
-        decline(path, "an HDF5 file without Keras's layout (no layer_names; not every dataset in a vars group)", inner)
-    return reader
 
 
 def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlob | None,

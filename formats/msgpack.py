@@ -20,7 +20,7 @@ checksums) are still read. docs/formats.md specifies every byte.
 
 Example:
     >>> import numpy as np, tempfile, os
-    >>> from ckpt.formats.msgpack import MsgpackFormat
+    >>> from ckpt.formats.builtin import MsgpackFormat
     >>> path = os.path.join(tempfile.mkdtemp(), "t.msgpack")
     >>> MsgpackFormat().write(path, [("w", np.arange(3, dtype=np.float32))], {"step": 1})
     >>> with MsgpackFormat().open(path) as r:
@@ -46,7 +46,6 @@ from . import _blocks, _io
 from ._blocks import BlockSlicing, checksums, parse_table, table_problems
 from ._codec import packb, unpack
 from ._validation import _FILE_DTYPES
-from .base import WritableFormat
 from .base import (
     FileReader,
     all_exactly,
@@ -112,84 +111,71 @@ def is_ckpt_msgpack(head: bytes) -> bool:
                                               head[5:5 + len(HEADER_PREFIX)] == HEADER_PREFIX)
 
 
-class MsgpackFormat(WritableFormat):
-    """The ckpt msgpack format; see the module docstring for the layout."""
-
-    name = "msgpack"
-    extensions = (".msgpack",)
-    can_write = True
-
-    def sniff(self, head: bytes) -> bool:
-        return is_ckpt_msgpack(head)
-
-    def open(self, path: str) -> MsgpackReader:
-        return MsgpackReader(path)
-
-    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Stream every tensor's buffer into ``blob`` (lazy sources one at a time), then the index;
-        the array header's element count (the blob's head: its first write) is filled in last."""
-        path = blob.name
-        validate_keys((key for key, _ in tensors), path)
-        metadata = normalize_metadata(metadata, path)
-        entries: dict[str, list[Any]] = {}
-        blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
-        block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
-        blob.write_at(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER, 0)  # the head: small, its count patched last
-        runs = _io.Runs(blob)  # small pieces back to back: one pwritev per run
-        pos = DATA_START
-        objects = 3  # the header, the index and the footer
-        for key, source in tensors:
-            stream = source_chunks(source)
-            if stream is not None:  # a streaming source: its bytes pass through in chunks
-                runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
-                dtype, shape = np.dtype(source.dtype), tuple(source.shape)
-                extents, checksum, packed, pos, written = _write_chunks(
-                    blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, f"{path}: tensor {key!r}")
-                objects += written
-                if packed is not None:
-                    blocks[key] = packed
-                entries[key] = [_dtype_name(dtype), list(shape), extents, checksum]
-                continue
-            if not isinstance(source, np.ndarray):
-                runs.flush()  # earlier tensors are written before a lazy source is read
-            arr = _io.c_contiguous(materialize(source))
-            lent = arr is source  # the caller's own array (not a copy, not a lazy source's): lent to the blob
-            if dtypes.is_string(arr.dtype):
-                view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
-                extents = [[pos, len(view)]]
+def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+    """Stream every tensor's buffer into ``blob`` (lazy sources one at a time), then the index;
+    the array header's element count (the blob's head: its first write) is filled in last."""
+    path = blob.name
+    validate_keys((key for key, _ in tensors), path)
+    metadata = normalize_metadata(metadata, path)
+    entries: dict[str, list[Any]] = {}
+    blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
+    block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
+    blob.write_at(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER, 0)  # the head: small, its count patched last
+    runs = _io.Runs(blob)  # small pieces back to back: one pwritev per run
+    pos = DATA_START
+    objects = 3  # the header, the index and the footer
+    for key, source in tensors:
+        stream = source_chunks(source)
+        if stream is not None:  # a streaming source: its bytes pass through in chunks
+            runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
+            dtype, shape = np.dtype(source.dtype), tuple(source.shape)
+            extents, checksum, packed, pos, written = _write_chunks(
+                blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, f"{path}: tensor {key!r}")
+            objects += written
+            if packed is not None:
+                blocks[key] = packed
+            entries[key] = [_dtype_name(dtype), list(shape), extents, checksum]
+            continue
+        if not isinstance(source, np.ndarray):
+            runs.flush()  # earlier tensors are written before a lazy source is read
+        arr = _io.c_contiguous(materialize(source))
+        lent = arr is source  # the caller's own array (not a copy, not a lazy source's): lent to the blob
+        if dtypes.is_string(arr.dtype):
+            view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
+            extents = [[pos, len(view)]]
+            objects += 1
+            runs.write(view, pos)
+            pos += len(view)
+            checksum = _io.crc32c(view)
+        else:
+            view = _io.byte_view(arr)
+            extents = []
+            crc = checksums(view, block_bytes)  # overlaps with the writes below
+            if len(view) >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
+                padding = _padding(pos + len(_bin_header(min(len(view), MAX_BIN))))
+                runs.write(padding, pos)
+                pos += len(padding)
+                objects += bool(padding)
+            for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
+                piece = view[start:start + MAX_BIN]
+                header = _bin_header(len(piece))
+                runs.write(header, pos)
+                pos += len(header)
+                extents.append([pos, len(piece)])
                 objects += 1
-                runs.write(view, pos)
-                pos += len(view)
-                checksum = _io.crc32c(view)
-            else:
-                view = _io.byte_view(arr)
-                extents = []
-                crc = checksums(view, block_bytes)  # overlaps with the writes below
-                if len(view) >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
-                    padding = _padding(pos + len(_bin_header(min(len(view), MAX_BIN))))
-                    runs.write(padding, pos)
-                    pos += len(padding)
-                    objects += bool(padding)
-                for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
-                    piece = view[start:start + MAX_BIN]
-                    header = _bin_header(len(piece))
-                    runs.write(header, pos)
-                    pos += len(header)
-                    extents.append([pos, len(piece)])
-                    objects += 1
-                    runs.write(piece, pos, lent)
-                    pos += len(piece)
-                checksum, packed = crc()
-                if packed is not None:
-                    blocks[key] = packed
-            entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
-        index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
-                       "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
-        runs.write(index, pos)
-        runs.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
-                                _io.crc32c(index)), pos + len(index))
-        runs.flush()
-        blob.write_at(objects.to_bytes(4, "big"), 1)  # in the head (the first write): allowed last
+                runs.write(piece, pos, lent)
+                pos += len(piece)
+            checksum, packed = crc()
+            if packed is not None:
+                blocks[key] = packed
+        entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
+    index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
+                   "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
+    runs.write(index, pos)
+    runs.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
+                            _io.crc32c(index)), pos + len(index))
+    runs.flush()
+    blob.write_at(objects.to_bytes(4, "big"), 1)  # in the head (the first write): allowed last
 
 
 def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,

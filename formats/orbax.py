@@ -36,7 +36,6 @@ from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Unsuppo
 from ._foreign import MAX_JSON, NUMPY_DTYPES, parse_json, read_json
 from ._slicing import box, check_box
 from ._zstd import zstd_bytes
-from .base import Format
 from .base import BaseReader, TensorInfo, check_shape, key_problem
 
 METADATA = "_METADATA"
@@ -55,30 +54,21 @@ for _name, _dtype in NUMPY_DTYPES.items():
         _ZARR_DTYPES[_name] = _dtype
 
 
-class OrbaxFormat(Format):
-    """orbax-checkpoint directories saved without OCDBT, and CheckpointManager roots (read-only)."""
+def is_orbax(path: str) -> bool:
+    return os.path.isdir(path) and (_is_item(path) or _items(path) != [] or _latest_step(path) is not None)
 
-    name = "orbax"
-    extensions: tuple[str, ...] = ()
-    can_write = False
 
-    def claims(self, path: str) -> bool:
-        return os.path.isdir(path) and (_is_item(path) or _items(path) != [] or _latest_step(path) is not None)
-
-    def sniff(self, head: bytes) -> bool:
-        return False  # a directory; claims() recognises it
-
-    def open(self, path: str) -> OrbaxReader:
-        step = path
-        if not _is_item(path) and not _items(path):
-            latest = _latest_step(path)
-            if latest is None:
-                raise CheckpointNotFoundError(f"{path}: no finished orbax checkpoint step in this directory")
-            step = os.path.join(path, latest)
-        items = [step] if _is_item(step) else _items(step)
-        if not items:
-            raise CheckpointNotFoundError(f"{step}: no orbax checkpoint ({METADATA}) in this directory")
-        return OrbaxReader(step, items)
+def open_orbax(path: str) -> OrbaxReader:
+    step = path
+    if not _is_item(path) and not _items(path):
+        latest = _latest_step(path)
+        if latest is None:
+            raise CheckpointNotFoundError(f"{path}: no finished orbax checkpoint step in this directory")
+        step = os.path.join(path, latest)
+    items = [step] if _is_item(step) else _items(step)
+    if not items:
+        raise CheckpointNotFoundError(f"{step}: no orbax checkpoint ({METADATA}) in this directory")
+    return OrbaxReader(step, items)
 
 
 def _is_item(path: str) -> bool:

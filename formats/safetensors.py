@@ -17,7 +17,7 @@ it is damaged, never read as an unchecksummed foreign file.
 
 Example:
     >>> import numpy as np, tempfile, os
-    >>> from ckpt.formats.safetensors import SafetensorsFormat
+    >>> from ckpt.formats.builtin import SafetensorsFormat
     >>> path = os.path.join(tempfile.mkdtemp(), "t.safetensors")
     >>> open(path, "wb").close()
     >>> SafetensorsFormat().write(path, [("fc1.weight", np.ones((2, 3), np.float32))], {"step": 3})
@@ -41,7 +41,6 @@ from ckpt.storage import WritableBlob
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key, json_int
-from .base import WritableFormat
 from .base import FileReader, TensorInfo, materialize, normalize_metadata, source_chunks, unique_pairs, validate_keys
 
 #: The reference implementation's limit on the header length.
@@ -68,83 +67,69 @@ _CODE_OF = {dt: code for code, dt in _CODES.items()}
 _SUB_BYTE = ("F4", "F6_E2M3", "F6_E3M2")
 
 
-class SafetensorsFormat(WritableFormat):
-    """safetensors: reads any .safetensors file, writes them with per-tensor checksums."""
+def write_safetensors(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+    """Write the header, then every tensor's bytes straight from its buffer (lazy sources one at
+    a time); the checksums, known only then, go into the header, padded to its planned size.
+    The header's place is reserved by the first write (the blob's head), filled in last."""
+    path = blob.name
+    validate_keys((key for key, _ in tensors), path)
+    metadata = normalize_metadata(metadata, path)
+    plans = []
+    for key, source in tensors:
+        dtype = np.dtype(source.dtype)
+        code = _CODE_OF.get(dtype)
+        if code is None:
+            raise UnsupportedCheckpointError(
+                f"{path}: tensor {key!r} is {dtypes.dt_name_or_none(dtype) or dtype}, which "
+                f"safetensors cannot store (it stores {', '.join(_CODES)})")
+        plans.append((code, key, dtype, tuple(source.shape), source))
+    plans.sort(key=lambda p: (-_RANK[p[0]], p[1]))
+    layout: dict[str, Any] = {}
+    pos = 0
+    for code, key, dtype, shape, _ in plans:
+        nbytes = _io.expected_nbytes(dtype, shape)
+        layout[key] = {"dtype": code, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        pos += nbytes
 
-    name = "safetensors"
-    extensions = (".safetensors",)
-    can_write = True
+    def header(crcs: dict[str, int], length: int | None) -> bytes:
+        meta = {"format": "np", "ckpt_metadata": json.dumps(metadata), "ckpt_crc32c": json.dumps(crcs)}
+        head = {"__metadata__": meta, **layout}
+        meta["ckpt_header_crc32c"] = str(_MAX_CRC if length is None else _header_crc(head, length))
+        return json.dumps(head, separators=(",", ":")).encode("utf-8")
 
-    def sniff(self, head: bytes) -> bool:
-        # a plausible header length (below 2**40), then the JSON's opening brace
-        return len(head) >= 9 and head[5:8] == b"\x00\x00\x00" and head[8:9] == b"{"
-
-    def open(self, path: str) -> SafetensorsReader:
-        return SafetensorsReader(path)
-
-    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Write the header, then every tensor's bytes straight from its buffer (lazy sources one at
-        a time); the checksums, known only then, go into the header, padded to its planned size.
-        The header's place is reserved by the first write (the blob's head), filled in last."""
-        path = blob.name
-        validate_keys((key for key, _ in tensors), path)
-        metadata = normalize_metadata(metadata, path)
-        plans = []
-        for key, source in tensors:
-            dtype = np.dtype(source.dtype)
-            code = _CODE_OF.get(dtype)
-            if code is None:
-                raise UnsupportedCheckpointError(
-                    f"{path}: tensor {key!r} is {dtypes.dt_name_or_none(dtype) or dtype}, which "
-                    f"safetensors cannot store (it stores {', '.join(_CODES)})")
-            plans.append((code, key, dtype, tuple(source.shape), source))
-        plans.sort(key=lambda p: (-_RANK[p[0]], p[1]))
-        layout: dict[str, Any] = {}
-        pos = 0
-        for code, key, dtype, shape, _ in plans:
-            nbytes = _io.expected_nbytes(dtype, shape)
-            layout[key] = {"dtype": code, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
-            pos += nbytes
-
-        def header(crcs: dict[str, int], length: int | None) -> bytes:
-            meta = {"format": "np", "ckpt_metadata": json.dumps(metadata), "ckpt_crc32c": json.dumps(crcs)}
-            head = {"__metadata__": meta, **layout}
-            meta["ckpt_header_crc32c"] = str(_MAX_CRC if length is None else _header_crc(head, length))
-            return json.dumps(head, separators=(",", ":")).encode("utf-8")
-
-        size = len(header({key: _MAX_CRC for _, key, *_ in plans}, None))  # the widest checksums
-        size += -(size + _N.size) % 8  # data starts 8-byte aligned
-        crcs = {}
-        pos = _N.size + size  # the header is written last, into the head reserved here
-        blob.write_at(bytes(pos), 0)
-        runs = _io.Runs(blob)  # small tensors back to back: one pwritev per run
-        for _, key, dtype, shape, source in plans:
-            stream = source_chunks(source)
-            if stream is not None:  # a streaming source: its bytes pass through in chunks
-                runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
-                crc = done = 0
-                for view in stream:
-                    blob.write_at(view, pos + done)
-                    crc, done = _io.crc32c(view, crc), done + len(view)
-                if done != _io.expected_nbytes(dtype, shape):
-                    raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
-                                     f"{_io.expected_nbytes(dtype, shape)}")
-                crcs[key] = crc
-                pos += done
-                continue
-            if not isinstance(source, np.ndarray):
-                runs.flush()  # earlier tensors are written before a lazy source is read
-            arr = _io.c_contiguous(materialize(source))
-            if arr.dtype != dtype or arr.shape != shape:
-                raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "
-                                 f"{dtype} {shape}")
-            view = _io.byte_view(arr)
-            checksum = _io.checksum_async(view)  # overlaps with the write below
-            runs.write(view, pos, arr is source)  # the caller's own array is lent to the blob
-            pos += len(view)
-            crcs[key] = checksum()
-        runs.flush()
-        blob.write_at(_N.pack(size) + header(crcs, size).ljust(size), 0)  # safetensors pads headers with spaces
+    size = len(header({key: _MAX_CRC for _, key, *_ in plans}, None))  # the widest checksums
+    size += -(size + _N.size) % 8  # data starts 8-byte aligned
+    crcs = {}
+    pos = _N.size + size  # the header is written last, into the head reserved here
+    blob.write_at(bytes(pos), 0)
+    runs = _io.Runs(blob)  # small tensors back to back: one pwritev per run
+    for _, key, dtype, shape, source in plans:
+        stream = source_chunks(source)
+        if stream is not None:  # a streaming source: its bytes pass through in chunks
+            runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
+            crc = done = 0
+            for view in stream:
+                blob.write_at(view, pos + done)
+                crc, done = _io.crc32c(view, crc), done + len(view)
+            if done != _io.expected_nbytes(dtype, shape):
+                raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
+                                 f"{_io.expected_nbytes(dtype, shape)}")
+            crcs[key] = crc
+            pos += done
+            continue
+        if not isinstance(source, np.ndarray):
+            runs.flush()  # earlier tensors are written before a lazy source is read
+        arr = _io.c_contiguous(materialize(source))
+        if arr.dtype != dtype or arr.shape != shape:
+            raise ValueError(f"{path}: tensor {key!r} gave {arr.dtype} {arr.shape}, it declared "
+                             f"{dtype} {shape}")
+        view = _io.byte_view(arr)
+        checksum = _io.checksum_async(view)  # overlaps with the write below
+        runs.write(view, pos, arr is source)  # the caller's own array is lent to the blob
+        pos += len(view)
+        crcs[key] = checksum()
+    runs.flush()
+    blob.write_at(_N.pack(size) + header(crcs, size).ljust(size), 0)  # safetensors pads headers with spaces
 
 
 class SafetensorsReader(FileReader):

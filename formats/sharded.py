@@ -33,7 +33,6 @@ from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Unsuppo
 
 from ._foreign import read_json
 from .keras import _natural
-from .base import Format
 from .base import BaseReader, TensorInfo, normalize_metadata, open_reader
 
 #: Index files larger than this are refused (the largest real ones are a few MB).
@@ -45,35 +44,20 @@ _HF_SHARD_FORMATS = ("safetensors", "pytorch")
 _KERAS_SUFFIX = ".weights.json"
 
 
-class ShardedFormat(Format):
-    """Hugging Face index files and model directories, Keras 3 ``.weights.json`` (read-only)."""
-
-    name = "sharded"
-    extensions = (".index.json", _KERAS_SUFFIX)
-    can_write = False
-
-    def claims(self, path: str) -> bool:
-        if os.path.isdir(path):
-            return any(os.path.isfile(os.path.join(path, name)) for name in HF_FILES)
-        return path.endswith(self.extensions) and os.path.isfile(path)
-
-    def sniff(self, head: bytes) -> bool:
-        return False  # JSON says nothing about itself; claims() goes by the file name
-
-    def open(self, path: str) -> BaseReader:
-        if os.path.isdir(path):
-            name = next((n for n in HF_FILES if os.path.isfile(os.path.join(path, n))), None)
-            if name is None:
-                raise CheckpointNotFoundError(f"{path}: no {' or '.join(HF_FILES)} in this directory")
-            path = os.path.join(path, name)
-            if not name.endswith(".json"):
-                return _open_shard(path, _HF_SHARD_FORMATS, path)
-        index = read_index(path)
-        if path.endswith(_KERAS_SUFFIX):
-            return ShardedReader(path, "keras", _keras_map(index, path), _index_metadata(index, path),
-                                 ("keras",), by_scope=True)
-        return ShardedReader(path, "huggingface", _hf_map(index, path), _index_metadata(index, path),
-                             _HF_SHARD_FORMATS)
+def open_sharded(path: str) -> BaseReader:
+    if os.path.isdir(path):
+        name = next((n for n in HF_FILES if os.path.isfile(os.path.join(path, n))), None)
+        if name is None:
+            raise CheckpointNotFoundError(f"{path}: no {' or '.join(HF_FILES)} in this directory")
+        path = os.path.join(path, name)
+        if not name.endswith(".json"):
+            return _open_shard(path, _HF_SHARD_FORMATS, path)
+    index = read_index(path)
+    if path.endswith(_KERAS_SUFFIX):
+        return ShardedReader(path, "keras", _keras_map(index, path), _index_metadata(index, path),
+                             ("keras",), by_scope=True)
+    return ShardedReader(path, "huggingface", _hf_map(index, path), _index_metadata(index, path),
+                         _HF_SHARD_FORMATS)
 
 
 class ShardedReader(BaseReader):

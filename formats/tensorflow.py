@@ -41,7 +41,7 @@ from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
 from ._slicing import box, check_box
-from .base import BaseReader, Format, TensorInfo, check_tensors
+from .base import BaseReader, TensorInfo, check_tensors
 
 #: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
 _DTYPES: dict[int, np.dtype] = {
@@ -80,24 +80,11 @@ def prefix_of(path: str) -> str | None:
     return None
 
 
-class TensorFlowFormat(Format):
-    """TensorFlow's tensor bundles, as written by tf.train.Saver and tf.train.Checkpoint."""
-
-    name = "tensorflow"
-    extensions = (".index",)
-    can_write = False
-
-    def claims(self, path: str) -> bool:
-        return prefix_of(path) is not None
-
-    def sniff(self, head: bytes) -> bool:
-        return False  # an index has no header; claims() recognises it by its footer
-
-    def open(self, path: str) -> TensorFlowReader:
-        prefix = prefix_of(path)
-        if prefix is None:
-            raise CheckpointNotFoundError(f"{path}: no TensorFlow checkpoint ({path}.index does not exist)")
-        return TensorFlowReader(prefix)
+def open_tensorflow(path: str) -> TensorFlowReader:
+    prefix = prefix_of(path)
+    if prefix is None:
+        raise CheckpointNotFoundError(f"{path}: no TensorFlow checkpoint ({path}.index does not exist)")
+    return TensorFlowReader(prefix)
 
 
 class TensorFlowReader(BaseReader):

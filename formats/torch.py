@@ -32,7 +32,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, chec
 from . import _io, _zip
 from ._foreign import check_key
 from ._unpickler import StorageRef, TensorRef, load, shown
-from .base import MAX_ELEMENTS, FileReader, Format, TensorInfo, check_shape
+from .base import MAX_ELEMENTS, FileReader, TensorInfo, check_shape
 
 #: How torch.save files written before PyTorch 1.6 (not zips) begin: pickle protocol 2, then
 #: torch's magic number as a LONG1.
@@ -41,21 +41,6 @@ _MAX_DEPTH = 100
 #: The legacy format's first two pickles: torch's magic number and its protocol version.
 _LEGACY_NUMBER = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
-
-
-class TorchFormat(Format):
-    """torch.save's zip format (read-only)."""
-
-    name = "pytorch"
-    extensions = (".pt", ".pth", ".bin")
-    can_write = False
-
-    def sniff(self, head: bytes) -> bool:
-        first = _zip.first_member_name(head)
-        return head.startswith(LEGACY_MAGIC) or (first is not None and first.endswith("data.pkl"))
-
-    def open(self, path: str) -> TorchReader:
-        return TorchReader(path)
 
 
 class TorchReader(FileReader):

@@ -25,6 +25,7 @@ import ckpt
 from ckpt.formats import _io
 from ckpt.formats import hdf5 as hdf5_format
 from ckpt.formats import msgpack as msgpack_format
+from ckpt.formats.builtin import Hdf5Format
 from ckpt.formats.base import open_reader
 
 #: Environment variable multiplying every count (kills, flips, fuzz examples) for long runs;
@@ -200,7 +201,7 @@ def reaches_libhdf5(data: bytes) -> bool:
     libhdf5 may crash or hang on damaged input, so such cases run in a child process.
     """
     return not data.startswith(hdf5_format.MAGIC) and \
-        hdf5_format.Hdf5Format().sniff(data[:4096]) and not msgpack_format.is_ckpt_msgpack(data)
+        Hdf5Format().sniff(data[:4096]) and not msgpack_format.is_ckpt_msgpack(data)
 
 
 class Hang(Exception):

@@ -21,7 +21,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from ckpt.formats import base
-from ckpt.formats.msgpack import MsgpackFormat
+from ckpt.formats.builtin import MsgpackFormat
 from conftest import assert_bit_exact, every_dtype_tensors
 from reliability_support import sentinel_like
 
@@ -68,13 +68,13 @@ class GatedFormat(MsgpackFormat):
     def sniff(self, head: bytes) -> bool:
         return False  # never claims files: the msgpack format reads them
 
-    def write(self, path, tensors, metadata):
+    def write_blob(self, blob, tensors, metadata):
         self.log.append(f"start {metadata.get('n')}")
         self.started.set()
         assert self.go.wait(60), "the test never let the write proceed"
         if self.fail is not None:
             raise self.fail
-        super().write(path, tensors, metadata)
+        super().write_blob(blob, tensors, metadata)
         self.log.append(f"end {metadata.get('n')}")
 
 
@@ -332,10 +332,10 @@ class TwiceFormat(MsgpackFormat):
     def sniff(self, head):
         return False
 
-    def write(self, path, tensors, metadata):
+    def write_blob(self, blob, tensors, metadata):
         for _, source in tensors:
             base.materialize(source)
-        super().write(path, tensors, metadata)
+        super().write_blob(blob, tensors, metadata)
 
 
 def test_a_writer_reading_a_live_tensor_again_fails_instead_of_tearing(tmp_path):
@@ -384,18 +384,18 @@ import os, sys, threading
 import numpy as np
 import ckpt
 from ckpt.formats import base
-from ckpt.formats.msgpack import MsgpackFormat
+from ckpt.formats.builtin import MsgpackFormat
 
 class AfterMain(MsgpackFormat):
     # writes only once the main thread has finished: the save is in flight at exit
     name, extensions = "aftermain", (".aftermain",)
     def sniff(self, head):
         return False
-    def write(self, path, tensors, metadata):
+    def write_blob(self, blob, tensors, metadata):
         threading.main_thread().join()
         if os.environ.get("FAIL"):
             raise OSError(28, "No space left on device")
-        super().write(path, tensors, metadata)
+        super().write_blob(blob, tensors, metadata)
 
 base.register_format(AfterMain())
 v = ckpt.Variable(np.arange(1000.0), name="v")
@@ -479,7 +479,7 @@ class RecordingFormat(MsgpackFormat):
     def sniff(self, head):
         return False
 
-    def write(self, path, tensors, metadata):
+    def write_blob(self, blob, tensors, metadata):
         fmt = self
 
         class Recorder:
@@ -491,7 +491,7 @@ class RecordingFormat(MsgpackFormat):
                 fmt.reads.append((self.key, fmt.returned.is_set()))
                 return np.asarray(self.source)
 
-        super().write(path, [(key, Recorder(key, source)) for key, source in tensors], metadata)
+        super().write_blob(blob, [(key, Recorder(key, source)) for key, source in tensors], metadata)
 
 
 def test_save_returns_once_only_the_staged_tail_is_left(tmp_path):

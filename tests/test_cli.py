@@ -502,7 +502,7 @@ def test_convert_into_a_read_only_format_is_a_usage_error(tmp_path):
         def sniff(self, head):
             return False
 
-        def open(self, path):
+        def open(self, path, blob=None, declined=None):
             raise NotImplementedError
 
     base.register_format(ReadOnly())
@@ -551,8 +551,8 @@ def test_convert_that_does_not_read_back_leaves_dst_untouched(tmp_path, monkeypa
     src = save(tmp_path / "src.h5", model())
     dst = save(tmp_path / "dst.msgpack", {"old": np.ones(1)})
     fmt = base.get_format("msgpack")
-    write = fmt.write
-    monkeypatch.setattr(fmt, "write", lambda path, tensors, md: write(path, [(k, np.asarray(a) + 1) for k, a in tensors], md))
+    write = fmt.write_blob
+    monkeypatch.setattr(fmt, "write_blob", lambda blob, tensors, md: write(blob, [(k, np.asarray(a) + 1) for k, a in tensors], md))
     result = run("convert", src, dst, "--force")
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {os.path.abspath(dst)}: the converted file does not read back as "
@@ -565,10 +565,10 @@ def test_convert_write_errors_name_dst_not_the_temporary_file(tmp_path, monkeypa
     src = save(tmp_path / "src.h5", model())
     dst = str(tmp_path / "dst.msgpack")
 
-    def refuse(path, tensors, metadata):
-        raise ckpt.UnsupportedCheckpointError(f"{path}: tensor 'dec/w' is float32, which this format cannot store")
+    def refuse(blob, tensors, metadata):
+        raise ckpt.UnsupportedCheckpointError(f"{blob.name}: tensor 'dec/w' is float32, which this format cannot store")
 
-    monkeypatch.setattr(base.get_format("msgpack"), "write", refuse)
+    monkeypatch.setattr(base.get_format("msgpack"), "write_blob", refuse)
     result = run("convert", src, dst)
     assert result.exit_code == 1
     assert result.stderr == f"Error: {os.path.abspath(dst)}: tensor 'dec/w' is float32, which this format cannot " \
@@ -830,14 +830,14 @@ def test_convert_reads_each_tensor_only_when_the_writer_writes_it(tmp_path, monk
     monkeypatch.setattr(ckpt.CheckpointReader, "read_into",
                         lambda self, key, out: reads.append(key) or read_into(self, key, out))
     fmt = base.get_format("msgpack")
-    write = fmt.write
+    write = fmt.write_blob
 
-    def spy(path, tensors, metadata):
+    def spy(blob, tensors, metadata):
         assert reads == [] and not any(isinstance(source, np.ndarray) for _, source in tensors)
-        write(path, tensors, metadata)
+        write(blob, tensors, metadata)
         assert reads == ["t0", "t1", "t2", "t3"]
 
-    monkeypatch.setattr(fmt, "write", spy)
+    monkeypatch.setattr(fmt, "write_blob", spy)
     result = run("convert", src, tmp_path / "out.msgpack")
     assert result.exit_code == 0
     assert ckpt.load_variable(tmp_path / "out.msgpack", "t3").tolist() == [3.0] * 1000

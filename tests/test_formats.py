@@ -375,7 +375,7 @@ def test_unreadable_files_are_not_reported_as_missing(tmp_path, monkeypatch):
 
 
 def test_register_format_is_one_public_contract(tmp_path):
-    """Plugins register through ckpt.register_format, as the built-ins do; the Protocol is checked."""
+    """Plugins register through ckpt.register_format, as the built-ins do: a Format subclass, checked."""
     assert all(isinstance(f, ckpt.Format) for f in base.formats())
     assert {f.name for f in base.formats() if isinstance(f, ckpt.WritableFormat)} >= {"hdf5", "msgpack"}
 
@@ -385,35 +385,38 @@ def test_register_format_is_one_public_contract(tmp_path):
         def sniff(self, head: bytes) -> bool:
             return head.startswith(b"MARKED")
 
-        def open(self, path: str) -> base.Reader:
+        def open(self, path: str, blob=None, declined=None) -> base.Reader:
             raise ckpt.UnsupportedCheckpointError(f"{path}: marked files hold no tensors")
 
     path = tmp_path / "x.bin"
     path.write_bytes(b"MARKED")
     ckpt.register_format(Marked())
     try:
-        assert not Marked().claims(str(path))  # inherited from the Protocol
+        assert not Marked().claims(str(path))  # inherited from ckpt.Format
         with pytest.raises(ckpt.UnsupportedCheckpointError, match="marked files hold no tensors"):
             ckpt.load_checkpoint(str(path))
     finally:
         ckpt.unregister_format("marked")
 
-    class NoClaims:
+    class NoClaims:  # duck-typed: not a Format
         name, extensions, can_write = "noclaims", (".nc",), False
+
+        def claims(self, path: str) -> bool:
+            return False
 
         def sniff(self, head: bytes) -> bool:
             return False
 
-        def open(self, path: str) -> base.Reader:
+        def open(self, path: str, blob=None, declined=None) -> base.Reader:
             raise NotImplementedError
 
-    with pytest.raises(TypeError, match="it has no 'claims'"):
+    with pytest.raises(TypeError, match="is not a Format: subclass ckpt.Format"):
         ckpt.register_format(NoClaims())  # type: ignore[arg-type]
 
     class Liar(Marked):
         name, can_write = "liar", True
 
-    with pytest.raises(TypeError, match="can_write is True but it has no write method"):
+    with pytest.raises(TypeError, match="can_write is True but it is not a ckpt.WritableFormat"):
         ckpt.register_format(Liar())
     assert "noclaims" not in {f.name for f in base.formats()} and "liar" not in {f.name for f in base.formats()}
 
@@ -437,7 +440,7 @@ def test_a_format_registered_before_another_claims_some_of_its_files_and_decline
         def sniff(self, head: bytes) -> bool:
             return h5plain._h5head.foreign_hdf5(head)
 
-        def open(self, path: str) -> base.Reader:
+        def open(self, path: str, blob=None, declined=None) -> base.Reader:
             with h5py.File(path, "r") as f:
                 tagged = "tag" in f.attrs
             if not tagged:
@@ -461,9 +464,9 @@ def test_a_format_registered_before_another_claims_some_of_its_files_and_decline
         with ckpt.load_checkpoint(plain) as reader:  # declined: hdf5 reads it (keras declines too)
             assert reader.format == "hdf5" and reader.get_tensor("w").tolist() == [0.0, 1.0, 2.0]
         assert [h.closed for h in opened] == [True]  # nobody took the handle: closed by the registry
-        with pytest.raises(ckpt.UnsupportedCheckpointError, match="plain.h5: no 'tag' attribute"):
+        with pytest.raises(ckpt.UnsupportedCheckpointError, match="plain.h5: no 'tag' attribute") as declined:
             base.get_format("tagged").open(plain)  # asked directly: an UnsupportedCheckpointError
-        assert opened[-1].closed
+        assert declined.value.opened is opened[-1] and not opened[-1].closed  # handed to the caller
     finally:
         ckpt.unregister_format("tagged")
 
@@ -485,12 +488,14 @@ def test_a_foreign_hdf5_file_is_opened_once_though_keras_declines_it(tmp_path, m
     with ckpt.load_checkpoint(path) as reader:
         assert reader.format == "hdf5" and reader.get_tensor("enc/w").tolist() == [0.0, 1.0, 2.0, 3.0]
     assert len(inits) == 1
-    with pytest.raises(ckpt.UnsupportedCheckpointError, match="without Keras's layout"):
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="without Keras's layout") as declined:
         base.get_format("keras").open(path)
+    assert isinstance(declined.value.opened, h5plain.H5pyReader)  # what it opened, for the caller to close
+    declined.value.opened.close()
 
 
 def test_open_reader_sniffs_through_the_blob_the_reader_then_uses(tmp_path, fmt, monkeypatch):
-    """open_reader reads the first bytes through open_blob and offers that blob to the format (base.offering):
+    """open_reader reads the first bytes through open_blob and hands that blob to the format's open:
     a checkpoint file is opened once."""
     path = write(fmt, tmp_path / f"once{fmt.extensions[0]}", [("w", np.arange(3.0))])
     from ckpt.formats import _io

@@ -8,7 +8,7 @@ import pytest
 
 import ckpt
 from ckpt.formats import _h5struct, base
-from ckpt.formats.hdf5 import Hdf5Format
+from ckpt.formats.builtin import Hdf5Format
 
 
 def write(path, tensors, metadata=None):

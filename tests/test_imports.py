@@ -47,14 +47,18 @@ def test_reading_a_ckpt_file_imports_only_its_format(tmp_path):
     assert not loaded & (foreign | {"importlib.metadata", "crc32c", "h5py"}), loaded
 
 
-def test_lazy_formats_match_the_formats_they_load():
-    from ckpt.formats import base
-
-    for fmt in base.formats():
-        assert isinstance(fmt, base.LazyFormat)
-        real = fmt.load()  # TypeError if the registered name, extensions or can_write differ
-        assert fmt.load() is real and isinstance(fmt, ckpt.WritableFormat) == isinstance(real, ckpt.WritableFormat)
-        assert repr(fmt).endswith("loaded)>")
+def test_built_in_formats_are_format_classes_whose_modules_load_on_first_use():
+    """The registry holds the built-ins' Format classes (formats/builtin.py), registered like a plugin's;
+    registering them imports none of the format modules (hdf5, msgpack, keras, ...)."""
+    code = ("import sys\nfrom ckpt.formats import base\n"
+            "print(sorted(f.name for f in base.formats() if type(f).__module__ == 'ckpt.formats.builtin'))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('ckpt.formats.') and '._' not in m))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=OUTSIDE_CHECKOUT)
+    names, loaded = map(eval, out.stdout.splitlines())  # two lists of names
+    assert names == sorted(["hdf5", "msgpack", "ckpt-sharded", "safetensors", "pytorch", "flax", "tensorflow",
+                            "sharded", "orbax", "keras"])
+    assert loaded == ["ckpt.formats.base", "ckpt.formats.builtin"]
 
 
 def test_only_an_hdf5_saver_loads_h5py_when_created():

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError
-from ckpt.formats import _codec, hdf5, msgpack
+from ckpt.formats import _codec, builtin, hdf5, msgpack
 from ckpt.formats.base import key_problem, keys_plainly_valid
 
 TENSORS = [("enc/w", np.arange(12, dtype=np.float32).reshape(3, 4)), ("enc/b", np.arange(4, dtype=np.int64)),
@@ -31,7 +31,7 @@ ODD = [-1, 0, 1, 3, 255, 256, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 48, 2 ** 63, 2
 def msgpack_index(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("index")
     path = str(tmp_path / "i.msgpack")
-    msgpack.MsgpackFormat().write(path, TENSORS, {})
+    builtin.MsgpackFormat().write(path, TENSORS, {})
     with msgpack.MsgpackReader(path) as reader:
         start, end = reader._start, reader._index_offset
     raw = (tmp_path / "i.msgpack").read_bytes()[end:-msgpack.FOOTER_SIZE]
@@ -42,7 +42,7 @@ def msgpack_index(tmp_path_factory):
 def hdf5_index(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("index")
     path = str(tmp_path / "i.h5")
-    hdf5.Hdf5Format().write(path, TENSORS, {})
+    builtin.Hdf5Format().write(path, TENSORS, {})
     data = (tmp_path / "i.h5").read_bytes()
     _, _, userblock, index_len, _, _ = hdf5._HEADER.unpack(data[:hdf5._HEADER.size])
     index = _codec.unpack(data[hdf5._HEADER.size:hdf5._HEADER.size + index_len], path, "the index")
@@ -73,7 +73,7 @@ def test_fast_paths_take_plain_indexes(msgpack_index, hdf5_index):
 def test_fast_paths_take_every_numeric_dtype(tmp_path, name):
     # np.dtype("float64") == None is True: a check for unknown names by == declined every float64 index
     tensors = [("a/x", np.zeros((2, 3), dtype=dtypes.as_dtype(name))), ("b", np.ones(4, dtype=np.float32))]
-    msgpack.MsgpackFormat().write(str(tmp_path / "m.msgpack"), tensors, {})
+    builtin.MsgpackFormat().write(str(tmp_path / "m.msgpack"), tensors, {})
     with msgpack.MsgpackReader(str(tmp_path / "m.msgpack")) as reader:
         start, end = reader._start, reader._index_offset
     raw = (tmp_path / "m.msgpack").read_bytes()[end:-msgpack.FOOTER_SIZE]
@@ -81,7 +81,7 @@ def test_fast_paths_take_every_numeric_dtype(tmp_path, name):
     fast = msgpack._parse_plain_entries(index, start, end)
     assert fast is not None and fast == msgpack._check_entries(index, "f", start, end)
     assert fast[0]["a/x"].dtype == dtypes.as_dtype(name)
-    hdf5.Hdf5Format().write(str(tmp_path / "h.h5"), tensors, {})
+    builtin.Hdf5Format().write(str(tmp_path / "h.h5"), tensors, {})
     data = (tmp_path / "h.h5").read_bytes()
     _, _, userblock, index_len, _, _ = hdf5._HEADER.unpack(data[:hdf5._HEADER.size])
     entries = _codec.unpack(data[hdf5._HEADER.size:hdf5._HEADER.size + index_len], "h", "the index")["tensors"]

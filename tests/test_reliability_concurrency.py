@@ -145,7 +145,7 @@ def test_savers_in_processes_share_a_directory_while_restoring(tmp_path, max_to_
 def test_restore_retries_when_the_latest_is_deleted_between_resolving_and_opening(tmp_path, monkeypatch, ext):
     """Another process's max_to_keep can delete the latest checkpoint after the directory was resolved
     to it but before it is opened: the restore looks up the latest again. Once open_reader has opened
-    the file, the format reads through that same open file (base.offering), so a deletion then no longer
+    the file, the format reads through that same open file (Format.open's blob), so a deletion then no longer
     matters: the checkpoint is read whole."""
     directory = str(tmp_path)
     variables = {k: ckpt.Variable(v) for k, v in step_tensors(1, 1).items()}
@@ -178,9 +178,9 @@ def test_restore_retries_when_the_latest_is_deleted_between_resolving_and_openin
     fmt = ckpt.formats.base.get_format("hdf5" if ext == ".h5" else "msgpack")
     real_open = type(fmt).open
 
-    def racing_open(self, path):
+    def racing_open(self, path, blob=None, declined=None):
         os.unlink(path)  # deleted after open_reader opened and sniffed it
-        return real_open(self, path)
+        return real_open(self, path, blob, declined)
 
     monkeypatch.setattr(type(fmt), "open", racing_open)
     restored = fresh_variables()

@@ -194,11 +194,11 @@ import os, signal, sys
 from ckpt.formats import base
 from ckpt.cli import main
 fmt = base.get_format("hdf5")
-write = fmt.write
-def killed(tmp, tensors, metadata):  # the whole file written, then SIGKILL before the rename
-    write(tmp, tensors, metadata)
+write = fmt.write_blob
+def killed(blob, tensors, metadata):  # the whole file written, then SIGKILL before the rename
+    write(blob, tensors, metadata)
     os.kill(os.getpid(), signal.SIGKILL)
-fmt.write = killed
+fmt.write_blob = killed
 main(["convert", sys.argv[1], sys.argv[2]])
 """
 

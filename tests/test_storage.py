@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -12,6 +13,7 @@ import ckpt
 from ckpt.storage import remote as _remote
 from ckpt.storage.local import LocalStore, open_store
 from ckpt.storage.state import CheckpointEntry, CheckpointState
+from ckpt.formats.base import FileReader, TensorInfo, materialize
 from ckpt.storage import ReadableBlob, Store, WritableBlob
 
 
@@ -99,81 +101,82 @@ def test_the_saver_and_latest_checkpoint_go_through_the_store(tmp_path):
     assert not store.exists(os.path.basename(first)) and store.list_names() == ["checkpoint", "m-2.h5"]
 
 
-# -- the write contract: WritableFormat.write_blob, and formats written against write(path) --------
+# -- the format contract: a plugin format defined only here, written the documented way ----------
 
-class _PathOnly(ckpt.WritableFormat):
-    """A plugin written before blobs: it overrides only the path-taking write (here: msgpack's
-    bytes with a marker file name check), and must keep working."""
+class _Toy(ckpt.WritableFormat):
+    """A third-party format as docs/storage.md describes one: b"TOY1", a JSON index of 4 KiB at
+    most, then each tensor's bytes; one class, registered with ckpt.register_format."""
 
-    name, extensions, can_write = "pathonly", (".pathonly",), True
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
+    name, extensions = "toy", (".toy",)
 
     def sniff(self, head: bytes) -> bool:
-        return False  # msgpack's reader recognises the bytes
+        return head.startswith(b"TOY1")
 
-    def open(self, path: str):
-        from ckpt.formats.msgpack import MsgpackReader
+    def open(self, path: str, blob: ReadableBlob | None = None, declined=None) -> _ToyReader:
+        return _ToyReader(path, blob)
 
-        return MsgpackReader(path)
+    def write_blob(self, blob: WritableBlob, tensors, metadata) -> None:
+        index, offset, arrays = {}, 4096, []
+        for key, source in tensors:
+            array = np.ascontiguousarray(materialize(source))
+            index[key] = [array.dtype.str, list(array.shape), offset]
+            arrays.append((offset, array))
+            offset += array.nbytes
+        head = b"TOY1" + json.dumps({"tensors": index, "metadata": dict(metadata)}).encode()
+        blob.write_at(head.ljust(4096, b" "), 0)
+        for at, array in arrays:
+            blob.write_at(memoryview(array).cast("B"), at)
 
-    def write(self, path, tensors, metadata):
-        from ckpt.formats.msgpack import MsgpackFormat
 
-        assert os.path.isfile(path)  # a real local file, as the old contract promised
-        self.paths.append(path)
-        MsgpackFormat().write(path, tensors, metadata)
+class _ToyReader(FileReader):
+    format_name, checksummed = "toy", False
+
+    def _open(self) -> None:
+        raw = bytearray(4092)
+        self._source.read_into(memoryview(raw), 4, "the index")
+        parsed = json.loads(bytes(raw))
+        self._metadata = parsed["metadata"]
+        self._tensors = {key: TensorInfo(key, np.dtype(dt), tuple(shape), np.dtype(dt).itemsize *
+                                              int(np.prod(shape)), at) for key, (dt, shape, at) in parsed["tensors"].items()}
+
+    def _read_into(self, info, out) -> None:
+        self._source.read_into(memoryview(out).cast("B"), info.extra, f"tensor {info.key!r}")
 
 
 @pytest.fixture
-def path_only():
-    from ckpt.formats import base
-
-    fmt = _PathOnly()
-    base.register_format(fmt)
+def toy():
+    fmt = _Toy()
+    ckpt.register_format(fmt)
     yield fmt
-    base.unregister_format(fmt.name)
+    ckpt.unregister_format(fmt.name)
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
-def test_a_format_overriding_only_write_path_saves_to_every_store(path_only, tmp_path, where):
-    location = str(tmp_path) if where == "local" else f"memory://ckpt-test-pathonly-{uuid.uuid4().hex}"
-    w = ckpt.Variable(np.arange(6.0).reshape(2, 3), name="w")
-    path = ckpt.Saver([w], format="pathonly").save(f"{location}/m.pathonly")
-    assert len(path_only.paths) == 1
-    if where == "local":  # written in place: the temporary file the Store renames
-        assert os.path.dirname(path_only.paths[0]) == str(tmp_path)
-    with ckpt.load_checkpoint(path) as reader:
-        assert np.array_equal(reader.get_tensor("w"), w.numpy()) and reader.verify() == []
+def test_a_plugin_format_saves_restores_and_inspects_on_every_store(toy, tmp_path, where):
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import main
+
+    location = str(tmp_path) if where == "local" else f"memory://ckpt-test-toy-{uuid.uuid4().hex}"
+    w = ckpt.Variable(np.arange(6.0, dtype=np.float32).reshape(2, 3), name="w")
+    path = ckpt.Saver([w], format="toy").save(f"{location}/m.toy", metadata={"note": "toy"})
+    with ckpt.load_checkpoint(path) as reader:  # recognised by its sniff, read through the blob it was handed
+        assert reader.format == "toy" and reader.metadata == {"note": "toy"}
+        assert np.array_equal(reader.get_tensor("w"), w.numpy())
+    w.assign(np.zeros((2, 3), np.float32))
+    ckpt.Saver([w]).restore(path)
+    assert w.numpy().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    if where == "local":
+        result = CliRunner().invoke(main, ["inspect", path])
+        assert result.exit_code == 0, result.output
+        assert result.output == "tensor: w (float32) [2, 3]\n# Total number of params: 6\n"
 
 
-def test_a_subclass_of_a_built_in_overriding_write_is_what_saves(tmp_path):
-    from ckpt.formats import base
-    from ckpt.formats.msgpack import MsgpackFormat
+def test_register_format_refuses_what_is_not_one_format_class():
+    """One way to be a format: a Format subclass; a writer overrides write_blob, never write(path)."""
 
-    calls = []
-
-    class Logged(MsgpackFormat):
-        name, extensions = "logged", (".logged",)
-
-        def write(self, path, tensors, metadata):
-            calls.append(path)
-            super().write(path, tensors, metadata)
-
-    base.register_format(Logged())
-    try:
-        path = ckpt.Saver([ckpt.Variable(1.5, name="v")], format="logged").save(str(tmp_path / "m.logged"))
-    finally:
-        base.unregister_format("logged")
-    assert len(calls) == 1 and os.path.isfile(path)
-
-
-def test_register_format_refuses_a_writer_without_write_blob():
-    from ckpt.formats import base
-
-    class Structural:  # not a subclass: nothing to inherit write_blob from
-        name, extensions, can_write = "structural", (".structural",), True
+    class Structural:  # duck-typed: not a subclass
+        name, extensions, can_write = "structural", (".structural",), False
 
         def claims(self, path):
             return False
@@ -181,27 +184,33 @@ def test_register_format_refuses_a_writer_without_write_blob():
         def sniff(self, head):
             return False
 
-        def open(self, path):
+        def open(self, path, blob=None, declined=None):
             raise NotImplementedError
+
+    with pytest.raises(TypeError, match="is not a Format: subclass ckpt.Format"):
+        ckpt.register_format(Structural())
+
+    class PathOnly(_Toy):  # written against the old path-taking contract
+        name, extensions = "pathonly", (".pathonly",)
 
         def write(self, path, tensors, metadata):
-            raise NotImplementedError
+            raise AssertionError("never called")
 
-    with pytest.raises(TypeError, match="write_blob.*subclass ckpt.WritableFormat"):
-        base.register_format(Structural())
+    with pytest.raises(TypeError, match="overrides write\\(path, ...\\).*override write_blob"):
+        ckpt.register_format(PathOnly())
 
     class Neither(ckpt.WritableFormat):
-        name, extensions, can_write = "neither", (".neither",), True
+        name, extensions = "neither", (".neither",)
 
         def sniff(self, head):
             return False
 
-        def open(self, path):
+        def open(self, path, blob=None, declined=None):
             raise NotImplementedError
 
-    with pytest.raises(TypeError, match="must define write_blob"):
-        base.register_format(Neither())
-    assert "structural" not in [f.name for f in base.formats()] and "neither" not in [f.name for f in base.formats()]
+    with pytest.raises(TypeError, match="abstract method.*write_blob"):
+        Neither()
+    assert not {"structural", "pathonly"} & {f.name for f in ckpt.formats.base.formats()}
 
 
 def test_convert_reads_the_written_bytes_back_before_they_become_visible(tmp_path):
@@ -213,9 +222,9 @@ def test_convert_reads_the_written_bytes_back_before_they_become_visible(tmp_pat
     real = type(directory).write_checkpoint
 
     def spy(self, name, write, check=None):
-        def checking(location):
-            checked.append((location, self.exists(name)))
-            check(location)
+        def checking(written):
+            checked.append((written.name, self.exists(name)))
+            check(written)
         return real(self, name, write, checking)
 
     import unittest.mock

@@ -48,7 +48,7 @@ from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
-from ..formats.base import format_for_path, write_into  # the registry: importing it registers the built-ins
+from ..formats.base import format_for_path  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
 from ckpt.saving.retention import Retention, kept_paths, read_local_owner, read_owner
 from ckpt.saving.staging import peek
@@ -59,7 +59,7 @@ from .comm import CollectiveTimeoutError, Communicator, OutcomeUnknownError, dec
 if TYPE_CHECKING:
     from ckpt.storage.remote import RemoteDirectory
     from ckpt.runtime.variables import Variable
-    from ..storage import Store, WritableBlob
+    from ..storage import ReadableBlob, Store, WritableBlob
 
 __all__ = ["Job", "save_sharded", "remove_leftovers", "build_record"]
 
@@ -431,10 +431,10 @@ def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, item
 
     def write(blob: WritableBlob) -> None:
         with gc_paused() if not background else nullcontext():
-            write_into(fmt, blob, [(block.key, block) for block in mine], {})
+            fmt.write_blob(blob, [(block.key, block) for block in mine], {})
 
-    def check(location: str) -> None:  # the file's own record of each block: sizes and checksums
-        with fmt.open(location) as reader:
+    def check(written: ReadableBlob) -> None:  # the file's own record of each block: sizes and checksums
+        with fmt.open(written.name, written) as reader:
             for block in mine:
                 blocks.append([block.key, list(block.offset), list(block.shape), reader.tensors[block.key].nbytes,
                                sharded.stored_crcs(reader, block.key)])

@@ -350,7 +350,7 @@ class Saver:
         def write(blob: WritableBlob) -> None:
             # the GC switch is process-wide: a background save leaves it to the training loop
             with gc_paused() if not background else nullcontext():
-                _formats.write_into(fmt, blob, tensors, metadata)
+                fmt.write_blob(blob, tensors, metadata)
 
         try:
             state = store.commit(name, write, self._retention.change(store, path, step), step)

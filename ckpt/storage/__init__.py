@@ -185,17 +185,17 @@ class Store(Protocol):
         """Delete each named checkpoint if it exists (a sharded one's commit record first)."""
 
     def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
-                         check: Callable[[str], None] | None = None) -> None:
+                         check: Callable[[ReadableBlob], None] | None = None) -> None:
         """Create ``name`` atomically from ``write(blob)``, which writes the checkpoint's bytes into
         the :class:`WritableBlob` the store hands it (in the blob write order): whole or not at
         all, never half-written (local: temporary file, fsync, rename, fsync of the directory;
         object store: a data object under a unique name, uploaded as it is written, then a
-        create-only commit record). ``check(location)``, if given, is called with the path or URL
-        of the complete but not yet visible bytes (to read them back); if it raises, nothing is
-        created."""
+        create-only commit record). ``check(blob)``, if given, is called with the complete but not
+        yet visible bytes opened for reading (``blob.name``: their path or URL; a reader may take
+        the blob over, the store closes it after ``check``); if it raises, nothing is created."""
 
     def write_file(self, name: str, write: Callable[[WritableBlob], None],
-                   check: Callable[[str], None] | None = None) -> int:
+                   check: Callable[[ReadableBlob], None] | None = None) -> int:
         """Create the plain file ``name`` like ``write_checkpoint`` (whole or not at all; local:
         temporary file and rename; object store: a create-only upload streamed as it is written)
         but without a commit record of its own: for the files of a checkpoint whose own commit

@@ -130,15 +130,16 @@ class LocalStore:
                 pass
 
     def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
-                         check: Callable[[str], None] | None = None) -> None:
+                         check: Callable[[ReadableBlob], None] | None = None) -> None:
         self.write_file(name, write, check)
 
     def write_file(self, name: str, write: Callable[[WritableBlob], None],
-                   check: Callable[[str], None] | None = None) -> int:
+                   check: Callable[[ReadableBlob], None] | None = None) -> int:
         with replace_atomically(self.join(name)) as tmp:
             fill_file(tmp, write)
             if check is not None:
-                check(tmp)
+                with _io.LocalFile(tmp) as blob:
+                    check(blob)
             return os.path.getsize(tmp)
 
     def read_state(self) -> CheckpointState | None:

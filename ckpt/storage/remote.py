@@ -42,7 +42,7 @@ import os
 import random
 import time
 import warnings
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple, TypeVar
 from collections.abc import Callable, Iterator, Sequence
@@ -51,7 +51,7 @@ from ckpt.storage import urls as _urls
 from ckpt.storage.objstore import ObjectStore
 from ckpt.storage.recovery import is_candidate, recover_state
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
-from ckpt.formats.base import format_for_path, offering, open_reader  # the registry: which names are checkpoints
+from ckpt.formats.base import format_for_path, open_reader  # the registry: which names are checkpoints
 from ckpt.storage.state import (
     STATE_FILE,
     CheckpointEntry,
@@ -61,7 +61,7 @@ from ckpt.storage.state import (
     settle,
     with_pending,
 )
-from ckpt.storage import Listed, StateChange, WritableBlob
+from ckpt.storage import Listed, ReadableBlob, StateChange, WritableBlob
 
 split_url = _urls.split
 
@@ -279,7 +279,7 @@ class RemoteDirectory:
         return f"{DATA_DIR}/{name}/{_token()}"
 
     def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
-                         check: Callable[[str], None] | None = None, step: int | None = None) -> None:
+                         check: Callable[[ReadableBlob], None] | None = None, step: int | None = None) -> None:
         """Upload with ``write(blob)`` (streamed to the store in parts as it is written), ``check``
         the uploaded data object (by its URL) if asked, then commit ``name`` (at ``step``) create-only.
 
@@ -292,13 +292,13 @@ class RemoteDirectory:
         self.publish(name, relative, size, head, tail, step)
 
     def write_file(self, name: str, write: Callable[[WritableBlob], None],
-                   check: Callable[[str], None] | None = None) -> int:
+                   check: Callable[[ReadableBlob], None] | None = None) -> int:
         """Upload the object ``name`` create-only with ``write(blob)``, no commit record (a
         sharded save's shard files, under its data prefix); ``check`` it by URL if asked."""
         return self._upload(name, write, check)[0]
 
     def _upload(self, name: str, write: Callable[[WritableBlob], None],
-                check: Callable[[str], None] | None) -> tuple[int, bytes, bytes]:
+                check: Callable[[ReadableBlob], None] | None) -> tuple[int, bytes, bytes]:
         """Write, finish and optionally check the object ``name``; return its size, head and tail.
         If ``write`` or ``check`` fails, nothing is left (the upload aborted or the object deleted)."""
         url = self.join(name)
@@ -312,8 +312,8 @@ class RemoteDirectory:
         if check is not None:
             try:
                 parent, _ = _urls.split(url)
-                with offering(url, RemoteFile(url, RemoteDirectory(parent, store=self.store))):
-                    check(url)
+                with closing(RemoteFile(url, RemoteDirectory(parent, store=self.store))) as written:
+                    check(written)
             except BaseException:
                 self._delete_data(url, quietly=True)
                 raise
@@ -409,7 +409,7 @@ class RemoteDirectory:
     def _verifies(self, name: str) -> bool:
         url = self.join(name)
         try:
-            with offering(url, RemoteFile(url, self)), open_reader(url) as reader:
+            with open_reader(url, RemoteFile(url, self)) as reader:
                 return not reader.verify()
         except CorruptCheckpointError:
             return False

@@ -37,9 +37,9 @@ from ckpt.tools.sources import Checkpoint, Keys, opened, select_keys
 from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.storage.local import store_of
 from ckpt.storage.atomic import fsync_directory, require_directory
-from ckpt.formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys, write_into
+from ckpt.formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys
 from ckpt.saving.reader import CheckpointReader
-from ckpt.storage import WritableBlob
+from ckpt.storage import ReadableBlob, WritableBlob
 from ckpt.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -197,7 +197,7 @@ def _same_tensor(source: CheckpointReader, old: str, written: CheckpointReader, 
                                                                                                 old, new))
 
 
-def _check_written(fmt: Any, tmp: str, dst: str, source: CheckpointReader, plan: dict[str, str],
+def _check_written(fmt: Any, tmp: ReadableBlob, dst: str, source: CheckpointReader, plan: dict[str, str],
                    metadata: dict[str, Any], progress: Progress | None) -> None:
     """Read the new file back; raise CheckpointWriteError unless it holds exactly SRC's tensors."""
 
@@ -205,7 +205,7 @@ def _check_written(fmt: Any, tmp: str, dst: str, source: CheckpointReader, plan:
         return CheckpointWriteError(f"{dst}: the converted file does not read back as written ({what}); "
                                     "DST was not replaced")
 
-    with CheckpointReader(fmt.open(tmp)) as written, reusing_buffers():
+    with CheckpointReader(fmt.open(tmp.name, tmp)) as written, reusing_buffers():
         if sorted(written.tensors) != sorted(plan.values()):
             raise fail("its keys differ")
         if written.metadata != metadata:
@@ -374,10 +374,10 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         def write(blob: WritableBlob) -> None:
             scratch = [np.empty(0, dtype=np.uint8)]
             with reusing_buffers():
-                write_into(fmt, blob, [(new, _Source(reader, reader.tensors[old], progress, scratch))
+                fmt.write_blob(blob, [(new, _Source(reader, reader.tensors[old], progress, scratch))
                                        for old, new in plan.items()], metadata)
 
-        def check(written: str) -> None:
+        def check(written: ReadableBlob) -> None:
             _check_written(fmt, written, dst, reader, plan, metadata, progress)
 
         try:  # atomic (docs/storage.md): written into the store's blob, read back and checked, then committed

@@ -1,0 +1,268 @@
+"""The built-in formats, one :class:`~ckpt.formats.base.Format` class each: its name, extensions,
+recognition (``claims``, ``sniff``) and the entry points of its module (``open``, ``write_blob``).
+
+The classes live here, apart from their readers and writers, so that recognising a file
+costs no format module: a format's module is imported when one of its files is opened or
+written (reading a ckpt HDF5 file imports ``ckpt.formats.hdf5`` only; ``tests/test_imports.py``).
+``ckpt.formats`` registers them with :func:`~ckpt.formats.base.register_format`, the call a
+plugin makes for its own format.
+
+Example:
+    >>> from ckpt.formats import builtin
+    >>> builtin.MsgpackFormat().sniff(b"not msgpack"), builtin.Hdf5Format().extensions
+    (False, ('.h5', '.hdf5'))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ckpt.storage import ReadableBlob, WritableBlob
+
+from . import _h5head, _zip
+from ._contract import Format, WritableFormat
+from ._readers import Reader
+
+#: The members a .keras zip starts with.
+_KERAS_ZIP_MEMBERS = ("metadata.json", "config.json", "model.weights.h5")
+
+
+def _unused(blob: ReadableBlob | None) -> None:
+    """Close the sniffed blob of a format whose reader opens its checkpoint by path."""
+    if blob is not None:
+        blob.close()
+
+
+class Hdf5Format(WritableFormat):
+    """The ckpt HDF5 format; also reads HDF5 files other tools wrote (``formats/hdf5.py``)."""
+
+    name = "hdf5"
+    extensions = (".h5", ".hdf5")
+
+    def sniff(self, head: bytes) -> bool:
+        return _h5head.ckpt_head(head) or _h5head.hdf5_signature(head)
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import hdf5
+
+        return hdf5.open_hdf5(path, blob, declined)
+
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+                   metadata: Mapping[str, Any]) -> None:
+        from . import hdf5
+
+        hdf5.write_hdf5(blob, tensors, metadata)
+
+
+class MsgpackFormat(WritableFormat):
+    """The ckpt msgpack format (``formats/msgpack.py``)."""
+
+    name = "msgpack"
+    extensions = (".msgpack",)
+
+    def sniff(self, head: bytes) -> bool:
+        from . import msgpack
+
+        return msgpack.is_ckpt_msgpack(head)
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import msgpack
+
+        return msgpack.MsgpackReader(path, blob)
+
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+                   metadata: Mapping[str, Any]) -> None:
+        from . import msgpack
+
+        msgpack.write_msgpack(blob, tensors, metadata)
+
+
+class CkptShardedFormat(Format):
+    """ckpt's sharded checkpoints: directories with a commit record (``formats/ckpt_sharded.py``).
+
+    It has no extension of its own (the shard files' extension names the checkpoint) and is
+    written by a Saver with ``comm=``, not through the registry.
+    """
+
+    name = "ckpt-sharded"
+    extensions: tuple[str, ...] = ()
+
+    def claims(self, path: str) -> bool:
+        if not os.path.isdir(path):  # (checked first: the module loads only for a directory)
+            return False
+        from . import ckpt_sharded
+
+        return ckpt_sharded.is_sharded(path)
+
+    def sniff(self, head: bytes) -> bool:
+        from . import ckpt_sharded
+
+        return head.startswith(ckpt_sharded.HEADER[:-1])  # a commit record: what an object-store URL leads to
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import ckpt_sharded
+
+        _unused(blob)
+        return ckpt_sharded.ShardedReader(path)
+
+
+class SafetensorsFormat(WritableFormat):
+    """safetensors: reads any .safetensors file, writes them with per-tensor checksums."""
+
+    name = "safetensors"
+    extensions = (".safetensors",)
+
+    def sniff(self, head: bytes) -> bool:
+        # a plausible header length (below 2**40), then the JSON's opening brace
+        return len(head) >= 9 and head[5:8] == b"\x00\x00\x00" and head[8:9] == b"{"
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import safetensors
+
+        return safetensors.SafetensorsReader(path, blob)
+
+    def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+                   metadata: Mapping[str, Any]) -> None:
+        from . import safetensors
+
+        safetensors.write_safetensors(blob, tensors, metadata)
+
+
+class TorchFormat(Format):
+    """torch.save's zip format and its legacy pickle format (read-only)."""
+
+    name = "pytorch"
+    extensions = (".pt", ".pth", ".bin")
+
+    def sniff(self, head: bytes) -> bool:
+        from . import torch
+
+        first = _zip.first_member_name(head)
+        return head.startswith(torch.LEGACY_MAGIC) or (first is not None and first.endswith("data.pkl"))
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import torch
+
+        return torch.TorchReader(path, blob)
+
+
+class FlaxFormat(Format):
+    """Flax's msgpack serialization (read-only)."""
+
+    name = "flax"
+    extensions = (".msgpack",)
+
+    def sniff(self, head: bytes) -> bool:
+        from . import msgpack
+
+        # a map whose first key is a string; ckpt's own msgpack files start with a map too
+        if not head or msgpack.is_ckpt_msgpack(head):
+            return False
+        if head == b"\x80":  # an empty state dict
+            return True
+        first = head[0]
+        key_at = 1 if 0x80 < first <= 0x8F else {0xDE: 3, 0xDF: 5}.get(first)
+        return key_at is not None and len(head) > key_at and \
+            (0xA0 <= head[key_at] <= 0xBF or head[key_at] in (0xD9, 0xDA, 0xDB))
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import flax
+
+        return flax.FlaxReader(path, blob)
+
+
+class TensorFlowFormat(Format):
+    """TensorFlow's tensor bundles, as written by tf.train.Saver and tf.train.Checkpoint."""
+
+    name = "tensorflow"
+    extensions = (".index",)
+
+    def claims(self, path: str) -> bool:
+        # only an index, a data file or a prefix with no file of its own can name a bundle
+        if not (path.endswith(".index") or ".data-" in path or not os.path.exists(path)):
+            return False
+        from . import tensorflow
+
+        return tensorflow.prefix_of(path) is not None
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # an index has no header; claims() recognises it by its footer
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import tensorflow
+
+        _unused(blob)
+        return tensorflow.open_tensorflow(path)
+
+
+class ShardedFormat(Format):
+    """Hugging Face index files and model directories, Keras 3 ``.weights.json`` (read-only)."""
+
+    name = "sharded"
+    extensions = (".index.json", ".weights.json")
+
+    def claims(self, path: str) -> bool:
+        if os.path.isdir(path):
+            from . import sharded
+
+            return any(os.path.isfile(os.path.join(path, name)) for name in sharded.HF_FILES)
+        return path.endswith(self.extensions) and os.path.isfile(path)
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # JSON says nothing about itself; claims() goes by the file name
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import sharded
+
+        _unused(blob)
+        return sharded.open_sharded(path)
+
+
+class OrbaxFormat(Format):
+    """orbax-checkpoint directories saved without OCDBT, and CheckpointManager roots (read-only)."""
+
+    name = "orbax"
+    extensions: tuple[str, ...] = ()
+
+    def claims(self, path: str) -> bool:
+        if not os.path.isdir(path):  # (checked first: the module loads only for a directory)
+            return False
+        from . import orbax
+
+        return orbax.is_orbax(path)
+
+    def sniff(self, head: bytes) -> bool:
+        return False  # a directory; claims() recognises it
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import orbax
+
+        _unused(blob)
+        return orbax.open_orbax(path)
+
+
+class KerasFormat(Format):
+    """Keras weights: the .keras zip, and HDF5 files with Keras's layout.
+
+    Registered before the hdf5 format: it sniffs every HDF5 file ckpt did not write, opens it
+    and, when the file has no Keras layout, declines, handing its open reader on to the hdf5
+    format (``base.decline``), so libhdf5 opens the file once.
+    """
+
+    name = "keras"
+    extensions = (".keras",)
+
+    def sniff(self, head: bytes) -> bool:
+        return _zip.first_member_name(head) in _KERAS_ZIP_MEMBERS or _h5head.foreign_hdf5(head)
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import keras
+
+        return keras.open_keras(path, blob)
+
+
+#: In the order they are asked; keras is registered before hdf5 (``ckpt.formats``).
+FORMATS: tuple[Format, ...] = (Hdf5Format(), MsgpackFormat(), CkptShardedFormat(), SafetensorsFormat(),
+                               TorchFormat(), FlaxFormat(), TensorFlowFormat(), ShardedFormat(), OrbaxFormat())

@@ -46,6 +46,7 @@ from contextlib import nullcontext
 from typing import Any, TypeVar
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
+from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
 from ckpt.storage.faults import translating
 from ckpt.errors import CorruptCheckpointError
@@ -669,7 +670,7 @@ class StagedUpload:
     def __init__(self, store: ObjectStore, url: str, create_only: bool) -> None:
         import tempfile
 
-        from ckpt.formats._io import LocalSink
+        from ckpt.storage.localfile import LocalSink
 
         self._store, self.url, self._create_only = store, url, create_only
         fd, self._local = tempfile.mkstemp(prefix=".ckpt-upload-")
@@ -798,8 +799,6 @@ class _Held:
 
     def crc32c(self) -> int:
         """The CRC-32C of all the bytes (segments and gaps, in order)."""
-        from ckpt.formats._io import crc32c
-
         value = pos = 0
         for offset, view in self._segments:
             if offset > pos:
@@ -810,8 +809,6 @@ class _Held:
 
 def _zeros_crc(value: int, n: int) -> int:
     """``value`` continued over ``n`` zero bytes."""
-    from ckpt.formats._io import crc32c
-
     zeros = bytes(min(n, CHUNK))
     while n:
         value = crc32c(zeros[:min(n, len(zeros))], value)

@@ -47,8 +47,10 @@ from contextvars import ContextVar
 from typing import Any, NamedTuple, TypeVar
 from collections.abc import Callable, Iterator, Sequence
 
+from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
 from ckpt.storage.objstore import ObjectStore
+from ckpt.storage.workers import checksum_async
 from ckpt.storage.recovery import is_candidate, recover_state
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
 from ckpt.formats.base import format_for_path, offering, open_reader  # the registry: which names are checkpoints
@@ -93,8 +95,6 @@ def commit_record(data: str, size: int, head: bytes = b"", tail: bytes = b"", na
     """The commit record of checkpoint ``name`` (its ``step``, if any) naming ``data`` (relative
     to the directory), ``size`` bytes long, with copies of its first bytes ``head`` and last bytes
     ``tail`` (and their crc32c). ``name`` defaults to the one in ``data`` (".ckpt-data/<name>/...")."""
-    from ckpt.formats._io import crc32c
-
     if len(head) + len(tail) > size:
         raise ValueError("the head and tail of a data object overlap")
     doc: dict[str, object] = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION,
@@ -127,8 +127,6 @@ def parse_commit(raw: bytes, url: str) -> Commit:
     ``name`` (records of ckpt < 0.2 have none) and its data object (always under
     ".ckpt-data/<name>/") must both be the name in ``url``, or the record was copied over
     another checkpoint's or edited to point at another checkpoint's data."""
-    from ckpt.formats._io import crc32c
-
     try:
         doc = json.loads(raw)
     except ValueError:
@@ -658,8 +656,6 @@ class RemoteFile:
     def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
         """Fill every span (several ranged GETs in flight) and return each one's crc32c (a big
         span's computed on the I/O pool as soon as it is filled, while the next ones arrive)."""
-        from ckpt.formats import _io
-
         fetch = []
         for i, (offset, view) in enumerate(spans):
             cached = self._cached(offset, len(view))
@@ -673,11 +669,11 @@ class RemoteFile:
         started: dict[int, Callable[[], int]] = {}  # checksums begun while later bytes still arrive
 
         def done(j: int) -> None:
-            started[fetch[j]] = _io.checksum_async(spans[fetch[j]][1])
+            started[fetch[j]] = checksum_async(spans[fetch[j]][1])
 
         self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]), self.size,
                                        done)
-        return [started[i]() if i in started else _io.crc32c(view) for i, (_, view) in enumerate(spans)]
+        return [started[i]() if i in started else crc32c(view) for i, (_, view) in enumerate(spans)]
 
     def close(self) -> None:
         self._cache.clear()

@@ -8,7 +8,7 @@ stores"):
    ``<dir>/.ckpt-data/<name>/<token>`` (a unique name), create-only, invisible until complete:
    on S3 one PUT of up to 512 MiB whose body is read out of the writer's (lent) buffers, or a
    multipart upload whose parts go up while later ones are written (the first part, which
-   holds the head the format fills in last, goes last) (``_objstore.S3Upload``; other
+   holds the head the format fills in last, goes last) (``ckpt.storage.uploads.S3Upload``; other
    stores: a local temporary file uploaded at the end);
 2. optionally the uploaded data object is read back and checked (``ckpt.convert``);
 3. the commit record ``<dir>/<name>`` (small JSON naming the data object) is written with a
@@ -49,7 +49,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
+from ckpt.storage.backends import object_store
 from ckpt.storage.objstore import ObjectStore
+from ckpt.storage.uploads import OPEN_HEAD, OPEN_TAIL
 from ckpt.storage.workers import checksum_async
 from ckpt.storage.recovery import is_candidate, recover_state
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
@@ -68,15 +70,11 @@ from ckpt.storage import Listed, StateChange, WritableBlob
 split_url = _urls.split
 
 __all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", "parse_commit", "Commit", "DATA_DIR",
-           "ORPHAN_GRACE_S", "HEAD_BYTES"]
+           "ORPHAN_GRACE_S", "HEAD_BYTES", "OPEN_HEAD", "OPEN_TAIL"]
 
 DATA_DIR = ".ckpt-data"
 _COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1
 _COMMIT_PREFIX = b'{"format": "ckpt-commit"'
-#: Bytes of a data object fetched when it is opened: its start (format sniffing, headers)
-#: and its end (footers and indexes). The commit record carries a copy of both, so opening a
-#: committed checkpoint costs no GET of the data object.
-OPEN_HEAD, OPEN_TAIL = 4096, 64 << 10
 #: A checkpoint's first ranged GET: enough for a commit record (with its copies of the data
 #: object's head and tail, base64), or a plain checkpoint's header.
 HEAD_BYTES = 128 << 10
@@ -193,7 +191,7 @@ class RemoteDirectory:
     def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
                  store: ObjectStore | None = None) -> None:
         self.url = _urls.check(url).rstrip("/")
-        self.store = store if store is not None else ObjectStore(self.url, storage_options)
+        self.store = store if store is not None else object_store(self.url, storage_options)
 
     @property
     def location(self) -> str:

@@ -58,7 +58,7 @@ def kill_at_event(k: int, kind: str) -> None:
             os._exit(KILLED_CODE)
 
     if kind == "s3":
-        from ckpt.storage import objstore as _objstore, s3 as _s3, uploads as _uploads
+        from ckpt.storage import objstore as _objstore, s3 as _s3, s3upload as _s3upload, uploads as _uploads
 
         def wrapped(method: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -67,7 +67,7 @@ def kill_at_event(k: int, kind: str) -> None:
             return call
 
         for cls, names in ((_objstore.ObjectStore, ("put", "delete")), (_s3.S3Store, ("put_if",)),
-                           (_uploads.S3Upload, ("finish",)), (_uploads.StagedUpload, ("finish",))):
+                           (_s3upload.S3Upload, ("finish",)), (_uploads.StagedUpload, ("finish",))):
             for name in names:
                 setattr(cls, name, wrapped(getattr(cls, name)))
         return

@@ -10,7 +10,7 @@ from conftest import assert_bit_exact
 from distributed_support import global_tensors, layout, make_variables, run_ranks
 
 import ckpt
-from ckpt.storage import remote as _remote, uploads as _uploads
+from ckpt.storage import remote as _remote, s3upload as _uploads
 from ckpt import distributed
 
 pytest.importorskip("s3fs")

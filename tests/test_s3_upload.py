@@ -18,7 +18,7 @@ import pytest
 
 import ckpt
 from ckpt.checksums import crc32c
-from ckpt.storage import remote as _remote, uploads as upload_module
+from ckpt.storage import remote as _remote, s3upload as upload_module
 from ckpt.storage.backends import object_store
 from s3server import MIN_PART
 

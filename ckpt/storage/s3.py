@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from ckpt.errors import CorruptCheckpointError
 from ckpt.storage.faults import translating
 from ckpt.storage.objstore import ObjectStore, missing_object, pieces_of, sync
-from ckpt.storage.uploads import S3Upload
+from ckpt.storage.s3upload import S3Upload
 from ckpt.storage.versions import checked_version
 
 __all__ = ["S3Store"]

@@ -16,6 +16,7 @@ import pytest
 import ckpt
 from ckpt.storage import remote as _remote, urls as _urls
 from ckpt.storage.backends import object_store
+from ckpt.storage.commits import unique_token
 from ckpt.storage.objstore import Sizes
 from ckpt.storage.faults import store_error
 from ckpt.storage.state import CheckpointEntry, CheckpointState, parse_state
@@ -297,7 +298,7 @@ def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
     # the refused writer's data object is gone; a killed save's orphan goes after the grace time
     kept = [e["name"] for e in directory.store.list(directory.join(_remote.DATA_DIR), recursive=True)]
     assert kept == [data.rpartition(_remote.DATA_DIR + "/")[2]]
-    orphan = directory.join(f"{_remote.DATA_DIR}/m2.bin/{_remote._token()}")
+    orphan = directory.join(f"{_remote.DATA_DIR}/m2.bin/{unique_token()}")
     directory.store.put(orphan, b"partial", create_only=True)
     assert directory.clean_orphans() == []  # still young: might be a save in progress
     monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", 0.0)

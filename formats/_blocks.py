@@ -27,7 +27,7 @@ from ckpt import boxes
 from ckpt.errors import CorruptCheckpointError, checksum_error
 
 from . import _io
-from ._io import crc32c
+from ckpt.checksums import crc32c, gf2_times
 
 __all__ = ["BLOCK_BYTES", "block_crcs", "checksums", "RunningChecksums", "combine", "pack_crcs", "unpack_crcs",
            "read_part", "BlockSlicing"]
@@ -48,7 +48,7 @@ def _shift(value: int, nbytes: int) -> int:
         op = [crc32c(zeros, 1 << bit) ^ base for bit in range(32)]
         if len(_operators) < 64:  # the block size and a few last-block sizes
             _operators[nbytes] = op
-    return _io._gf2_times(op, value)
+    return gf2_times(op, value)
 
 
 def combine(crcs: Sequence[int], nbytes: int, block_bytes: int = BLOCK_BYTES) -> int:
@@ -84,7 +84,7 @@ def checksums(view: memoryview, block_bytes: int = BLOCK_BYTES) -> Callable[[], 
     if len(view) < _io.BIG:
         result = _both(view, block_bytes)
         return lambda: result
-    return _io._workers().submit(_both, view, block_bytes).result
+    return _io.workers().submit(_both, view, block_bytes).result
 
 
 class RunningChecksums:

@@ -58,7 +58,7 @@ def kill_at_event(k: int, kind: str) -> None:
             os._exit(KILLED_CODE)
 
     if kind == "s3":
-        from ckpt.storage import objstore as _objstore
+        from ckpt.storage import objstore as _objstore, s3 as _s3, s3upload as _s3upload, uploads as _uploads
 
         def wrapped(method: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -66,8 +66,8 @@ def kill_at_event(k: int, kind: str) -> None:
                 return method(*args, **kwargs)
             return call
 
-        for cls, names in ((_objstore.ObjectStore, ("put", "put_if", "delete")),
-                           (_objstore.S3Upload, ("finish",)), (_objstore.StagedUpload, ("finish",))):
+        for cls, names in ((_objstore.ObjectStore, ("put", "delete")), (_s3.S3Store, ("put_if",)),
+                           (_s3upload.S3Upload, ("finish",)), (_uploads.StagedUpload, ("finish",))):
             for name in names:
                 setattr(cls, name, wrapped(getattr(cls, name)))
         return

@@ -23,6 +23,7 @@ import numpy as np
 
 import ckpt
 from ckpt.formats import _io
+from ckpt.storage.localfile import pwrite_all
 from ckpt.formats import hdf5 as hdf5_format
 from ckpt.formats import msgpack as msgpack_format
 from ckpt.formats.builtin import Hdf5Format
@@ -180,7 +181,7 @@ def overwrite(path: str, data: bytes) -> None:
     """Make ``path`` hold exactly ``data`` (cheaper than truncating to zero on ext4 with discard)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        _io.pwrite_all(fd, data, 0) if data else None
+        pwrite_all(fd, data, 0) if data else None
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)

@@ -1,4 +1,5 @@
-"""formats/_io: piecewise parallel reads and the crc32c arithmetic behind them."""
+"""The formats' blob helpers (formats/_io over ckpt.storage): piecewise parallel reads of local
+files and the crc32c arithmetic behind them."""
 
 from __future__ import annotations
 
@@ -15,24 +16,31 @@ import numpy as np
 import pytest
 
 import ckpt
+import ckpt.storage.local
 import ckpt.storage.state
+from ckpt.checksums import crc32c_combine
 from ckpt.formats import _io
 from ckpt.storage import ReadableBlob
+from ckpt.storage.localfile import LocalFile
+
+KiB = 1 << 10
+PIECE, BIG = 4 * KiB, 8 * KiB  # the local file's piece and big-span sizes, small: the same code on less data
 
 
-@pytest.mark.parametrize("head", [1, 100, 4096, _io.PIECE])
-def test_crc32c_combine_matches_the_checksum_of_the_concatenation(head):
-    rng = np.random.default_rng(head)
-    a, b = rng.bytes(head), rng.bytes(_io.PIECE)
-    assert _io.crc32c_combine_piece(crc32c.crc32c(a), crc32c.crc32c(b)) == crc32c.crc32c(a + b)
+@pytest.mark.parametrize("head", [1, 100, 4096, 4 << 20])
+@pytest.mark.parametrize("tail", [1, 4096, 4 << 20])
+def test_crc32c_combine_matches_the_checksum_of_the_concatenation(head, tail):
+    rng = np.random.default_rng(head + tail)
+    a, b = rng.bytes(head), rng.bytes(tail)
+    assert crc32c_combine(crc32c.crc32c(a), crc32c.crc32c(b), tail) == crc32c.crc32c(a + b)
 
 
-@pytest.mark.parametrize("size", [_io.BIG, 2 * _io.PIECE, 3 * _io.PIECE + 12345, _io.PIECE + 1])
+@pytest.mark.parametrize("size", [BIG, 2 * PIECE + BIG, 3 * PIECE + 1234, BIG + 1])
 def test_large_spans_are_read_in_pieces_with_the_whole_checksum(tmp_path, size):
-    data = np.random.default_rng(size).bytes(3 * _io.PIECE + 20000)
+    data = np.random.default_rng(size).bytes(5 * PIECE + 2000)
     path = str(tmp_path / "data")
     pathlib.Path(path).write_bytes(data)
-    with _io.LocalFile(path) as source:
+    with LocalFile(path, piece=PIECE, big=BIG) as source:
         small, big = bytearray(10), bytearray(size)
         crcs = source.read_spans([(7, memoryview(big)), (0, memoryview(small))], lambda i: f"span {i}")
     assert bytes(big) == data[7:7 + size] and bytes(small) == data[:10]
@@ -41,9 +49,10 @@ def test_large_spans_are_read_in_pieces_with_the_whole_checksum(tmp_path, size):
 
 def test_a_short_file_fails_every_piece_cleanly(tmp_path):
     path = str(tmp_path / "short")
-    pathlib.Path(path).write_bytes(bytes(_io.PIECE + 10))
-    with _io.LocalFile(path) as source, pytest.raises(ckpt.CorruptCheckpointError, match="short: file ends in the middle of span 0.*truncated"):
-        source.read_spans([(0, memoryview(bytearray(3 * _io.PIECE)))], lambda i: f"span {i}")
+    pathlib.Path(path).write_bytes(bytes(2 * PIECE + 10))
+    with LocalFile(path, piece=PIECE, big=BIG) as source, \
+            pytest.raises(ckpt.CorruptCheckpointError, match="short: file ends in the middle of span 0.*truncated"):
+        source.read_spans([(0, memoryview(bytearray(5 * PIECE)))], lambda i: f"span {i}")
 
 
 def test_local_files_are_readable_blobs_named_in_errors(tmp_path):
@@ -77,6 +86,7 @@ class _Recording(_io.LocalSink):
 @pytest.mark.parametrize("ext", [".h5", ".msgpack", ".safetensors"])
 def test_writers_keep_the_writable_blob_order_an_object_store_can_stream(tmp_path, monkeypatch, ext):
     # the head (before the end of the first write) may be filled at any time; past it, writes go front to back
+    monkeypatch.setattr(ckpt.storage.local, "LocalSink", _Recording)  # the class the store writes through
     monkeypatch.setattr(_io, "LocalSink", _Recording)
     _Recording.writes = []
     rng = np.random.default_rng(1)
@@ -128,6 +138,7 @@ def test_writers_lend_only_the_callers_own_arrays(tmp_path, monkeypatch, ext):
                    strided=rng.standard_normal((600, 2000)).astype(np.float32).T)  # not C-contiguous: copied
     plain = str(tmp_path / f"plain{ext}")
     ckpt.save_file(tensors, plain)
+    monkeypatch.setattr(ckpt.storage.local, "LocalSink", _Lending)
     monkeypatch.setattr(_io, "LocalSink", _Lending)
     _Lending.lent = []
     path = str(tmp_path / f"m{ext}")

@@ -4,6 +4,7 @@ and every store fault as a CheckpointError naming the URL."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import socket
 import threading
@@ -14,8 +15,9 @@ import pytest
 
 import ckpt
 from ckpt.storage import remote as _remote, urls as _urls
-from ckpt.storage import objstore as _objstore
-from ckpt.storage.objstore import ObjectStore
+from ckpt.storage.backends import object_store
+from ckpt.storage.commits import unique_token
+from ckpt.storage.objstore import Sizes
 from ckpt.storage.faults import store_error
 from ckpt.storage.state import CheckpointEntry, CheckpointState, parse_state
 
@@ -52,7 +54,7 @@ def test_create_only_multipart_completion_refuses_a_second_writer(s3_bucket):
 
 
 def test_store_put_create_only_and_compare_and_swap(s3_bucket):
-    store = ObjectStore(s3_bucket)
+    store = object_store(s3_bucket)
     url = f"{s3_bucket}/state"
     assert store.get_versioned(url) == (None, None)
     assert store.put_if(url, b"v1", None)
@@ -68,14 +70,13 @@ def test_store_put_create_only_and_compare_and_swap(s3_bucket):
 
 
 def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_server, monkeypatch):
-    monkeypatch.setattr(_objstore, "PART", 1 << 20)  # small parts, small chunks: the same code on less data
-    monkeypatch.setattr(_objstore, "CHUNK", 1000)
-    store = ObjectStore(s3_bucket)
+    sizes = Sizes(part=1 << 20, chunk=1000)  # small parts, small chunks: the same code on less data
+    store = object_store(s3_bucket, sizes=sizes)
     url = f"{s3_bucket}/blob"
     blob = bytes(range(256)) * ((1 << 20) // 256 * 4 + 3)
     store.put(url, blob, create_only=True)
     s3_server.traffic.clear()
-    a, b = bytearray(10), bytearray(2 * _objstore.PART + 100)  # b is cut in two parts: two GETs side by side
+    a, b = bytearray(10), bytearray(2 * sizes.part + 100)  # b is cut in two parts: two GETs side by side
     store.read_into(url, [(5, memoryview(a)), (1 << 20, memoryview(b))])
     assert bytes(a) == blob[5:15] and bytes(b) == blob[1 << 20:(1 << 20) + len(b)]
     gets = s3_server.traffic.gets()
@@ -94,16 +95,14 @@ def test_ranged_reads_fill_buffers_and_fetch_only_the_ranges(s3_bucket, s3_serve
 def test_each_span_is_reported_once_as_soon_as_it_is_whole(s3_bucket, monkeypatch):
     """``done(i)`` (where RemoteFile starts span i's checksum) comes once per span, when all of its
     bytes are in place: also for a span cut between two GETs, and before the read ends."""
-    monkeypatch.setattr(_objstore, "PART", 1 << 20)
-    monkeypatch.setattr(_objstore, "CHUNK", 4096)
-    store = ObjectStore(s3_bucket)
+    store = object_store(s3_bucket)
     url = f"{s3_bucket}/blob"
     blob = bytes(range(251)) * ((3 << 20) // 251)
     store.put(url, blob, create_only=True)
     cuts = [0, 10, 5000, (1 << 20) + 7, (2 << 20) + 3, len(blob) - 9]  # one span crosses parts' edges
     spans = [(a, memoryview(bytearray(b - a))) for a, b in itertools.pairwise(cuts)]
     for part in (1 << 20, 64 << 20):  # three GETs side by side; one GET (filling the spans in order)
-        monkeypatch.setattr(_objstore, "PART", part)
+        store = object_store(s3_bucket, sizes=Sizes(part=part, chunk=4096))
         for _, view in spans:
             view[:] = bytes(len(view))
         seen: list[tuple[int, bool, bool]] = []  # (span, it is whole, the last span is whole)
@@ -118,9 +117,8 @@ def test_each_span_is_reported_once_as_soon_as_it_is_whole(s3_bucket, monkeypatc
 
 
 def test_a_read_of_nearly_a_whole_object_is_one_get_of_all_of_it(s3_bucket, s3_server, monkeypatch):
-    monkeypatch.setattr(_objstore, "PART", 1 << 20)  # without the whole-object rule: several parts
-    monkeypatch.setattr(_objstore, "WHOLE_SLACK", 4096)
-    store = ObjectStore(s3_bucket)
+    sizes = Sizes(part=1 << 20, whole_slack=4096)  # without the whole-object rule: several parts
+    store = object_store(s3_bucket, sizes=sizes)
     url = f"{s3_bucket}/blob"
     blob = bytes(range(256)) * (5 << 12)  # 5 MiB
     store.put(url, blob, create_only=True)
@@ -133,15 +131,16 @@ def test_a_read_of_nearly_a_whole_object_is_one_get_of_all_of_it(s3_bucket, s3_s
     s3_server.traffic.clear()  # the same without the size, or over SINGLE_GET_MAX: ranged parts
     store.read_into(url, views)
     assert len(s3_server.traffic.gets()) > 1 and not any(g[2].startswith("bytes=0-") for g in s3_server.traffic.gets())
-    monkeypatch.setattr(_objstore, "SINGLE_GET_MAX", len(blob) - 1)
+    store = object_store(s3_bucket, sizes=dataclasses.replace(sizes, single_get_max=len(blob) - 1))
     s3_server.traffic.clear()
     store.read_into(url, views, size=len(blob))
     assert len(s3_server.traffic.gets()) > 1
     s3_server.traffic.clear()  # more than WHOLE_SLACK bytes unasked: only what is asked
-    monkeypatch.setattr(_objstore, "SINGLE_GET_MAX", len(blob))
+    store = object_store(s3_bucket, sizes=dataclasses.replace(sizes, single_get_max=len(blob)))
     store.read_into(url, views[:4], size=len(blob))
     assert s3_server.traffic.bytes_sent == 4 << 20
-    monkeypatch.setattr(_objstore, "WHOLE_SLACK", 1 << 20)  # nor when over 1/16 of the object is unasked
+    # nor when over 1/16 of the object is unasked
+    store = object_store(s3_bucket, sizes=dataclasses.replace(sizes, single_get_max=len(blob), whole_slack=1 << 20))
     s3_server.traffic.clear()
     most = [(100, memoryview(bytearray(len(blob) - (400 << 10))))]
     store.read_into(url, most, size=len(blob))
@@ -153,8 +152,7 @@ def test_a_connection_dropped_mid_body_is_resumed_where_it_stopped(s3_bucket, s3
     """Both ways a body is read: aiohttp's chunks as they arrive, and a body's read(n)."""
     import aiohttp
 
-    monkeypatch.setattr(_objstore, "CHUNK", 4096)
-    store = ObjectStore(s3_bucket)
+    store = object_store(s3_bucket, sizes=Sizes(chunk=4096))
     url = f"{s3_bucket}/blob"
     blob = bytes(range(256)) * 4096  # 1 MiB
     store.put(url, blob, create_only=True)
@@ -300,7 +298,7 @@ def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
     # the refused writer's data object is gone; a killed save's orphan goes after the grace time
     kept = [e["name"] for e in directory.store.list(directory.join(_remote.DATA_DIR), recursive=True)]
     assert kept == [data.rpartition(_remote.DATA_DIR + "/")[2]]
-    orphan = directory.join(f"{_remote.DATA_DIR}/m2.bin/{_remote._token()}")
+    orphan = directory.join(f"{_remote.DATA_DIR}/m2.bin/{unique_token()}")
     directory.store.put(orphan, b"partial", create_only=True)
     assert directory.clean_orphans() == []  # still young: might be a save in progress
     monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", 0.0)
@@ -313,7 +311,7 @@ def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
 # -- faults ------------------------------------------------------------------------------------
 
 def test_missing_bucket_and_object_name_the_url(s3_server):
-    store = ObjectStore("s3://no-such-bucket-ckpt")
+    store = object_store("s3://no-such-bucket-ckpt")
     with pytest.raises(ckpt.CheckpointNotFoundError, match="s3://no-such-bucket-ckpt/x: .*bucket does not exist"):
         store.read("s3://no-such-bucket-ckpt/x", 0, 4)
     with pytest.raises(ckpt.CheckpointNotFoundError, match="bucket does not exist"):
@@ -327,7 +325,7 @@ def test_connection_refused_is_a_storage_error_naming_the_url():
         port = s.getsockname()[1]  # closed again: nothing listens there
     options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s",
                "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
-    store = ObjectStore("s3://bkt", options)
+    store = object_store("s3://bkt", options)
     with pytest.raises(ckpt.StorageError, match="s3://bkt/m: reading .*cannot be reached"):
         store.read("s3://bkt/m", 0, 4)
     with pytest.raises(ckpt.CheckpointWriteError,
@@ -379,5 +377,24 @@ def test_storage_options_that_are_not_a_mapping_are_a_type_error_saying_what_is_
 @pytest.mark.parametrize("value", [0, -1, "5", True])
 def test_a_deadline_option_that_is_not_a_positive_number_is_refused(value):
     with pytest.raises(ValueError, match=f"storage_options 'ckpt_timeout' must be a positive number, got {value!r}"):
-        ObjectStore("s3://bkt", {"ckpt_timeout": value})
-    assert ObjectStore("s3://bkt", {"ckpt_timeout": 2.5, "ckpt_rate": 1 << 20}).timeout == 2.5
+        object_store("s3://bkt", {"ckpt_timeout": value})
+    assert object_store("s3://bkt", {"ckpt_timeout": 2.5, "ckpt_rate": 1 << 20}).timeout == 2.5
+
+
+def test_size_options_reach_the_store_and_bad_ones_are_refused():
+    store = object_store("s3://bkt", {"ckpt_upload_part": 5 << 16, "ckpt_single_put_max": 0})
+    assert store.sizes == Sizes(upload_part=5 << 16, single_put_max=0)
+    assert "ckpt_upload_part" not in store.fs.storage_options  # ckpt's own: not the filesystem's
+    for key, value in [("ckpt_upload_part", 0), ("ckpt_part", 1.5), ("ckpt_gap", -1), ("ckpt_chunk", True)]:
+        with pytest.raises(ValueError, match=f"storage_options '{key}' must be a whole number of bytes"):
+            object_store("s3://bkt", {key: value})
+
+
+@pytest.mark.parametrize(("url", "kind", "atomic"), [("s3://b/x", "S3Store", True), ("s3a://b/x", "S3Store", True),
+                                                     ("gs://b/x", "GCSStore", True), ("memory://x", "MemoryStore", True),
+                                                     ("http://example.invalid/x", "ObjectStore", False)])
+def test_each_url_gets_its_backends_store(url, kind, atomic):
+    if kind == "GCSStore":
+        pytest.importorskip("gcsfs")
+    store = object_store(url)
+    assert type(store).__name__ == kind and store.atomic_swap is atomic

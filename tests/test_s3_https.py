@@ -15,7 +15,6 @@ import pytest
 from conftest import assert_bit_exact, every_dtype_tensors
 
 import ckpt
-from ckpt.storage import objstore as _objstore
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -69,8 +68,7 @@ def test_round_trip_over_https_matches_a_local_save(fmt, multipart, tls_bucket, 
     url, options, server = tls_bucket
     traffic = server.traffic
     if multipart:  # 5 MiB parts (S3's smallest) and no object small enough for one PUT
-        monkeypatch.setattr(_objstore, "SINGLE_PUT_MAX", 0)
-        monkeypatch.setattr(_objstore, "UPLOAD_PART", 5 * MiB)
+        options = {**options, "ckpt_single_put_max": 0, "ckpt_upload_part": 5 * MiB}
     rng = np.random.default_rng(7)
     tensors = dict(every_dtype_tensors())
     tensors["big"] = rng.standard_normal((3 * MiB,)).astype(np.float32)  # 12 MiB: three parts
@@ -88,7 +86,7 @@ def test_round_trip_over_https_matches_a_local_save(fmt, multipart, tls_bucket, 
         expected = hashlib.sha256(f.read()).hexdigest()
     import fsspec
 
-    fs = fsspec.filesystem("s3", **options)
+    fs = fsspec.filesystem("s3", **{k: v for k, v in options.items() if not k.startswith("ckpt_")})
     data = [path for path in fs.find(url[5:]) if "/.ckpt-data/" in path]
     assert [hashlib.sha256(fs.cat_file(path)).hexdigest() for path in data] == [expected]
 

@@ -10,7 +10,7 @@ from conftest import assert_bit_exact
 from distributed_support import global_tensors, layout, make_variables, run_ranks
 
 import ckpt
-from ckpt.storage import objstore as _objstore, remote as _remote
+from ckpt.storage import remote as _remote, s3upload as _uploads
 from ckpt import distributed
 
 pytest.importorskip("s3fs")
@@ -95,7 +95,7 @@ def test_a_rank_failing_mid_upload_commits_nothing(s3_bucket, monkeypatch):
     run = f"{s3_bucket}/run"
     _save(run, 2, "rows", step=1)
     before = _keys(s3_bucket)
-    finish = _objstore.S3Upload.finish
+    finish = _uploads.S3Upload.finish
 
     def failing(self):  # the shard file's upload fails as it completes
         if "00001-of-00003" in self.url:
@@ -103,7 +103,7 @@ def test_a_rank_failing_mid_upload_commits_nothing(s3_bucket, monkeypatch):
             raise ckpt.CheckpointWriteError(f"{self.url}: connection reset (injected)")
         return finish(self)
 
-    monkeypatch.setattr(_objstore.S3Upload, "finish", failing)
+    monkeypatch.setattr(_uploads.S3Upload, "finish", failing)
     results = _save(run, 3, "rows", step=2)
     for result in results:
         assert isinstance(result, ckpt.CheckpointWriteError), result

@@ -1,6 +1,8 @@
-"""Saves streamed into S3 (ckpt.storage.objstore.S3Upload) against moto's server, both ways an object
-goes up: one PUT (up to SINGLE_PUT_MAX, the writer's buffers lent, not copied) and a multipart
-upload. The object is byte-for-byte what a local save writes, nothing is visible before it is
+"""Saves streamed into S3 (ckpt.storage.uploads.S3Upload) against moto's server, both ways an object
+goes up: one PUT (up to ``single_put_max``, the writer's buffers lent, not copied) and a multipart
+upload. Sizes are 1/16 of real ones (``UNIT`` stands for a MiB; parts of 5 UNIT, the server's
+smallest), passed as storage options, so every test moves a few UNIT at most. The object is
+byte-for-byte what a local save writes, nothing is visible before it is
 complete, a second writer is refused, and a failed writer leaves no object and no upload behind."""
 
 from __future__ import annotations
@@ -15,29 +17,38 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt.storage import objstore as _objstore, remote as _remote
-from ckpt.formats._io import crc32c
+from ckpt.checksums import crc32c
+from ckpt.storage import remote as _remote, s3upload as upload_module
+from ckpt.storage.backends import object_store
+from s3server import MIN_PART
 
 pytest.importorskip("s3fs")
 
-MiB = 1 << 20
+UNIT = 1 << 16  # what a UNIT is to real stores
 ONE_PUT, MULTIPART = "one PUT", "multipart"
 
 
-@pytest.fixture
-def small_parts(monkeypatch):
-    """5 MiB parts (S3's smallest), 2 in flight: a few MiB make a multipart upload, and an upload
-    sent as one PUT holds at most 20 MiB of copies."""
-    monkeypatch.setattr(_objstore, "UPLOAD_PART", 5 * MiB)
-    monkeypatch.setattr(_objstore, "UPLOADS_IN_FLIGHT", 2)
+#: Parts of 5 UNIT (the server's smallest), 2 in flight: a few UNIT make a multipart upload, and an
+#: upload sent as one PUT holds at most 20 UNIT of copies.
+SMALL_PARTS = {"ckpt_upload_part": MIN_PART, "ckpt_uploads_in_flight": 2}
+#: ... and every object a multipart upload.
+ALL_MULTIPART = {**SMALL_PARTS, "ckpt_single_put_max": 0}
 
 
 @pytest.fixture(params=[ONE_PUT, MULTIPART])
-def mode(request, small_parts, monkeypatch):
-    """Each test twice: objects up to SINGLE_PUT_MAX as one PUT, and every object multipart."""
-    if request.param == MULTIPART:
-        monkeypatch.setattr(_objstore, "SINGLE_PUT_MAX", 0)
+def mode(request):
+    """Each test twice: objects up to ``single_put_max`` as one PUT, and every object multipart."""
     return request.param
+
+
+def options(mode: str) -> dict[str, int]:
+    """The storage options of ``mode``."""
+    return ALL_MULTIPART if mode == MULTIPART else SMALL_PARTS
+
+
+def store(bucket: str, mode: str = ONE_PUT):
+    """The S3 store of ``bucket`` with the sizes of ``mode``."""
+    return object_store(bucket, options(mode))
 
 
 def _client():
@@ -64,17 +75,17 @@ def _data_requests(server) -> list[tuple[str, str]]:
 
 
 def test_an_upload_keeps_the_blob_write_order_and_patches_the_head_last(s3_server, s3_bucket, mode):
-    store = _objstore.ObjectStore(s3_bucket)
+    blobs = store(s3_bucket, mode)
     url = f"{s3_bucket}/blob"
     rng = np.random.default_rng(0)
-    body = rng.bytes(23 * MiB + 12345)
-    blob = store.open_upload(url, create_only=True)
-    assert isinstance(blob, _objstore.S3Upload) and isinstance(blob, ckpt.storage.WritableBlob)
+    body = rng.bytes(23 * UNIT + 12345)
+    blob = blobs.open_upload(url, create_only=True)
+    assert isinstance(blob, upload_module.S3Upload) and isinstance(blob, ckpt.storage.WritableBlob)
     blob.write_at(b"\0" * 100, 0)  # the head: reserved first ...
     pos = 100
-    for start in range(0, len(body), 3 * MiB + 7):  # ... then the rest front to back, with a gap
-        piece = body[start:start + 3 * MiB + 7]
-        if mode == ONE_PUT:  # 23 MiB lent: not copied, so within the 20 MiB of copies one PUT may hold
+    for start in range(0, len(body), 3 * UNIT + 7):  # ... then the rest front to back, with a gap
+        piece = body[start:start + 3 * UNIT + 7]
+        if mode == ONE_PUT:  # 23 UNIT lent: not copied, so within the 20 UNIT of copies one PUT may hold
             blob.lend_pieces([piece[:10], memoryview(piece)[10:]], pos)
         else:
             blob.write_pieces([piece[:10], memoryview(piece)[10:]], pos)
@@ -94,30 +105,27 @@ def test_an_upload_keeps_the_blob_write_order_and_patches_the_head_last(s3_serve
         assert methods == ["PUT"]
 
 
-def test_one_put_holds_copies_up_to_a_bound_then_goes_multipart(s3_server, s3_bucket, small_parts):
-    store = _objstore.ObjectStore(s3_bucket)
+def test_one_put_holds_copies_up_to_a_bound_then_goes_multipart(s3_server, s3_bucket):
     url = f"{s3_bucket}/blob"
-    body = np.random.default_rng(3).bytes(26 * MiB)
-    blob = store.open_upload(url, create_only=True)
+    body = np.random.default_rng(3).bytes(26 * UNIT)
+    blob = store(s3_bucket).open_upload(url, create_only=True)
     blob.write_at(b"head", 0)
-    blob.write_at(body[:19 * MiB], 4)  # copied: 19 MiB held, under the 20 MiB bound
+    blob.write_at(body[:19 * UNIT], 4)  # copied: 19 UNIT held, under the 20 UNIT bound
     assert blob.single
-    blob.write_at(body[19 * MiB:], 4 + 19 * MiB)  # past it: what is held goes out in parts
+    blob.write_at(body[19 * UNIT:], 4 + 19 * UNIT)  # past it: what is held goes out in parts
     assert not blob.single and _uploads(s3_bucket) == ["blob"]
     blob.finish()
     assert _object(url) == b"head" + body and _uploads(s3_bucket) == []
 
 
-def test_an_object_over_single_put_max_goes_multipart(s3_server, s3_bucket, small_parts, monkeypatch):
-    monkeypatch.setattr(_objstore, "SINGLE_PUT_MAX", 12 * MiB)
-    store = _objstore.ObjectStore(s3_bucket)
+def test_an_object_over_single_put_max_goes_multipart(s3_server, s3_bucket):
     url = f"{s3_bucket}/blob"
-    body = np.random.default_rng(4).bytes(13 * MiB)
-    blob = store.open_upload(url, create_only=True)
+    body = np.random.default_rng(4).bytes(13 * UNIT)
+    blob = object_store(s3_bucket, {**SMALL_PARTS, "ckpt_single_put_max": 12 * UNIT}).open_upload(url, create_only=True)
     blob.write_at(b"head", 0)
-    blob.lend_pieces([body[:12 * MiB - 4]], 4)  # lent, and exactly SINGLE_PUT_MAX: still one PUT
+    blob.lend_pieces([body[:12 * UNIT - 4]], 4)  # lent, and exactly single_put_max: still one PUT
     assert blob.single
-    blob.lend_pieces([body[12 * MiB - 4:]], 12 * MiB)
+    blob.lend_pieces([body[12 * UNIT - 4:]], 12 * UNIT)
     assert not blob.single
     s3_server.traffic.clear()
     blob.finish()
@@ -133,7 +141,7 @@ def test_the_held_body_reads_like_the_bytes_it_stands_for():
         data = rng.bytes(n)
         expected[offset:offset + n] = data
         segments.append((offset, memoryview(data)))
-    body = _objstore._Held(segments, len(expected))
+    body = upload_module._Held(segments, len(expected))
     assert body.read() == bytes(expected) and body.read(5) == b""
     for start, step in [(0, 1), (3, 97), (700, 211), (2799, 5), (0, 4096)]:
         body.seek(start)
@@ -149,7 +157,7 @@ def test_the_held_body_reads_like_the_bytes_it_stands_for():
     for start in (0, 5, 705, 2999, 3000):
         assert b"".join(asyncio.run(sent(start))) == bytes(expected[start:])
     pieces = [(i * 1000, memoryview(bytes([i % 251]) * 1000)) for i in range(700)]  # small tensors: sent joined
-    many = _objstore._Held(pieces + [(700_000, memoryview(bytes(300_000)))], 1_000_000)
+    many = upload_module._Held(pieces + [(700_000, memoryview(bytes(300_000)))], 1_000_000)
 
     async def collect():
         return [bytes(v) async for v in many]
@@ -157,7 +165,7 @@ def test_the_held_body_reads_like_the_bytes_it_stands_for():
     chunks = asyncio.run(collect())
     assert b"".join(chunks) == b"".join(bytes(v) for _, v in pieces) + bytes(300_000)
     assert [len(c) for c in chunks] == [263_000, 263_000, 474_000]  # 1000-byte pieces joined past 256 KiB
-    assert _objstore._Held([], 5).read() == bytes(5) and _objstore._Held([], 0).crc32c() == crc32c(b"")
+    assert upload_module._Held([], 5).read() == bytes(5) and upload_module._Held([], 0).crc32c() == crc32c(b"")
 
 
 def test_ckpt_sends_its_own_crc32c_only_where_botocore_would_compute_one_in_a_header():
@@ -166,29 +174,29 @@ def test_ckpt_sends_its_own_crc32c_only_where_botocore_would_compute_one_in_a_he
     def client(endpoint, setting="when_supported"):
         return NS(meta=NS(endpoint_url=endpoint, config=NS(request_checksum_calculation=setting)))
 
-    assert _objstore._sends_own_checksum(client("http://127.0.0.1:9000"))
-    assert not _objstore._sends_own_checksum(client("https://s3.amazonaws.com"))  # botocore: unsigned trailer
-    assert not _objstore._sends_own_checksum(client("http://127.0.0.1:9000", "when_required"))
-    assert not _objstore._sends_own_checksum(NS(meta=NS(endpoint_url="http://x", config=NS())))  # old botocore
-    assert not _objstore._sends_own_checksum(None)
+    assert upload_module._sends_own_checksum(client("http://127.0.0.1:9000"))
+    assert not upload_module._sends_own_checksum(client("https://s3.amazonaws.com"))  # botocore: unsigned trailer
+    assert not upload_module._sends_own_checksum(client("http://127.0.0.1:9000", "when_required"))
+    assert not upload_module._sends_own_checksum(NS(meta=NS(endpoint_url="http://x", config=NS())))  # old botocore
+    assert not upload_module._sends_own_checksum(None)
 
 
 def test_a_write_going_back_past_the_head_is_refused(s3_bucket, mode):
-    blob = _objstore.ObjectStore(s3_bucket).open_upload(f"{s3_bucket}/blob", create_only=True)
+    blob = store(s3_bucket, mode).open_upload(f"{s3_bucket}/blob", create_only=True)
     blob.write_at(b"head", 0)
-    blob.write_at(bytes(6 * MiB), 5 * MiB)
+    blob.write_at(bytes(6 * UNIT), 5 * UNIT)
     with pytest.raises(ValueError, match="goes back"):
-        blob.write_at(b"x", 6 * MiB)
+        blob.write_at(b"x", 6 * UNIT)
     blob.abort()
     assert _uploads(s3_bucket) == [] and _client().list_objects_v2(Bucket=s3_bucket[5:]).get("KeyCount") == 0
 
 
-@pytest.mark.parametrize("size", [1000, 12 * MiB])
+@pytest.mark.parametrize("size", [1000, 12 * UNIT])
 def test_an_upload_is_create_only(s3_bucket, mode, size):
-    store = _objstore.ObjectStore(s3_bucket)
+    blobs = store(s3_bucket, mode)
     url = f"{s3_bucket}/blob"
-    store.put(url, b"first", create_only=True)
-    blob = store.open_upload(url, create_only=True)
+    blobs.put(url, b"first", create_only=True)
+    blob = blobs.open_upload(url, create_only=True)
     blob.write_at(b"x" * size, 0)
     with pytest.raises(ckpt.CheckpointWriteError, match="create-only.*nothing was committed"):
         blob.finish()
@@ -198,17 +206,17 @@ def test_an_upload_is_create_only(s3_bucket, mode, size):
 @pytest.mark.parametrize("ext", [".msgpack", ".h5", ".safetensors"])
 def test_a_save_to_s3_is_the_bytes_of_a_local_save(s3_server, s3_bucket, mode, tmp_path, ext):
     rng = np.random.default_rng(1)
-    tensors = {f"small/{i}": rng.standard_normal(50).astype(np.float32) for i in range(300)}
-    tensors.update({f"big/{i}": rng.standard_normal(3 * MiB // 4 + i).astype(np.float32) for i in range(5)})
-    tensors["huge"] = rng.standard_normal(6 * MiB).astype(np.float32)  # 24 MiB: lent, over the copies' bound
+    tensors = {f"small/{i}": rng.standard_normal(50).astype(np.float32) for i in range(40)}  # runs of small ones
+    tensors.update({f"big/{i}": rng.standard_normal(3 * UNIT // 4 + i).astype(np.float32) for i in range(5)})
+    tensors["huge"] = rng.standard_normal(6 * UNIT).astype(np.float32)  # 24 UNIT: lent, over the copies' bound
     variables = {k: ckpt.Variable(v) for k, v in tensors.items()}
     local = ckpt.Saver(variables).save(str(tmp_path / f"model{ext}"))
     s3_server.traffic.clear()
-    url = ckpt.Saver(variables).save(f"{s3_bucket}/run/model{ext}")
+    url = ckpt.Saver(variables, storage_options=options(mode)).save(f"{s3_bucket}/run/model{ext}")
     methods = [m for m, _ in _data_requests(s3_server)]
     data, size, copies = _remote.RemoteDirectory(f"{s3_bucket}/run").locate(f"model{ext}")
     expected = pathlib.Path(local).read_bytes()
-    assert size == len(expected) > 38 * MiB  # several parts, more than one PUT may hold in copies
+    assert size == len(expected) > 38 * UNIT  # several parts, more than one PUT may hold in copies
     assert hashlib.sha256(_object(data)).hexdigest() == hashlib.sha256(expected).hexdigest()
     assert all(expected[offset:offset + len(copy)] == copy for offset, copy in copies)
     with ckpt.load_checkpoint(url) as reader:
@@ -223,14 +231,14 @@ def test_a_save_to_s3_is_the_bytes_of_a_local_save(s3_server, s3_bucket, mode, t
         assert methods.count("POST") == 2 and len(methods) > 4  # created, parts, completed
 
 
-def test_a_conversion_to_s3_copies_lazy_sources_and_goes_multipart_past_the_bound(s3_server, s3_bucket, small_parts,
-                                                                                tmp_path):
+def test_a_conversion_to_s3_copies_lazy_sources_and_goes_multipart_past_the_bound(s3_server, s3_bucket, tmp_path):
     rng = np.random.default_rng(6)
-    tensors = {f"w{i}": rng.standard_normal(MiB).astype(np.float32) for i in range(7)}  # 28 MiB
+    tensors = {f"w{i}": rng.standard_normal(UNIT).astype(np.float32) for i in range(7)}  # 28 UNIT
     source = str(tmp_path / "src.msgpack")
     ckpt.save_file(tensors, source)
     s3_server.traffic.clear()
-    ckpt.convert(source, f"{s3_bucket}/run/m.msgpack")  # lazy sources, not lent: copies past 20 MiB
+    # lazy sources, not lent: copies past 20 UNIT
+    ckpt.convert(source, f"{s3_bucket}/run/m.msgpack", storage_options=SMALL_PARTS)
     assert "POST" in [m for m, _ in _data_requests(s3_server)]
     local = str(tmp_path / "local.msgpack")
     ckpt.convert(source, local)
@@ -238,17 +246,17 @@ def test_a_conversion_to_s3_copies_lazy_sources_and_goes_multipart_past_the_boun
     assert _object(data) == pathlib.Path(local).read_bytes()
 
 
-def test_an_async_save_lends_its_snapshot(s3_server, s3_bucket, small_parts, tmp_path):
+def test_an_async_save_lends_its_snapshot(s3_server, s3_bucket, tmp_path):
     rng = np.random.default_rng(7)
-    values = {f"w{i}": rng.standard_normal(MiB).astype(np.float32) for i in range(7)}
+    values = {f"w{i}": rng.standard_normal(UNIT).astype(np.float32) for i in range(7)}
     variables = {k: ckpt.Variable(v) for k, v in values.items()}
-    saver = ckpt.Saver(variables, format="msgpack")
+    saver = ckpt.Saver(variables, format="msgpack", storage_options=SMALL_PARTS)
     s3_server.traffic.clear()
     future = saver.save(f"{s3_bucket}/run/model", global_step=1, blocking=False)
     for var in variables.values():  # training goes on: the checkpoint holds the values of the call
-        var.assign(np.zeros(MiB, np.float32))
+        var.assign(np.zeros(UNIT, np.float32))
     url = future.result()
-    assert [m for m, _ in _data_requests(s3_server)] == ["PUT"]  # 28 MiB of staged arrays, lent
+    assert [m for m, _ in _data_requests(s3_server)] == ["PUT"]  # 28 UNIT of staged arrays, lent
     loaded = ckpt.load_file(url)
     assert sorted(loaded) == sorted(values) and all(np.array_equal(loaded[k], v) for k, v in values.items())
 
@@ -256,8 +264,8 @@ def test_an_async_save_lends_its_snapshot(s3_server, s3_bucket, small_parts, tmp
 def test_a_save_failing_midway_leaves_no_object_and_no_upload(s3_bucket, mode, monkeypatch):
     from ckpt.formats import msgpack
 
-    variables = {f"w{i}": ckpt.Variable(np.full(MiB, float(i), np.float32)) for i in range(8)}
-    saver = ckpt.Saver(variables, format="msgpack")
+    variables = {f"w{i}": ckpt.Variable(np.full(UNIT, float(i), np.float32)) for i in range(8)}
+    saver = ckpt.Saver(variables, format="msgpack", storage_options=options(mode))
     saver.save(f"{s3_bucket}/run/model", global_step=1)
     calls = []
     real = msgpack.checksums
@@ -321,13 +329,12 @@ def test_a_sharded_conversion_to_s3_that_does_not_read_back_commits_nothing(s3_b
     assert _all_keys(s3_bucket) == [] and _uploads(s3_bucket) == []
 
 
-def test_the_next_save_aborts_the_unfinished_upload_of_a_killed_save(s3_bucket, small_parts, monkeypatch):
-    monkeypatch.setattr(_objstore, "SINGLE_PUT_MAX", 0)  # multipart: one PUT leaves nothing behind
+def test_the_next_save_aborts_the_unfinished_upload_of_a_killed_save(s3_bucket, monkeypatch):
     run = f"{s3_bucket}/run"
-    directory = _remote.RemoteDirectory(run)
+    directory = _remote.RemoteDirectory(run, ALL_MULTIPART)  # multipart: one PUT leaves nothing behind
     blob = directory.store.open_upload(directory.join(directory.new_data("m.msgpack")), create_only=True)
     blob.write_at(b"head", 0)
-    blob.write_at(bytes(6 * MiB), 5 * MiB)  # a part went up: the upload exists; then the process "dies"
+    blob.write_at(bytes(6 * UNIT), 5 * UNIT)  # a part went up: the upload exists; then the process "dies"
     assert len(_uploads(s3_bucket)) == 1
     saver = ckpt.Saver({"w": ckpt.Variable(np.ones(3))}, format="msgpack")
     saver.save(f"{run}/model", global_step=1)

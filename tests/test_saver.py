@@ -362,12 +362,12 @@ def test_failed_write_leaves_previous_checkpoint_and_no_temp(tmp_path, monkeypat
     saver = ckpt.Saver([v])
     first = saver.save(str(tmp_path / "m.h5"))
     before = pathlib.Path(first).read_bytes()
-    from ckpt.formats import _io
+    from ckpt.storage import localfile
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_io, "pwrite_all", full_disk)
+    monkeypatch.setattr(localfile, "pwrite_all", full_disk)
     v.assign([3.0, 4.0])
     with pytest.raises(ckpt.CheckpointWriteError, match=r"m\.h5.*No space left"):
         saver.save(str(tmp_path / "m.h5"))

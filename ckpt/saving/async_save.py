@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.formats import _io
+from ckpt.storage.workers import one_thread
 from ckpt.saving.staging import StagingArena
 
 __all__ = ["SaveFuture", "BackgroundSaves"]
@@ -148,7 +148,7 @@ class BackgroundSaves:
 
             def run() -> None:
                 try:
-                    with _io.one_thread():  # one core for the write; training keeps the others
+                    with one_thread():  # one core for the write; training keeps the others
                         result = write(sources)
                 except BaseException as exc:
                     gate.close()

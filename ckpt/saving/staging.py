@@ -28,6 +28,7 @@ import numpy as np
 
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE, aligned_empty
 from ckpt.errors import CheckpointWriteError
+from ckpt.storage.workers import workers
 
 __all__ = ["StagingArena", "Gate", "slot_bytes", "peek"]
 
@@ -45,10 +46,8 @@ def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for dst, src in pairs:
             np.copyto(dst, src)
         return
-    from ckpt.formats import _io  # the worker threads restores already use
-
     pieces = [(dst[i:i + _PIECE], src[i:i + _PIECE]) for dst, src in pairs for i in range(0, len(src), _PIECE)]
-    for future in [_io._workers().submit(np.copyto, dst, src) for dst, src in pieces]:
+    for future in [workers().submit(np.copyto, dst, src) for dst, src in pieces]:
         future.result()
 
 

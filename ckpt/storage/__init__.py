@@ -2,9 +2,9 @@
 
 A format never touches a file descriptor or an object store itself: it reads a
 :class:`ReadableBlob` (one file, or one object), which a local file
-(``ckpt.formats._io.LocalFile``: ``preadv`` runs, a checksum thread pool) and an object in a
+(``ckpt.storage.localfile.LocalFile``: ``preadv`` runs, a checksum thread pool) and an object in a
 store (``ckpt.storage.remote.RemoteFile``: concurrent ranged GETs) both implement, and it writes a
-:class:`WritableBlob` (``ckpt.formats._io.LocalSink``: ``pwrite``/``pwritev``). A directory of
+:class:`WritableBlob` (``ckpt.storage.localfile.LocalSink``: ``pwrite``/``pwritev``). A directory of
 checkpoints is a :class:`Store` (``ckpt.storage.local.LocalStore``: temporary file, fsync,
 rename, an ``flock``'d state file; ``ckpt.storage.remote.RemoteDirectory``: a data object, then a
 create-only commit record, a compare-and-swap state file), which the Saver, retention and
@@ -18,7 +18,7 @@ Every method raises :class:`ckpt.CorruptCheckpointError` naming the blob (``name
 Example:
     >>> import os, tempfile
     >>> from ckpt.storage import ReadableBlob
-    >>> from ckpt.formats._io import LocalFile
+    >>> from ckpt.storage.localfile import LocalFile
     >>> path = os.path.join(tempfile.mkdtemp(), "blob")
     >>> with open(path, "wb") as f:
     ...     _ = f.write(b"hello, world")
@@ -114,7 +114,7 @@ class WritableBlob(Protocol):
 
     Example:
         >>> import os, pathlib, tempfile
-        >>> from ckpt.formats._io import LocalSink
+        >>> from ckpt.storage.localfile import LocalSink
         >>> path = os.path.join(tempfile.mkdtemp(), "blob")
         >>> with LocalSink(path) as out:
         ...     out.write_pieces([b"body ", b"text"], 4)  # the first write: bytes 0-3 are the head

@@ -40,7 +40,7 @@ from ckpt.errors import (
     CorruptCheckpointError,
     ReplacedWriteError,
 )
-from ckpt.formats import _io
+from ckpt.storage.localfile import LocalFile, LocalSink
 from ckpt.formats.base import format_for_path, formats, open_reader  # the registry: formats claim prefixes, directories
 from ckpt.storage.state import (
     LOCK_FILE,
@@ -61,8 +61,8 @@ T = TypeVar("T")
 
 
 def fill_file(path: str, write: Callable[[WritableBlob], None]) -> None:
-    """Run ``write`` on a :class:`ckpt.formats._io.LocalSink` over the (new, empty) file ``path``."""
-    with _io.LocalSink(path) as blob:
+    """Run ``write`` on a :class:`ckpt.storage.localfile.LocalSink` over the (new, empty) file ``path``."""
+    with LocalSink(path) as blob:
         write(blob)
 
 
@@ -109,7 +109,7 @@ class LocalStore:
         return os.path.join(self.location, name)
 
     def open(self, name: str) -> ReadableBlob:
-        blob: ReadableBlob = _io.LocalFile(self.join(name))
+        blob: ReadableBlob = LocalFile(self.join(name))
         return blob
 
     def exists(self, name: str) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from ckpt.storage import urls as _urls
 from ckpt.storage.local import open_store
 from ckpt.errors import CheckpointNotFoundError
-from ckpt.formats.base import formats  # the registry: formats that read a whole directory
+from ckpt.formats.base import format_for_path, formats  # the registry: checkpoint names, directory formats
 from ckpt.storage.state import STATE_FILE
 
 __all__ = ["latest_checkpoint", "resolve_checkpoint", "using"]
@@ -50,18 +50,15 @@ def latest_checkpoint(directory: str | os.PathLike[str],
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
     """A checkpoint file as is; a directory -> its latest checkpoint, or itself when a format reads
-    whole directories (a Hugging Face model directory without a state file). A URL: see
-    ``_remote.resolve`` (a URL with a checkpoint extension costs no request).
+    whole directories (a Hugging Face model directory without a state file). A URL ending in a
+    checkpoint extension is a checkpoint (no request spent on looking for a state file).
 
     Raises:
         CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
     """
     path = os.fspath(path)
     if _urls.is_url(path):
-        # lazy: object-store code loads only for URLs (start-up cost of local reads)
-        from ckpt.storage import remote as _remote
-
-        return _remote.resolve(path)
+        return _resolve_url(path)
     if os.path.isdir(path):
         latest = open_store(path).latest()
         if latest is None and any(f.claims(path) for f in formats()):  # a Hugging Face model directory, say
@@ -70,6 +67,23 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
             raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}", path=path)
         return latest
     return path
+
+
+def _resolve_url(url: str) -> str:
+    """``resolve_checkpoint`` of a URL."""
+    # lazy: object-store code loads only for URLs (start-up cost of local reads)
+    from ckpt.storage.remote import directory
+
+    if format_for_path(url) is not None:
+        return url
+    found = directory(url).latest()
+    if found is not None:
+        return found
+    parent, name = _urls.split(url)
+    if name and directory(parent).exists(name):
+        return url  # a checkpoint object without a known extension
+    raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
+                                  "naming an existing checkpoint)")
 
 
 def _why_none(directory: str) -> str:

@@ -8,7 +8,7 @@ stores"):
    ``<dir>/.ckpt-data/<name>/<token>`` (a unique name), create-only, invisible until complete:
    on S3 one PUT of up to 512 MiB whose body is read out of the writer's (lent) buffers, or a
    multipart upload whose parts go up while later ones are written (the first part, which
-   holds the head the format fills in last, goes last) (``_objstore.S3Upload``; other
+   holds the head the format fills in last, goes last) (``ckpt.storage.uploads.S3Upload``; other
    stores: a local temporary file uploaded at the end);
 2. optionally the uploaded data object is read back and checked (``ckpt.convert``);
 3. the commit record ``<dir>/<name>`` (small JSON naming the data object) is written with a
@@ -36,19 +36,30 @@ Example:
 
 from __future__ import annotations
 
-import base64
-import json
-import os
 import random
 import time
 import warnings
 from contextlib import AbstractContextManager, closing, contextmanager
 from contextvars import ContextVar
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterator, Sequence
 
+from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
+from ckpt.storage.backends import object_store
+from ckpt.storage.commits import (
+    COMMIT_LIMIT,
+    DATA_DIR,
+    Commit,
+    commit_record,
+    is_commit_record,
+    parse_commit,
+    token_age,
+    unique_token,
+)
 from ckpt.storage.objstore import ObjectStore
+from ckpt.storage.uploads import OPEN_HEAD, OPEN_TAIL
+from ckpt.storage.workers import checksum_async
 from ckpt.storage.recovery import is_candidate, recover_state
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
 from ckpt.formats.base import format_for_path, open_reader  # the registry: which names are checkpoints
@@ -66,20 +77,11 @@ from ckpt.storage import Listed, ReadableBlob, StateChange, WritableBlob
 split_url = _urls.split
 
 __all__ = ["RemoteDirectory", "split_url", "commit_record", "is_commit_record", "parse_commit", "Commit", "DATA_DIR",
-           "ORPHAN_GRACE_S", "HEAD_BYTES"]
+           "ORPHAN_GRACE_S", "HEAD_BYTES", "OPEN_HEAD", "OPEN_TAIL"]
 
-DATA_DIR = ".ckpt-data"
-_COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1
-_COMMIT_PREFIX = b'{"format": "ckpt-commit"'
-#: Bytes of a data object fetched when it is opened: its start (format sniffing, headers)
-#: and its end (footers and indexes). The commit record carries a copy of both, so opening a
-#: committed checkpoint costs no GET of the data object.
-OPEN_HEAD, OPEN_TAIL = 4096, 64 << 10
 #: A checkpoint's first ranged GET: enough for a commit record (with its copies of the data
 #: object's head and tail, base64), or a plain checkpoint's header.
 HEAD_BYTES = 128 << 10
-#: Commit records are never longer than this (a longer object is not one).
-_COMMIT_LIMIT = 1 << 20
 #: Seconds after which an uncommitted data object counts as abandoned (no live save takes that
 #: long between finishing its upload and writing its commit record).
 ORPHAN_GRACE_S = 3600.0
@@ -88,114 +90,13 @@ _CAS_ATTEMPTS = 50
 T = TypeVar("T")
 
 
-def commit_record(data: str, size: int, head: bytes = b"", tail: bytes = b"", name: str | None = None,
-                  step: int | None = None) -> bytes:
-    """The commit record of checkpoint ``name`` (its ``step``, if any) naming ``data`` (relative
-    to the directory), ``size`` bytes long, with copies of its first bytes ``head`` and last bytes
-    ``tail`` (and their crc32c). ``name`` defaults to the one in ``data`` (".ckpt-data/<name>/...")."""
-    from ckpt.formats._io import crc32c
-
-    if len(head) + len(tail) > size:
-        raise ValueError("the head and tail of a data object overlap")
-    doc: dict[str, object] = {"format": _COMMIT_FORMAT, "version": _COMMIT_VERSION,
-                              "name": name if name is not None else data.split("/")[1], "step": step,
-                              "data": data, "size": size, "time": time.time()}
-    if head or tail:
-        doc.update(head=base64.b64encode(head).decode(), tail=base64.b64encode(tail).decode(),
-                   crc32c=crc32c(head + tail))
-    return json.dumps(doc).encode()
-
-
-def is_commit_record(head: bytes) -> bool:
-    """True when the bytes at the start of an object are a commit record."""
-    return head.startswith(_COMMIT_PREFIX)
-
-
-class Commit(NamedTuple):
-    """A parsed commit record: its data object (relative to the directory), the data's size,
-    ``[(offset, copied bytes)]`` of the data's head and tail (none in records without), and the
-    step it commits (None: saved without a step, or a record written before steps were recorded)."""
-
-    data: str
-    size: int
-    copies: list[tuple[int, bytes]]
-    step: int | None
-
-
-def parse_commit(raw: bytes, url: str) -> Commit:
-    """The commit record ``raw`` read at ``url``, checked to be the one of that name: its
-    ``name`` (records of ckpt < 0.2 have none) and its data object (always under
-    ".ckpt-data/<name>/") must both be the name in ``url``, or the record was copied over
-    another checkpoint's or edited to point at another checkpoint's data."""
-    from ckpt.formats._io import crc32c
-
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        raise CorruptCheckpointError(f"{url}: the commit record is not valid JSON") from None
-    if not _well_formed(doc):
-        raise CorruptCheckpointError(f"{url}: malformed commit record")
-    data, size = doc["data"], doc["size"]
-    if doc["version"] > _COMMIT_VERSION:
-        raise CorruptCheckpointError(f"{url}: commit record version {doc['version']} is newer than this "
-                                     f"ckpt reads ({_COMMIT_VERSION}): upgrade ckpt")
-    _check_bound(doc, data, url)
-    step = doc.get("step")
-    if "head" not in doc and "tail" not in doc:
-        return Commit(data, size, [], step)
-    try:
-        head, tail = base64.b64decode(doc["head"], validate=True), base64.b64decode(doc["tail"], validate=True)
-    except (KeyError, TypeError, ValueError):
-        raise CorruptCheckpointError(f"{url}: malformed commit record (its copy of the data's head and "
-                                     "tail)") from None
-    if len(head) + len(tail) > size or doc.get("crc32c") != crc32c(head + tail):
-        raise CorruptCheckpointError(f"{url}: the commit record's copy of the data's head and tail does not "
-                                     "match its crc32c (or its size): the record is damaged")
-    return Commit(data, size, [(offset, copy) for offset, copy in ((0, head), (size - len(tail), tail)) if copy],
-                  step)
-
-
-def _well_formed(doc: Any) -> bool:
-    """Whether a parsed commit record has its fields, of their types (``data`` a clean relative
-    name under DATA_DIR, never a way out of the directory)."""
-    if not isinstance(doc, dict):
-        return False
-    data, size, step = doc.get("data"), doc.get("size"), doc.get("step")
-    return type(doc.get("version")) is int and isinstance(data, str) and type(size) is int and size >= 0 and \
-        data.startswith(DATA_DIR + "/") and all(part not in ("", ".", "..") for part in data.split("/")) and \
-        (step is None or type(step) is int) and isinstance(doc.get("name", ""), str)
-
-
-def _check_bound(doc: dict[str, Any], data: str, url: str) -> None:
-    """Refuse a record that commits another checkpoint than the one at ``url``."""
-    name = _urls.split(url)[1]
-    recorded, owner = doc.get("name", name), data.split("/")[1]
-    if recorded != name or owner != name:
-        other = recorded if recorded != name else owner
-        raise CorruptCheckpointError(
-            f"{url}: the commit record is not {name}'s: it commits {other} (data object {data}); a commit "
-            "record was copied over this one or edited, and reading it would give another checkpoint's values")
-
-
-def _token() -> str:
-    """A unique data-object name that starts with the save's start time (ms, hex)."""
-    return f"{int(time.time() * 1000):012x}-{os.urandom(8).hex()}"
-
-
-def _token_age(token: str) -> float | None:
-    try:
-        return time.time() - int(token.split("-", 1)[0], 16) / 1000
-    except ValueError:
-        return None
-
-
 class RemoteDirectory:
     """One checkpoint directory in an object store (``s3://bucket/run``)."""
 
     def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
                  store: ObjectStore | None = None) -> None:
         self.url = _urls.check(url).rstrip("/")
-        self.store = store if store is not None else ObjectStore(self.url, storage_options)
+        self.store = store if store is not None else object_store(self.url, storage_options)
 
     @property
     def location(self) -> str:
@@ -238,7 +139,7 @@ class RemoteDirectory:
             return head
         data, size = head
         if size > len(data):  # longer than one GET: not written by ckpt, but read it whole (bounded)
-            data = self.store.read_small(url, _COMMIT_LIMIT, "the commit record") or b""
+            data = self.store.read_small(url, COMMIT_LIMIT, "the commit record") or b""
         return parse_commit(data, url)
 
     def exists(self, name: str) -> bool:
@@ -276,7 +177,7 @@ class RemoteDirectory:
     def new_data(self, name: str) -> str:
         """A unique data-object name for a save of ``name``, relative to the directory (a sharded
         save puts its shard files and their commit record under it, as a prefix)."""
-        return f"{DATA_DIR}/{name}/{_token()}"
+        return f"{DATA_DIR}/{name}/{unique_token()}"
 
     def write_checkpoint(self, name: str, write: Callable[[WritableBlob], None],
                          check: Callable[[ReadableBlob], None] | None = None, step: int | None = None) -> None:
@@ -517,7 +418,7 @@ class RemoteDirectory:
         removed = []
         for url, upload_id in self.store.unfinished_uploads(self.join(DATA_DIR)):
             relative = url.rpartition(f"/{DATA_DIR}/")[2]  # "<name>/<token>[/<file>]": the token dates it
-            age = _token_age(relative.split("/")[1] if relative.count("/") else "")
+            age = token_age(relative.split("/")[1] if relative.count("/") else "")
             if age is not None and age >= ORPHAN_GRACE_S:
                 try:
                     self.store.abort_upload(url, upload_id)
@@ -529,7 +430,7 @@ class RemoteDirectory:
             # "<name>/<token>", or "<name>/<token>/<file>" under a sharded save's prefix
             name, _, rest = str(entry["name"]).partition("/")
             token = rest.partition("/")[0]
-            age = _token_age(token)
+            age = token_age(token)
             if not name or age is None or age < ORPHAN_GRACE_S:
                 continue
             if name not in commits:
@@ -658,8 +559,6 @@ class RemoteFile:
     def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
         """Fill every span (several ranged GETs in flight) and return each one's crc32c (a big
         span's computed on the I/O pool as soon as it is filled, while the next ones arrive)."""
-        from ckpt.formats import _io
-
         fetch = []
         for i, (offset, view) in enumerate(spans):
             cached = self._cached(offset, len(view))
@@ -673,40 +572,16 @@ class RemoteFile:
         started: dict[int, Callable[[], int]] = {}  # checksums begun while later bytes still arrive
 
         def done(j: int) -> None:
-            started[fetch[j]] = _io.checksum_async(spans[fetch[j]][1])
+            started[fetch[j]] = checksum_async(spans[fetch[j]][1])
 
         self.directory.store.read_into(self.data_url, [spans[i] for i in fetch], lambda j: name(fetch[j]), self.size,
                                        done)
-        return [started[i]() if i in started else _io.crc32c(view) for i, (_, view) in enumerate(spans)]
+        return [started[i]() if i in started else crc32c(view) for i, (_, view) in enumerate(spans)]
 
     def close(self) -> None:
         self._cache.clear()
 
 
-def latest(url: str) -> str | None:
-    """The URL of the newest existing checkpoint the directory's state file lists, or None."""
-    return directory(url).latest()
-
-
 def _pair(change: tuple[CheckpointState, list[str]]) -> tuple[CheckpointState, tuple[CheckpointState, list[str]]]:
     """``update_state``'s change result for a StateChange: the state to write, and both back."""
     return change[0], change
-
-
-def resolve(url: str) -> str:
-    """A checkpoint URL as is; a directory URL -> its latest checkpoint. A URL ending in a
-    checkpoint extension is a checkpoint (no request spent on looking for a state file).
-
-    Raises:
-        CheckpointNotFoundError: a directory without a state file naming an existing checkpoint.
-    """
-    if format_for_path(url) is not None:
-        return url
-    found = latest(url)
-    if found is not None:
-        return found
-    parent, name = _urls.split(url)
-    if name and directory(parent).exists(name):
-        return url  # a checkpoint object without a known extension
-    raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
-                                  "naming an existing checkpoint)")

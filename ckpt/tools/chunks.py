@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ckpt.checksums import crc32c, crc32c_combine
 from ckpt.errors import checksum_error
-from ckpt.formats import _io
 from ckpt.saving.reader import CheckpointReader
 
 __all__ = ["CHUNK_BYTES", "OneThread", "chunk_elements", "paired_chunks", "reusing_buffers", "stored_crc32c",
@@ -39,7 +39,7 @@ __all__ = ["CHUNK_BYTES", "OneThread", "chunk_elements", "paired_chunks", "reusi
 
 #: Bytes of a tensor in one chunk (a multiple of the I/O pool's 4 MiB pieces).
 CHUNK_BYTES = 8 << 20
-_PIECE = 4 << 20  # formats._io.PIECE: the crc32c combination below works in pieces of this size
+_PIECE = 4 << 20  # the crc32c combination below works in pieces of this size
 
 
 def chunk_elements(*itemsizes: int, chunk_bytes: int | None = None) -> int:
@@ -96,7 +96,7 @@ def _read_range(reader: Any, extents: list[tuple[int, int]], start: int, view: m
     crc = 0
     for offset, piece in spans:
         reader.read_range_into(offset, piece, what)
-        crc = _io.crc32c(piece, crc)
+        crc = crc32c(piece, crc)
     return crc
 
 
@@ -172,7 +172,7 @@ def _give(buffer: np.ndarray) -> None:
 def _shift(crc: int, pieces: int) -> int:
     """crc32c of some bytes -> the crc32c of them followed by ``pieces`` x 4 MiB of zeros."""
     for _ in range(pieces):
-        crc = _io.crc32c_combine_piece(crc, 0)
+        crc = crc32c_combine(crc, 0, _PIECE)
     return crc
 
 

@@ -1,0 +1,223 @@
+"""Local files as blobs: :class:`LocalFile` (the :class:`ckpt.storage.ReadableBlob` of a file on
+disk: ``preadv`` of nearby spans in one call, big spans read in pieces on the I/O workers) and
+:class:`LocalSink` (the :class:`ckpt.storage.WritableBlob`: ``pwrite``/``pwritev`` of the
+callers' buffers, no copies).
+
+Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "f")
+    >>> with LocalSink(path) as out:
+    ...     out.write_pieces([b"ab", b"cd"], 0)
+    >>> with LocalFile(path) as blob:
+    ...     buf = bytearray(2)
+    ...     blob.read_into(memoryview(buf), 1, "two bytes")
+    ...     bytes(buf), blob.size
+    (b'bc', 4)
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from typing import Any
+from collections.abc import Callable, Sequence
+
+from ckpt import checksums
+from ckpt.checksums import crc32c, crc32c_combine
+from ckpt.errors import CorruptCheckpointError
+from ckpt.storage import Bytes
+from ckpt.storage.blobio import read_checked
+from ckpt.storage.regular import open_regular
+from ckpt.storage.workers import BIG, Piece, steal, submit
+
+__all__ = ["GAP", "MAX_IOV", "PIECE", "LocalFile", "LocalSink", "pwrite_all", "pwritev_all"]
+
+#: Reads of nearby spans are merged when the gap between them is at most this many bytes.
+GAP = 4096
+#: Pieces per ``preadv``/``pwritev`` call: well under IOV_MAX (1024 on Linux); gap fillers count too.
+MAX_IOV = 512
+_MAX_BATCH = 64 << 20
+#: Large spans are read in pieces of this size, several at once, and their crc32c values
+#: combined (a tensor of one piece could only use one core).
+PIECE = 4 << 20
+
+
+class LocalFile:
+    """A local file opened for positioned reads: the :class:`ckpt.storage.ReadableBlob` of
+    every format reading a file on disk.
+
+    ``name`` (default: ``path``) is what error messages call the file. Spans of ``big`` bytes or
+    more are read in pieces of ``piece`` bytes by the I/O workers, side by side.
+    """
+
+    def __init__(self, path: str, name: str | None = None, *, piece: int = PIECE, big: int = BIG) -> None:
+        self._file = open_regular(path)  # a FileIO: closed (and warned about) like any file
+        self.fd = self._file.fileno()
+        self._name = path if name is None else name
+        self._piece, self._big = piece, big
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
+        """Fill ``view`` at ``offset``; a short file or EIO is a CorruptCheckpointError."""
+        done, total, fd = 0, len(view), self.fd
+        while done < total:
+            try:
+                n = os.preadv(fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise CorruptCheckpointError(f"{self._name}: cannot read {what}: {exc.strerror or exc}") from exc
+            if n == 0:
+                raise CorruptCheckpointError(
+                    f"{self._name}: file ends in the middle of {what} (offset {offset + done}): it is truncated")
+            done += n
+
+    def read_spans(self, spans: Sequence[tuple[int, memoryview]], name: Callable[[int], str]) -> list[int]:
+        """Fill each ``(offset, view)`` from the file and return the views' crc32c values.
+
+        Spans within GAP bytes of each other are read by one ``preadv`` (the gaps land in a
+        scratch buffer); big spans are read by the worker threads, several at once. ``name(i)``
+        labels span i in errors.
+        """
+        fd, path, piece_size = self.fd, self._name, self._piece
+        crcs = [0] * len(spans)
+        order: Sequence[int] = range(len(spans))
+        offsets = [offset for offset, _ in spans]
+        if any(map(operator.gt, offsets, offsets[1:])):
+            order = sorted(order, key=offsets.__getitem__)
+        group: list[int] = []
+        iov: list[memoryview] = []
+        scratch = memoryview(bytearray(GAP))
+        gaps: dict[int, memoryview] = {}  # scratch views by length (msgpack's bin headers: a few lengths)
+        start = end = 0
+
+        def flush() -> None:
+            if not group:
+                return
+            try:
+                n = os.preadv(fd, iov, start) if end > start else 0
+            except OSError as exc:
+                raise CorruptCheckpointError(f"{path}: cannot read {name(group[0])}: {exc.strerror or exc}") from exc
+            if n != end - start:  # a short read: redo span by span, which names what is missing
+                for i in group:
+                    self.read_into(spans[i][1], spans[i][0], name(i))
+            check = checksums._crc32c or crc32c  # the compiled function itself: many small spans
+            for i in group:
+                crcs[i] = check(spans[i][1])
+            group.clear()
+            iov.clear()
+
+        jobs: list[tuple[int, list[Piece]]] = []
+        for i in order:
+            offset, view = spans[i]
+            n = len(view)
+            if n >= self._big:  # pieces of piece_size bytes (the odd remainder first), read side by side
+                first = n % piece_size or piece_size
+                jobs.append((i, [submit(read_checked, self, view[a:b], offset + a, name(i))
+                                 for a, b in zip([0, *range(first, n, piece_size)], range(first, n + 1, piece_size))]))
+                continue
+            if group:
+                if offset < end or offset - end > GAP or len(iov) >= MAX_IOV - 1 or end - start > _MAX_BATCH:
+                    flush()
+                    start = offset
+                elif offset > end:
+                    gap = gaps.get(offset - end)
+                    if gap is None:
+                        gap = gaps[offset - end] = scratch[:offset - end]
+                    iov.append(gap)
+            else:
+                start = offset
+            if n:
+                iov.append(view)
+            group.append(i)
+            end = offset + n
+        try:
+            flush()
+            for _, pieces in reversed(jobs):  # pieces no worker has started yet, this thread reads itself
+                for piece in reversed(pieces):
+                    steal(piece)
+        finally:
+            errors = []
+            for i, pieces in jobs:  # wait for every piece: none may write into a buffer after we return
+                try:
+                    crc = pieces[0].job.result()
+                    for piece in pieces[1:]:
+                        crc = crc32c_combine(crc, piece.job.result(), piece_size)
+                    crcs[i] = crc
+                except CorruptCheckpointError as exc:
+                    errors.append(exc)
+                    for piece in pieces:
+                        piece.job.exception()  # wait for the rest of this tensor's pieces too
+        if errors:
+            raise errors[0]
+        return crcs
+
+
+class LocalSink:
+    """A local file being written: the :class:`ckpt.storage.WritableBlob` of ckpt's writers
+    for a path on disk (``pwrite``/``pwritev`` of the callers' buffers, no copies). The file is
+    created empty, or with ``create=False`` opened as it is (libhdf5 wrote its structure)."""
+
+    def __init__(self, path: str, *, create: bool = True) -> None:
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT | os.O_TRUNC if create else 0)
+        self.fd = os.open(path, flags, 0o666)
+        self._name = path
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def write_at(self, data: Bytes, offset: int) -> None:
+        pwrite_all(self.fd, data, offset)
+
+    def write_pieces(self, pieces: Sequence[Bytes], offset: int) -> None:
+        pwritev_all(self.fd, pieces, offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> LocalSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """Write every byte of ``data`` at ``offset``."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def pwritev_all(fd: int, pieces: Sequence[Any], offset: int) -> None:
+    """Write ``pieces`` (bytes or flat byte memoryviews) back to back from ``offset``, many per
+    system call, without joining them into one copy."""
+    for start in range(0, len(pieces), MAX_IOV):
+        batch = pieces[start:start + MAX_IOV]
+        total = sum(map(len, batch))
+        done = os.pwritev(fd, batch, offset)
+        if done < total:  # a short write (a signal, a full quota): finish piece by piece
+            pwrite_all(fd, b"".join(batch)[done:], offset + done)
+        offset += total

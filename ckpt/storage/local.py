@@ -138,7 +138,7 @@ class LocalStore:
         with replace_atomically(self.join(name)) as tmp:
             fill_file(tmp, write)
             if check is not None:
-                with _io.LocalFile(tmp) as blob:
+                with LocalFile(tmp) as blob:
                     check(blob)
             return os.path.getsize(tmp)
 

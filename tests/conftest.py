@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ckpt
+import s3server  # noqa: F401  # sets moto's minimum part size before any test module imports moto
 
 # Child Pythons run from here: started in the checkout, "python -c" would import its source ckpt/
 # (which lacks ckpt.formats: that directory is formats/) instead of the installed package.

@@ -72,7 +72,7 @@ _LAZY = {
     "device": ".runtime.scopes",
     "name_scope": ".runtime.scopes",
     "Shard": ".runtime.shard",
-    "latest_checkpoint": ".storage.locations",
+    "latest_checkpoint": ".saving.locations",
     "TensorStats": ".tools.stats",
     "array_stats": ".tools.stats",
     "tensor_stats": ".tools.stats",
@@ -142,7 +142,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .runtime.scopes import device as device
     from .runtime.scopes import name_scope as name_scope
     from .runtime.shard import Shard as Shard
-    from .storage.locations import latest_checkpoint as latest_checkpoint
+    from .saving.locations import latest_checkpoint as latest_checkpoint
     from .tools.stats import TensorStats as TensorStats
     from .tools.stats import array_stats as array_stats
     from .tools.stats import tensor_stats as tensor_stats

@@ -14,15 +14,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, InvalidMetadataError, UnsupportedCheckpointError
 
-if TYPE_CHECKING:  # check_tensors' annotation only: the readers' module imports this one
-    from ._readers import TensorInfo
+
+
+class _Shaped(Protocol):
+    """What ``check_tensors`` reads of a reader's TensorInfo (``_readers`` imports this module)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
 
 
 def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
@@ -197,7 +202,7 @@ def check_shape(shape: Any, path: str, key: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def check_tensors(tensors: Mapping[str, TensorInfo], path: str) -> None:
+def check_tensors(tensors: Mapping[str, _Shaped], path: str) -> None:
     """Every tensor a reader lists must have a shape numpy can hold (``check_shape``).
 
     Called for every reader once its index is read (FileReader does it itself), so a format's

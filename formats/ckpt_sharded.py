@@ -39,6 +39,7 @@ import numpy as np
 from ckpt import boxes, dtypes
 from ckpt.storage.local import LocalStore
 from ckpt.storage.atomic import replace_atomically
+from ckpt.storage.commits import SHARDED_COMMIT
 from ckpt.storage.urls import is_url
 from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError,
                          UnsupportedCheckpointError, checksum_error)
@@ -60,8 +61,8 @@ __all__ = ["COMMIT", "ShardedReader", "is_sharded", "is_shard_file", "shard_file
            "referenced_files", "read_commit",
            "BLOCK_BYTES"]
 
-#: The commit record's file name inside a sharded checkpoint directory.
-COMMIT = "COMMIT"
+#: The commit record's file name inside a sharded checkpoint directory (the stores' name for it).
+COMMIT = SHARDED_COMMIT
 FORMAT_NAME = "ckpt-commit"
 VERSION = 2
 _HEADER_PREFIX = b"\x82\xa6format\xab" + FORMAT_NAME.encode() + b"\xa7version"  # plain msgpack

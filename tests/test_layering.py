@@ -19,7 +19,7 @@ CKPT = pathlib.Path(ckpt.__file__).parent
 FORMATS = pathlib.Path(ckpt.formats.__file__).parent  # installed as ckpt.formats (formats/ in the checkout)
 #: Core modules that must import at module level, except where a line says why not (start-up cost,
 #: optional dependencies, a format module that loads on use).
-CORE = ["storage/state.py", "tools/listing.py", "tools/conversion.py", "storage/local.py", "storage/locations.py",
+CORE = ["storage/state.py", "tools/listing.py", "tools/conversion.py", "storage/local.py", "saving/locations.py", "saving/stores.py",
         "saving/reader.py", "tools/comparison.py", "tools/chunks.py", "saving/files.py"]
 
 
@@ -112,6 +112,15 @@ def test_no_import_cycles_among_installed_modules():
     assert _cycles(_import_graph(modules)) == []
 
 
+def test_storage_sits_below_the_formats():
+    """Formats read and write through storage's blobs; storage asks its Catalog about formats
+    (ckpt.saving.stores hands it the registry) and imports no format module, even inside a function."""
+    edges = _import_graph(_installed_modules())
+    upward = sorted(f"{m} -> {t}" for m, targets in edges.items() if m.startswith("ckpt.storage")
+                    for t in targets if t.startswith(("ckpt.formats", "ckpt.saving", "ckpt.tools")))
+    assert upward == []
+
+
 @pytest.mark.parametrize("name", CORE)
 def test_function_local_imports_in_the_core_say_why(name):
     """A function-local import is there for start-up cost or optional dependencies, and says so on
@@ -124,7 +133,7 @@ def test_function_local_imports_in_the_core_say_why(name):
             f"ckpt/{name}:{lineno}: {text} has no one-line reason"
 
 
-@pytest.mark.parametrize("module", ["ckpt.storage.state", "ckpt.storage.local", "ckpt.storage.locations", "ckpt.storage.remote",
+@pytest.mark.parametrize("module", ["ckpt.storage.state", "ckpt.storage.local", "ckpt.saving.locations", "ckpt.saving.stores", "ckpt.storage.remote",
                                     "ckpt.formats.base", "ckpt.tools.listing", "ckpt.tools.conversion", "ckpt.saving.reader",
                                     "ckpt.formats.keras", "ckpt.formats.h5plain"])
 def test_each_core_module_imports_first_in_a_fresh_interpreter(module):

@@ -19,7 +19,7 @@ import pytest
 from reliability_support import step_of, step_tensors
 
 import ckpt
-from ckpt.storage import locations as _locations
+from ckpt.saving import locations as _locations
 from ckpt.storage.atomic import is_temporary
 from ckpt.storage.state import LOCK_FILE, STATE_FILE, read_state
 

@@ -39,7 +39,7 @@ from ckpt.formats import _io
 from ckpt.formats.base import key_problem
 from ckpt.formats.hdf5 import Hdf5Reader
 from ckpt.formats.msgpack import MsgpackReader
-from ckpt.storage.locations import latest_checkpoint
+from ckpt.saving.locations import latest_checkpoint
 from ckpt.storage.state import STATE_FILE, read_state
 
 EXAMPLES = 1000  # per target, x --reliability-scale

@@ -30,7 +30,7 @@ from reliability_support import equal_tensors, restore_outcome, sentinel_like, s
 
 import ckpt
 from ckpt.storage.atomic import is_temporary
-from ckpt.storage.local import open_store
+from ckpt.saving.stores import open_store
 from ckpt.storage.state import LOCK_FILE, STATE_FILE, read_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -24,7 +24,7 @@ from reliability_support import step_of, step_tensors
 
 import ckpt
 from ckpt.storage.atomic import is_temporary
-from ckpt.storage.local import open_store
+from ckpt.saving.stores import open_store
 from ckpt.storage.state import LOCK_FILE, STATE_FILE, read_state
 from conftest import OUTSIDE_CHECKOUT
 

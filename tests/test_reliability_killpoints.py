@@ -21,7 +21,7 @@ from reliability_support import step_of, step_tensors
 from test_reliability_kill import Zygote
 
 import ckpt
-from ckpt.storage.local import open_store
+from ckpt.saving.stores import open_store
 
 SAVES = 3
 MAX_TO_KEEP = 2

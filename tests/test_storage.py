@@ -11,7 +11,8 @@ import pytest
 
 import ckpt
 from ckpt.storage import remote as _remote
-from ckpt.storage.local import LocalStore, open_store
+from ckpt.saving.stores import open_store
+from ckpt.storage.local import LocalStore
 from ckpt.storage.state import CheckpointEntry, CheckpointState
 from ckpt.formats.base import FileReader, TensorInfo, materialize
 from ckpt.storage import ReadableBlob, Store, WritableBlob

@@ -29,7 +29,7 @@ from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpoint
 from ..formats import ckpt_sharded as sharded
 from ckpt.saving.reader import open_checkpoint
 from ckpt.saving.restore import RestoreResult, restore_from
-from ckpt.storage.locations import resolve_checkpoint, using
+from ckpt.saving.locations import resolve_checkpoint, using
 from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.runtime.variables import Variable
 from .comm import Communicator, decode, encode

@@ -43,7 +43,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import boxes, dtypes
-from ckpt.storage.local import LocalStore, store_of
+from ckpt.storage.local import LocalStore
+from ckpt.saving.stores import REGISTRY, store_of
 from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
@@ -486,7 +487,7 @@ def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: li
             # the state file names the checkpoint pending first: rank 0 killed after the commit
             # record leaves it the latest all the same
             sharded.write_commit(path, build_record(lay, reports, step, metadata),
-                                 lambda tmp: LocalStore(parent).intend(os.path.basename(path), step, tmp))
+                                 lambda tmp: LocalStore(parent, REGISTRY).intend(os.path.basename(path), step, tmp))
         except CheckpointError as exc:
             _discard(path, reports)
             return {"kind": "write", "error": str(exc)}

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.storage import locations as _locations
+from ckpt.saving import locations as _locations
 from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ckpt.formats._slicing import box

@@ -27,6 +27,7 @@ from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWrit
     StorageError
 from ckpt.storage import StateChange, Store
 from ckpt.storage.local import LocalStore
+from ckpt.saving.stores import REGISTRY
 from ckpt.storage.state import STATE_FILE, CheckpointEntry, CheckpointState, read_state, state_lock
 
 __all__ = ["Retention", "check_owner", "read_owner", "read_local_owner", "kept_paths"]
@@ -78,7 +79,7 @@ class Retention:
     def record(self, path: str, step: int | None, listed_before: bool, locked: bool = False) -> CheckpointState:
         """Add a checkpoint put in place by the caller (a sharded save) to its directory's state
         file and apply retention (``LocalStore.record``); ``locked``: the caller holds the lock."""
-        store = LocalStore(os.path.dirname(os.path.abspath(path)))
+        store = LocalStore(os.path.dirname(os.path.abspath(path)), REGISTRY)
         with state_lock(store.location) if not locked else nullcontext():
             return store.record(os.path.basename(path), self.change(store, path, step), listed_before)
 

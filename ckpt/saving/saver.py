@@ -28,7 +28,8 @@ from ckpt.storage import urls as _urls
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.retention import Retention, kept_paths, read_owner
-from ckpt.storage.local import LocalStore, store_of
+from ckpt.storage.local import LocalStore
+from ckpt.saving.stores import REGISTRY, store_of
 from ckpt.storage.atomic import require_directory
 from ckpt.errors import (
     CheckpointError,
@@ -416,7 +417,7 @@ class Saver:
         (TF1 users expect ``last_checkpoints`` to show a run they resume)."""
         directory = os.path.dirname(path)
         try:  # pending entries count where their save committed; a damaged file: what verifies
-            state = LocalStore(directory or ".").effective_state()
+            state = LocalStore(directory or ".", REGISTRY).effective_state()
         except (OSError, ValueError):
             return []  # an unreadable state file lists nothing; restores and saves report it
         if state is None or not any(e.path == os.path.basename(path) for e in state.all_entries()):

@@ -8,7 +8,7 @@ store (``ckpt.storage.remote.RemoteFile``: concurrent ranged GETs) both implemen
 checkpoints is a :class:`Store` (``ckpt.storage.local.LocalStore``: temporary file, fsync,
 rename, an ``flock``'d state file; ``ckpt.storage.remote.RemoteDirectory``: a data object, then a
 create-only commit record, a compare-and-swap state file), which the Saver, retention and
-``latest_checkpoint`` use without asking which kind it is (``ckpt.storage.local.open_store``).
+``latest_checkpoint`` use without asking which kind it is (``ckpt.saving.stores.open_store``).
 A new kind of storage (per-rank shard files, another object store) is a new implementation
 of these Protocols; no format module changes.
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 if TYPE_CHECKING:
     from ckpt.storage.state import CheckpointState
 
-__all__ = ["ReadableBlob", "WritableBlob", "Store", "Span", "Bytes", "StateChange", "Listed"]
+__all__ = ["ReadableBlob", "WritableBlob", "Store", "Catalog", "FILES_ONLY", "Span", "Bytes", "StateChange", "Listed"]
 
 T = TypeVar("T")
 #: One row of ``Store.listing``: name, step, time, size in bytes, note.
@@ -143,6 +143,53 @@ class WritableBlob(Protocol):
         """Finish the blob: everything written is in the storage once this returns."""
 
 
+class Catalog(Protocol):
+    """What a Store asks about checkpoint formats, which storage does not know: which paths and
+    names are checkpoints, and whether one verifies. The format registry answers
+    (``ckpt.saving.stores.REGISTRY``, handed to every Store the library opens); storage never
+    imports it, so formats can sit on top of storage.
+    """
+
+    def claims(self, path: str) -> bool:
+        """True when a format claims the local ``path`` that is no plain file (a TensorFlow
+        prefix, a sharded checkpoint's directory)."""
+
+    def extension(self, name: str) -> str | None:
+        """The extension by which a format claims ``name`` ("model-3.h5" -> ".h5"), or None."""
+
+    def writable(self, name: str) -> bool:
+        """True when ``name`` has the extension of a format a Saver writes."""
+
+    def verifies(self, path: str, blob: ReadableBlob | None) -> bool:
+        """True when the checkpoint ``path`` (read from ``blob``, which it then owns, where given)
+        verifies, False when it opens but does not.
+
+        Raises:
+            CheckpointError: it cannot be opened (the store decides what that means).
+        """
+
+
+class _FilesOnly:
+    """The Catalog of a Store opened without the registry: plain files only, nothing verifies."""
+
+    def claims(self, path: str) -> bool:
+        return False
+
+    def extension(self, name: str) -> str | None:
+        return None
+
+    def writable(self, name: str) -> bool:
+        return False
+
+    def verifies(self, path: str, blob: ReadableBlob | None) -> bool:
+        if blob is not None:
+            blob.close()
+        return False  # nothing is known to be a checkpoint
+
+
+#: The Catalog that knows no format (a Store built for writing plain files: shard files).
+FILES_ONLY: Catalog = _FilesOnly()
+
 #: A change of a directory's state file: the state read (None: no state file yet) -> the
 #: state to write and the names of checkpoints to delete once it is written.
 StateChange = Callable[["CheckpointState | None"], "tuple[CheckpointState, list[str]]"]
@@ -157,7 +204,7 @@ class Store(Protocol):
 
     Example:
         >>> import os, tempfile, ckpt
-        >>> from ckpt.storage.local import open_store
+        >>> from ckpt.saving.stores import open_store
         >>> store = open_store(tempfile.mkdtemp())
         >>> path = ckpt.Saver({"w": ckpt.Variable(1.0)}).save(store.join("m.h5"))
         >>> isinstance(store, ckpt.storage.Store), store.exists("m.h5"), store.latest() == path

@@ -22,9 +22,12 @@ from ckpt.checksums import crc32c
 from ckpt.errors import CorruptCheckpointError
 from ckpt.storage import urls as _urls
 
-__all__ = ["COMMIT_LIMIT", "DATA_DIR", "Commit", "commit_record", "is_commit_record", "parse_commit", "token_age",
-           "unique_token"]
+__all__ = ["COMMIT_LIMIT", "DATA_DIR", "SHARDED_COMMIT", "Commit", "commit_record", "is_commit_record",
+           "parse_commit", "token_age", "unique_token"]
 
+#: The commit record's name inside a sharded checkpoint (a directory, or a data prefix): the
+#: stores delete it first and look for it; its bytes are ``ckpt.formats.ckpt_sharded``'s.
+SHARDED_COMMIT = "COMMIT"
 #: The folder of a directory's data objects.
 DATA_DIR = ".ckpt-data"
 _COMMIT_FORMAT, _COMMIT_VERSION = "ckpt-commit", 1

@@ -9,12 +9,14 @@ retention never deletes a file this save put in place. Before the rename the sta
 written with the new checkpoint *pending* (``ckpt.storage.state.settle``): a save killed between the
 rename and the state file's final write still leaves its checkpoint the latest. A damaged state
 file is replaced, for readers and for the next save, by the verified checkpoints of the
-directory (``ckpt.storage.recovery``).
+directory (``ckpt.storage.recovery``). What is a checkpoint beyond a plain file (a TensorFlow
+prefix, a sharded checkpoint's directory) and whether one verifies the store asks its
+:class:`ckpt.storage.Catalog` (the format registry, handed in by ``ckpt.saving.stores``).
 
 Example:
     >>> import tempfile
-    >>> from ckpt.storage.local import open_store
-    >>> store = open_store(tempfile.mkdtemp())
+    >>> from ckpt.storage.local import LocalStore
+    >>> store = LocalStore(tempfile.mkdtemp())
     >>> store.write_checkpoint("notes.txt", lambda blob: blob.write_at(b"hello", 0))
     >>> store.list_names(), store.read_state() is None
     (['notes.txt'], True)
@@ -30,7 +32,6 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import TypeVar
 
-from ckpt.storage import urls as _urls
 from ckpt.storage.atomic import is_temporary, replace_atomically
 from ckpt.storage.recovery import is_candidate, recover_state
 from ckpt.errors import (
@@ -41,7 +42,6 @@ from ckpt.errors import (
     ReplacedWriteError,
 )
 from ckpt.storage.localfile import LocalFile, LocalSink
-from ckpt.formats.base import format_for_path, formats, open_reader  # the registry: formats claim prefixes, directories
 from ckpt.storage.state import (
     LOCK_FILE,
     STATE_FILE,
@@ -53,9 +53,10 @@ from ckpt.storage.state import (
     with_pending,
     write_state,
 )
-from ckpt.storage import Listed, ReadableBlob, StateChange, Store, WritableBlob
+from ckpt.storage import FILES_ONLY, Catalog, Listed, ReadableBlob, StateChange, WritableBlob
+from ckpt.storage.commits import SHARDED_COMMIT
 
-__all__ = ["LocalStore", "open_store", "store_of", "remove_checkpoint", "checkpoint_exists", "fill_file"]
+__all__ = ["LocalStore", "remove_checkpoint", "checkpoint_exists", "fill_file"]
 
 T = TypeVar("T")
 
@@ -66,20 +67,17 @@ def fill_file(path: str, write: Callable[[WritableBlob], None]) -> None:
         write(blob)
 
 
-def checkpoint_exists(path: str) -> bool:
-    """True for an existing checkpoint file, or a path a format claims (a TensorFlow prefix, a
-    sharded checkpoint's directory)."""
-    return os.path.isfile(path) or any(f.claims(path) for f in formats())
+def checkpoint_exists(path: str, catalog: Catalog) -> bool:
+    """True for an existing checkpoint file, or a path a format of ``catalog`` claims (a
+    TensorFlow prefix, a sharded checkpoint's directory)."""
+    return os.path.isfile(path) or catalog.claims(path)
 
 
 def _committing_file(path: str) -> str:
     """The file whose rename commits the checkpoint ``path``: the file, or a sharded
     checkpoint's commit record."""
     if os.path.isdir(path) and not os.path.islink(path):
-        # lazy: a format module, imported only when a sharded checkpoint is looked at
-        from ckpt.formats.ckpt_sharded import COMMIT
-
-        return os.path.join(path, COMMIT)
+        return os.path.join(path, SHARDED_COMMIT)
     return path
 
 
@@ -87,11 +85,8 @@ def remove_checkpoint(path: str) -> None:
     """Delete a checkpoint: a file, or a sharded checkpoint's directory (its commit record
     first, so a deletion cut short leaves an uncommitted directory the next save removes)."""
     if os.path.isdir(path) and not os.path.islink(path):
-        # lazy: a format module, imported only when a sharded checkpoint is deleted (format modules load on use)
-        from ckpt.formats.ckpt_sharded import COMMIT
-
         try:
-            os.unlink(os.path.join(path, COMMIT))
+            os.unlink(os.path.join(path, SHARDED_COMMIT))
         except FileNotFoundError:
             pass
         shutil.rmtree(path, ignore_errors=True)
@@ -100,10 +95,13 @@ def remove_checkpoint(path: str) -> None:
 
 
 class LocalStore:
-    """A local directory of checkpoints (it need not exist yet: writing creates it)."""
+    """A local directory of checkpoints (it need not exist yet: writing creates it); ``catalog``
+    says which paths are checkpoints beyond plain files, and verifies them (the format registry,
+    ``ckpt.saving.stores.REGISTRY``; without it only plain files count and nothing is recovered)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, catalog: Catalog = FILES_ONLY) -> None:
         self.location = directory
+        self.catalog = catalog
 
     def join(self, name: str) -> str:
         return os.path.join(self.location, name)
@@ -223,7 +221,7 @@ class LocalStore:
         and is the file that save renamed into place where it named one."""
         path = self.join(entry.path)
         if entry.commit is None:
-            return checkpoint_exists(path)
+            return checkpoint_exists(path, self.catalog)
         try:
             return str(os.stat(_committing_file(path)).st_ino) == entry.commit
         except OSError:
@@ -233,14 +231,13 @@ class LocalStore:
         found = []
         for name in self.list_names():
             full = self.join(name)
-            if name != STATE_FILE and is_candidate(name) and checkpoint_exists(full):
+            if name != STATE_FILE and is_candidate(name, self.catalog) and checkpoint_exists(full, self.catalog):
                 found.append((name, os.path.getmtime(full)))
-        return recover_state(problem, found, self._verifies)
+        return recover_state(problem, found, self._verifies, self.catalog)
 
     def _verifies(self, name: str) -> bool:
         try:
-            with open_reader(self.join(name)) as reader:
-                return not reader.verify()
+            return self.catalog.verifies(self.join(name), None)
         except (CheckpointError, OSError):
             return False
 
@@ -283,7 +280,7 @@ class LocalStore:
     def _latest_in(self, state: CheckpointState | None) -> str | None:
         for entry in reversed(state.all_entries() if state is not None else []):
             candidate = self.join(entry.path)  # TensorFlow may record absolute paths
-            if checkpoint_exists(candidate):
+            if checkpoint_exists(candidate, self.catalog):
                 return candidate
         return None
 
@@ -301,14 +298,14 @@ class LocalStore:
                 full = self.join(entry.path)  # TensorFlow may record absolute paths
                 files = _files_of(full)
                 known.update(os.path.abspath(f) for f in files + [full])
-                note = "latest" if full == latest else "missing" if not checkpoint_exists(full) else \
+                note = "latest" if full == latest else "missing" if not checkpoint_exists(full, self.catalog) else \
                     "preserved" if entry.path in preserved else ""
                 rows.append((entry.path, entry.step, entry.time or None, _size(files), note))
         for name in sorted(os.listdir(self.location)):
             full = self.join(name)
             # a file, or a committed sharded checkpoint's directory
             if os.path.abspath(full) in known or name == STATE_FILE or is_temporary(name) or \
-                    format_for_path(name) is None or not (os.path.isfile(full) or checkpoint_exists(full)):
+                    self.catalog.extension(name) is None or not checkpoint_exists(full, self.catalog):
                 continue
             rows.append((name, None, os.path.getmtime(full), _size(_files_of(full)),
                          f"not in the '{STATE_FILE}' state file"))
@@ -332,29 +329,3 @@ def _files_of(path: str) -> list[str]:
 
 def _size(files: list[str]) -> int | None:
     return sum(os.path.getsize(f) for f in files) if files else None
-
-
-def open_store(location: str, storage_options: _urls.StorageOptions | None = None) -> Store:
-    """The Store of a directory path or URL ("s3://bucket/run").
-
-    Example:
-        >>> open_store("/tmp/run").join("m.h5")
-        '/tmp/run/m.h5'
-    """
-    if _urls.is_url(location):
-        from ckpt.storage.remote import RemoteDirectory  # object-store support is imported only for URLs
-
-        return RemoteDirectory(location, storage_options)
-    return LocalStore(location)
-
-
-def store_of(path: str, storage_options: _urls.StorageOptions | None = None) -> Store:
-    """The Store of the directory a checkpoint path or URL is in.
-
-    Example:
-        >>> store_of("s3://bucket/run/m.h5").location
-        's3://bucket/run'
-    """
-    if _urls.is_url(path):
-        return open_store(_urls.split(path)[0], storage_options)
-    return open_store(os.path.dirname(os.path.abspath(path)))

@@ -48,6 +48,7 @@ from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
 from ckpt.storage.backends import object_store
 from ckpt.storage.commits import (
+    SHARDED_COMMIT,
     COMMIT_LIMIT,
     DATA_DIR,
     Commit,
@@ -62,7 +63,6 @@ from ckpt.storage.uploads import OPEN_HEAD, OPEN_TAIL
 from ckpt.storage.workers import checksum_async
 from ckpt.storage.recovery import is_candidate, recover_state
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
-from ckpt.formats.base import format_for_path, open_reader  # the registry: which names are checkpoints
 from ckpt.storage.state import (
     STATE_FILE,
     CheckpointEntry,
@@ -72,7 +72,7 @@ from ckpt.storage.state import (
     settle,
     with_pending,
 )
-from ckpt.storage import Listed, ReadableBlob, StateChange, WritableBlob
+from ckpt.storage import FILES_ONLY, Catalog, Listed, ReadableBlob, StateChange, WritableBlob
 
 split_url = _urls.split
 
@@ -91,12 +91,15 @@ T = TypeVar("T")
 
 
 class RemoteDirectory:
-    """One checkpoint directory in an object store (``s3://bucket/run``)."""
+    """One checkpoint directory in an object store (``s3://bucket/run``); ``catalog`` says which
+    names are checkpoints and verifies them (the format registry, ``ckpt.saving.stores.REGISTRY``;
+    without it the damaged-state fallback finds nothing)."""
 
     def __init__(self, url: str, storage_options: _urls.StorageOptions | None = None,
-                 store: ObjectStore | None = None) -> None:
+                 store: ObjectStore | None = None, catalog: Catalog = FILES_ONLY) -> None:
         self.url = _urls.check(url).rstrip("/")
         self.store = store if store is not None else object_store(self.url, storage_options)
+        self.catalog = catalog
 
     @property
     def location(self) -> str:
@@ -166,11 +169,9 @@ class RemoteDirectory:
     def size_of(self, name: str) -> int:
         """The bytes of checkpoint ``name``'s data: its data object, or every object under a
         sharded checkpoint's data prefix (its shard files and COMMIT; one LIST)."""
-        from ckpt.formats.ckpt_sharded import COMMIT
-
         data, size, _ = self.locate(name)
         prefix, _, last = data.rpartition("/")
-        if last != COMMIT or data == self.join(name):
+        if last != SHARDED_COMMIT or data == self.join(name):
             return size
         return sum(int(e.get("size") or 0) for e in self.store.list(prefix, recursive=True))
 
@@ -222,7 +223,7 @@ class RemoteDirectory:
 
     def under(self, relative: str) -> RemoteDirectory:
         """The directory ``relative`` inside this one (a data prefix), sharing its ObjectStore."""
-        return RemoteDirectory(self.join(relative), store=self.store)
+        return RemoteDirectory(self.join(relative), store=self.store, catalog=self.catalog)
 
     def put_and_publish(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
         """Write the small data object ``relative`` (create-only), then ``publish`` it as ``name``."""
@@ -302,16 +303,15 @@ class RemoteDirectory:
         found = []
         for item in self.store.list(self.url):
             name = str(item["name"])
-            if "/" not in name and is_candidate(name):
+            if "/" not in name and is_candidate(name, self.catalog):
                 modified: Any = item.get("LastModified") or item.get("mtime")
                 found.append((name, float(modified.timestamp()) if hasattr(modified, "timestamp") else 0.0))
-        return recover_state(problem, found, self._verifies)
+        return recover_state(problem, found, self._verifies, self.catalog)
 
     def _verifies(self, name: str) -> bool:
         url = self.join(name)
         try:
-            with open_reader(url, RemoteFile(url, self)) as reader:
-                return not reader.verify()
+            return self.catalog.verifies(url, RemoteFile(url, self))
         except CorruptCheckpointError:
             return False
         except CheckpointNotFoundError:
@@ -380,7 +380,7 @@ class RemoteDirectory:
             rows.append((entry.path, entry.step, entry.time, size, note))
         for item in self.store.list(self.location):
             name = str(item["name"])
-            if name not in known and "/" not in name and format_for_path(name) is not None:
+            if name not in known and "/" not in name and self.catalog.extension(name) is not None:
                 rows.append((name, None, None, self.size_of(name), f"not in the '{STATE_FILE}' state file"))
         return rows
 
@@ -398,14 +398,12 @@ class RemoteDirectory:
 
     def _delete_data(self, data_url: str, quietly: bool = False) -> None:
         """Delete a data object; a sharded checkpoint's (its "COMMIT") with every object under its prefix."""
-        from ckpt.formats.ckpt_sharded import COMMIT
-
         try:
             prefix, _, last = data_url.rpartition("/")
             urls = [data_url]
-            if last == COMMIT:  # the shard files first, the record naming them last
+            if last == SHARDED_COMMIT:  # the shard files first, the record naming them last
                 urls = [_urls.join(prefix, str(e["name"])) for e in self.store.list(prefix, recursive=True)
-                        if str(e["name"]) != COMMIT] + urls
+                        if str(e["name"]) != SHARDED_COMMIT] + urls
             self.store.delete(urls)
         except CheckpointError:
             if not quietly:
@@ -497,9 +495,9 @@ def using(storage_options: _urls.StorageOptions | None) -> AbstractContextManage
     return _setting(_options, storage_options)
 
 
-def directory(url: str) -> RemoteDirectory:
+def directory(url: str, catalog: Catalog = FILES_ONLY) -> RemoteDirectory:
     """The RemoteDirectory of ``url`` with the storage options in force."""
-    return RemoteDirectory(url, _options.get())
+    return RemoteDirectory(url, _options.get(), catalog=catalog)
 
 
 class RemoteFile:

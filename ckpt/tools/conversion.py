@@ -35,7 +35,7 @@ from ckpt import dtypes
 from ckpt.tools.chunks import paired_chunks, reusing_buffers, stored_crc32c, tensor_chunks
 from ckpt.tools.sources import Checkpoint, Keys, opened, select_keys
 from ckpt.storage.urls import StorageOptions, is_url
-from ckpt.storage.local import store_of
+from ckpt.saving.stores import store_of
 from ckpt.storage.atomic import fsync_directory, require_directory
 from ckpt.formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys
 from ckpt.saving.reader import CheckpointReader

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt.storage.local import open_store
+from ckpt.saving.stores import open_store
 from ckpt.storage.urls import StorageOptions
 from ckpt.errors import CheckpointNotFoundError
 from ckpt.storage.state import STATE_FILE

@@ -74,8 +74,8 @@ def _data_object_problems(path: str, storage_options: StorageOptions | None) -> 
     its head and tail (which the reader used instead of those bytes)."""
     if not _urls.is_url(path):
         return []
-    from ckpt.storage import locations as _locations, remote as _remote  # object-store code loads only for URLs
+    from ckpt.storage.remote import RemoteDirectory  # object-store code loads only for URLs
 
-    with _locations.using(path, storage_options):
-        parent, name = _urls.split(path)
-        return _remote.directory(parent).copy_problems(name)
+    _urls.check_options(storage_options)
+    parent, name = _urls.split(path)
+    return RemoteDirectory(parent, storage_options).copy_problems(name)

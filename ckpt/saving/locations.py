@@ -1,7 +1,7 @@
 """Checkpoint locations, read side: the one place in the core that tells a local path from an
 object-store URL (internal; the public names are ``ckpt.latest_checkpoint`` and the readers).
 
-A directory of checkpoints is a :class:`ckpt.storage.Store` (``ckpt.storage.local.open_store``
+A directory of checkpoints is a :class:`ckpt.storage.Store` (``ckpt.saving.stores.open_store``
 picks ``LocalStore`` or ``_remote.RemoteDirectory``); what differs between the two beyond the
 Store methods is decided here once: how a location resolves to a checkpoint, and which storage
 options are in force. ``reader.py``, ``listing.py`` and the collective restore ask here instead of
@@ -9,7 +9,7 @@ branching on URLs themselves.
 
 Example:
     >>> import tempfile
-    >>> from ckpt.storage import locations as _locations
+    >>> from ckpt.saving import locations as _locations
     >>> _locations.latest_checkpoint(tempfile.mkdtemp()) is None
     True
 """
@@ -22,9 +22,9 @@ from typing import Any
 from collections.abc import Mapping
 
 from ckpt.storage import urls as _urls
-from ckpt.storage.local import open_store
 from ckpt.errors import CheckpointNotFoundError
-from ckpt.formats.base import format_for_path, formats  # the registry: checkpoint names, directory formats
+from ckpt.formats.base import format_for_path  # the registry: checkpoint names
+from ckpt.saving.stores import REGISTRY, open_store
 from ckpt.storage.state import STATE_FILE
 
 __all__ = ["latest_checkpoint", "resolve_checkpoint", "using"]
@@ -61,7 +61,7 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
         return _resolve_url(path)
     if os.path.isdir(path):
         latest = open_store(path).latest()
-        if latest is None and any(f.claims(path) for f in formats()):  # a Hugging Face model directory, say
+        if latest is None and REGISTRY.claims(path):  # a Hugging Face model directory, say
             return path
         if latest is None:
             raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}", path=path)
@@ -76,7 +76,7 @@ def _resolve_url(url: str) -> str:
 
     if format_for_path(url) is not None:
         return url
-    found = directory(url).latest()
+    found = directory(url, REGISTRY).latest()
     if found is not None:
         return found
     parent, name = _urls.split(url)

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -153,6 +154,7 @@ class LocalStore:
                step: int | None = None) -> CheckpointState:
         path = self.join(name)
         flush_error: ReplacedWriteError | None = None
+        read: list[CheckpointState] = []  # the state file as read under the lock, once per commit
         with ExitStack() as held:
             # intent, rename, record and retention's deletions happen under the directory's lock
             def lock() -> None:
@@ -161,32 +163,25 @@ class LocalStore:
                 except CheckpointWriteError as exc:
                     raise CheckpointWriteError(f"{path}: not saved, the state file cannot be locked: {exc}; "
                                                "the previous checkpoint is still the latest") from exc
-                self.intend(name, step, tmp)
+                read.append(self.intend(name, step, tmp))
 
-            try:
-                state = read_state(self.location) if os.path.isdir(self.location) else None
-            except CorruptCheckpointError:
-                state = None  # damaged: replaced under the lock by what the directory holds (intend)
-            except OSError as exc:
-                if isinstance(exc, CheckpointError):
-                    raise
-                raise CheckpointWriteError(f"{path}: cannot read the state file of {self.location}: "
-                                           f"{exc.strerror or exc}; nothing was written") from exc
-            listed_before = state is not None and any(e.path == name for e in state.all_entries())
             try:
                 with replace_atomically(path, before_rename=lock) as tmp:
                     fill_file(tmp, write)
             except ReplacedWriteError as exc:
                 flush_error = exc  # complete and in place (fsynced before the rename): record it, then report
-            written = self.record(name, change, listed_before)
+            # nobody else writes the state file while the lock is held: the state read by ``intend`` is
+            # the one to change (its settled entries, without this save's pending one)
+            written = self.record(name, change, state=read[0])
         if flush_error is not None:
             raise flush_error
         return written
 
-    def intend(self, name: str, step: int | None, new_file: str) -> None:
+    def intend(self, name: str, step: int | None, new_file: str) -> CheckpointState:
         """Write the state file with ``name`` pending, before ``new_file`` (complete, fsynced) is
         renamed into place to commit it; the caller holds the lock. Where the rename replaces a
-        file, the entry names ``new_file``'s inode: the old file of that name is not this save's."""
+        file, the entry names ``new_file``'s inode: the old file of that name is not this save's.
+        Returns the state as read (settled, without the new pending entry)."""
         path = self.join(name)
         try:
             state = self.state_for_update()
@@ -195,7 +190,8 @@ class LocalStore:
                                            "not rewrite it")
             replaces = os.path.lexists(_committing_file(path))
             entry = CheckpointEntry(name, time.time(), step, str(os.stat(new_file).st_ino) if replaces else None)
-            write_state(self.location, with_pending(state, entry))
+            write_state(self.location, with_pending(dataclasses.replace(state), entry))
+            return state
         except OSError as exc:  # CheckpointWriteError included
             cause = exc if isinstance(exc, CheckpointError) else (exc.strerror or exc)
             raise CheckpointWriteError(f"{path}: not saved, the state file cannot be written ({cause}); the "
@@ -241,15 +237,22 @@ class LocalStore:
         except (CheckpointError, OSError):
             return False
 
-    def record(self, name: str, change: StateChange, listed_before: bool) -> CheckpointState:
+    def record(self, name: str, change: StateChange, listed_before: bool | None = None,
+               state: CheckpointState | None = None) -> CheckpointState:
         """Write the state ``change`` gives and delete what it drops; the caller holds the lock.
 
-        If the state file cannot be written, a new checkpoint is removed again (no orphan the
-        size of a model stays on a full disk); one that replaced a listed file is kept.
+        ``state``: the state file as the caller read it under the lock (settled; read again when
+        None). ``listed_before``: whether it listed ``name`` before this save (from ``state``
+        when None). If the state file cannot be written, a new checkpoint is removed again (no
+        orphan the size of a model stays on a full disk); one that replaced a listed file is kept.
         """
         path = self.join(name)
+        if state is None:
+            state = self.effective_state(recording=name)
+        if listed_before is None:
+            listed_before = state is not None and any(e.path == name for e in state.all_entries())
         try:
-            state, doomed = change(self.effective_state(recording=name))
+            state, doomed = change(state)
             write_state(self.location, state)
         except ReplacedWriteError:
             raise  # the state file names the new checkpoint; only its durability is in doubt

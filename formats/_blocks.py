@@ -27,6 +27,7 @@ from ckpt import boxes
 from ckpt.errors import CorruptCheckpointError, checksum_error
 
 from . import _io
+from ._readers import FileReader
 from ckpt.checksums import crc32c, gf2_times
 
 __all__ = ["BLOCK_BYTES", "block_crcs", "checksums", "RunningChecksums", "combine", "pack_crcs", "unpack_crcs",
@@ -185,39 +186,24 @@ def read_part(reader: Any, extents: Sequence[tuple[int, int]], key: str, dtype: 
     return done
 
 
-class BlockSlicing:
-    """``read_slice`` and ``read_box_into`` for single-file readers with block checksums.
+class BlockSlicing(FileReader):
+    """``read_box_into`` (and so ``read_slice``) for single-file readers with block checksums.
 
-    A reader provides ``info(key)``, ``read_into(key, out)``, ``data_extents(key)``,
-    ``read_range_into`` and ``block_checksums(key)`` -> (crc values, block bytes) or None (a
-    tensor of one block, a string tensor, a file of a version without them): then the whole
-    tensor is read and verified, and the part copied out. ``bytes_read`` counts the tensor
-    bytes these two methods read.
+    A subclass provides ``data_extents(key)`` and ``block_checksums(key)`` -> (crc values, block
+    bytes) or None (a tensor of one block, a string tensor, a file of a version without them):
+    then the whole tensor is read and verified, and the part copied out. ``bytes_read`` counts the
+    tensor bytes these reads read.
     """
 
     bytes_read = 0
-    path: str
-
-    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
-        return None
-
-    def read_slice(self, key: str, index: Any) -> np.ndarray:
-        """Read ``tensor[index]`` (ints and step-1 slices), reading and verifying only the
-        checksum blocks that hold it."""
-        from ._slicing import box
-
-        info = self.info(key)  # type: ignore[attr-defined]
-        bounds, result = box(index, info.shape)
-        out = np.empty(tuple(b - a for a, b in bounds), info.dtype)
-        self._read_box(info, tuple(a for a, _ in bounds), out)
-        return out.reshape(result)
+    partial_reads = True
 
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
-        """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out`` (what
-        ``ckpt.saving.reader.read_box_into`` and a distributed restore ask for)."""
+        """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``, reading
+        and verifying only the checksum blocks that hold it."""
         from ._slicing import check_box
 
-        info = self.info(key)  # type: ignore[attr-defined]
+        info = self.info(key)
         check_box(info, offset, out.shape, self.path)
         self._read_box(info, tuple(int(o) for o in offset), out)
 
@@ -225,17 +211,17 @@ class BlockSlicing:
         if out.size == 0:
             return
         blocks = self.block_checksums(info.key) if out.shape != info.shape else None
-        if blocks is None:
+        extents = None if blocks is None else self.data_extents(info.key)
+        if blocks is None or extents is None:
             if out.shape == info.shape and out.flags.c_contiguous and out.flags.writeable:
-                self.read_into(info.key, out)  # type: ignore[attr-defined]
+                self.read_into(info.key, out)
             else:
                 whole = np.empty(info.shape, info.dtype)
-                self.read_into(info.key, whole)  # type: ignore[attr-defined]
+                self.read_into(info.key, whole)
                 out[...] = whole[tuple(slice(o, o + n) for o, n in zip(offset, out.shape))]
             self.bytes_read += info.nbytes
             return
         crcs, block_bytes = blocks
-        extents = self.data_extents(info.key)  # type: ignore[attr-defined]
         self.bytes_read += read_part(self, extents, info.key, info.dtype, info.shape, crcs, block_bytes, offset,
                                      tuple(out.shape), out)
 

@@ -20,11 +20,13 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from ckpt.checksums import crc32c
 from ckpt.errors import CorruptCheckpointError, KeyNotFoundError, MismatchError, closest_hint
 from ckpt.gcpause import gc_paused
 from ckpt.storage import ReadableBlob
 
 from ._blobs import open_blob
+from ._slicing import box, check_box
 from ._validation import check_tensors
 
 
@@ -80,6 +82,34 @@ class Reader(Protocol):
         ``progress``, if given, is called with the number of bytes checked as work goes on.
         """
 
+    # the optional abilities: BaseReader declares each with a default, so callers call them directly
+
+    partial_reads: bool
+
+    def read_planned(self, pairs: Sequence[tuple[TensorInfo, np.ndarray]]) -> None:
+        """``read_into_many`` for (TensorInfo, buffer) pairs already checked against the index."""
+
+    def read_slice(self, key: str, index: Any) -> np.ndarray:
+        """Read ``tensor[index]`` (ints and step-1 slices)."""
+
+    def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
+        """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``."""
+
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        """The (file offset, length) pieces of a tensor's C-order bytes, or None."""
+
+    def stored_crc32c(self, key: str) -> int | None:
+        """The crc32c the file stores for the bytes ``data_extents`` lists, or None."""
+
+    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
+        """The crc32c of each block of a tensor's stored bytes and the block size, or None."""
+
+    def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
+        """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (unchecked)."""
+
+    def read_range_crc32c(self, offset: int, out: memoryview, what: str) -> int:
+        """``read_range_into``, returning the crc32c of the bytes read."""
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Reader: ...
@@ -88,17 +118,26 @@ class Reader(Protocol):
 
 
 class BaseReader:
-    """Shared behaviour for readers: key lookup with clear errors, ``read``, context manager.
+    """Shared behaviour for readers: key lookup with clear errors, ``read``, context manager,
+    and every optional ability a reader may have, each with a default that works for any format.
 
     Subclasses set ``path``, ``format_name``, ``_tensors`` and ``_metadata`` and implement
     ``_read_into(info, out)``. Entries a file holds that are not tensors (TensorFlow's object
     graph) go into ``_metadata["non_tensors"]`` as {key: description}; inspect shows them.
+
+    The abilities (override what the format does better than the default): ``read_box_into``
+    (and so ``read_slice``) for reading part of a tensor, setting ``partial_reads``;
+    ``data_extents``, ``stored_crc32c`` and ``read_range_into`` for tensors stored as checksummed
+    bytes at known offsets (streamed in chunks); ``block_checksums``; ``read_planned``.
     """
 
     path: str = ""
     format_name: str = ""
     #: False for files whose data carries no checksums (foreign files): verify() cannot vouch for them.
     checksummed: bool = True
+    #: True when ``read_box_into`` reads only (about) the block asked for; the default reads the whole
+    #: tensor, so callers that would read a big tensor in many blocks read it whole once instead.
+    partial_reads: bool = False
     _tensors: dict[str, TensorInfo]
     _metadata: dict[str, Any]
 
@@ -159,6 +198,48 @@ class BaseReader:
         for info, out in pairs:
             self._read_into(info, out)
 
+    def read_slice(self, key: str, index: Any) -> np.ndarray:
+        """Read ``tensor[index]`` (ints and step-1 slices, as ``np.s_[2:4, :]``) through
+        ``read_box_into``."""
+        info = self.info(key)
+        bounds, shape = box(index, info.shape)
+        out = np.empty(tuple(b - a for a, b in bounds), info.dtype)
+        self.read_box_into(key, tuple(a for a, _ in bounds), out)
+        return out.reshape(shape)
+
+    def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
+        """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``
+        (MismatchError if it is not inside the tensor). The default reads the whole tensor
+        (verified) and copies the block out; formats that can read part of a tensor override it."""
+        bounds = check_box(self.info(key), offset, out.shape, self.path)
+        out[...] = self.read(key)[tuple(slice(a, b) for a, b in bounds)]
+
+    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
+        """The (file offset, length) pieces holding a numeric tensor's bytes in C order, or None
+        when its bytes are not stored that way (strings, most foreign formats); lets callers read
+        part of a tensor with ``read_range_into``."""
+        return None
+
+    def stored_crc32c(self, key: str) -> int | None:
+        """The crc32c the file stores for the bytes ``data_extents`` lists, or None (no extents,
+        no checksum); lets callers check a tensor they read in parts."""
+        return None
+
+    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
+        """The crc32c of each block of a tensor's stored bytes and the block size in bytes, as the
+        file stores them; None when it stores no such table (one checksum for the tensor, or none)."""
+        return None
+
+    def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
+        """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
+        caller verifies). Only asked of a reader whose ``data_extents`` lists extents."""
+        raise NotImplementedError(f"{type(self).__name__} lists data_extents but does not read ranges")
+
+    def read_range_crc32c(self, offset: int, out: memoryview, what: str) -> int:
+        """``read_range_into``, returning the crc32c of the bytes read (for the caller to check)."""
+        self.read_range_into(offset, out, what)
+        return crc32c(out)
+
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         raise NotImplementedError
 
@@ -214,26 +295,17 @@ class FileReader(BaseReader):
     def _open(self) -> None:
         raise NotImplementedError
 
-    def data_extents(self, key: str) -> list[tuple[int, int]] | None:
-        """The (file offset, length) pieces holding a numeric tensor's bytes in C order, or None
-        when its bytes are not stored that way (strings); lets callers read part of a tensor."""
-        return None
-
     def stored_crc32c(self, key: str) -> int | None:
-        """The crc32c the file stores for the bytes ``data_extents`` lists, or None (no extents,
-        no checksum); lets callers check a tensor they read in parts."""
+        # ckpt's own formats keep a tensor's crc32c as the ``crc32c`` field of its TensorInfo.extra
         crc = getattr(self.info(key).extra, "crc32c", None)
         return crc if isinstance(crc, int) and self.data_extents(key) is not None else None
 
-    def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
-        """The crc32c of each block of a tensor's stored bytes and the block size in bytes, as the
-        file stores them; None when it stores no such table (one checksum for the tensor, or none)."""
-        return None
-
     def read_range_into(self, offset: int, out: memoryview, what: str) -> None:
-        """Read ``len(out)`` bytes at ``offset`` of the file into ``out`` (no checksum: the
-        caller verifies)."""
         self._source.read_into(out, offset, what)
+
+    def read_range_crc32c(self, offset: int, out: memoryview, what: str) -> int:
+        # the storage layer reads on the I/O pool and checksums the bytes there, still in cache
+        return int(self._source.read_spans([(offset, out)], lambda i: what)[0])
 
     def close(self) -> None:
         self._source.close()

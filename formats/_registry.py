@@ -18,7 +18,7 @@ from ckpt.storage import ReadableBlob
 from . import _io
 from ._blobs import open_blob
 from ._contract import Declined, Format, WritableFormat
-from ._readers import Reader
+from ._readers import BaseReader, Reader
 
 #: How many bytes from the start of a file ``Format.sniff`` is shown.
 SNIFF_BYTES = 4096
@@ -125,7 +125,7 @@ def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None) 
         if fmt.claims(path):
             if blob is not None:
                 blob.close()
-            return fmt.open(path)
+            return _checked(fmt, fmt.open(path))
     source = _open_to_sniff(path) if blob is None else blob
     try:
         head = _io.pread(source, 0, min(source.size, SNIFF_BYTES), "the first bytes")
@@ -157,6 +157,16 @@ def _open_to_sniff(path: str) -> ReadableBlob:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}", path=path) from exc
 
 
+def _checked(fmt: Format, reader: Reader) -> Reader:
+    """``reader`` itself, if it is a BaseReader: callers use the optional abilities that class
+    declares with their defaults (``read_slice``, ``stored_crc32c``, ...) without probing for them."""
+    if not isinstance(reader, BaseReader):
+        reader.close()
+        raise TypeError(f"format {fmt.name!r}: open() returned a {type(reader).__name__}, not a reader: "
+                        "subclass ckpt.formats.base.BaseReader (or FileReader)")
+    return reader
+
+
 def _first_to_open(path: str, blob: ReadableBlob, head: bytes) -> Reader | None:
     """The reader of the first format whose ``sniff`` accepts ``head`` and does not decline.
 
@@ -176,7 +186,7 @@ def _first_to_open(path: str, blob: ReadableBlob, head: bytes) -> Reader | None:
                     continue
                 if reader is declined:
                     declined = None
-                return reader
+                return _checked(fmt, reader)
         return None
     finally:
         if declined is not None:

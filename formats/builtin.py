@@ -36,7 +36,8 @@ def _unused(blob: ReadableBlob | None) -> None:
 
 
 class Hdf5Format(WritableFormat):
-    """The ckpt HDF5 format; also reads HDF5 files other tools wrote (``formats/hdf5.py``)."""
+    """The ckpt HDF5 format (``formats/_h5write.py`` writes it, ``formats/hdf5.py`` reads it); also reads HDF5
+    files other tools wrote."""
 
     name = "hdf5"
     extensions = (".h5", ".hdf5")
@@ -51,9 +52,9 @@ class Hdf5Format(WritableFormat):
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any]) -> None:
-        from . import hdf5
+        from . import _h5write
 
-        hdf5.write_hdf5(blob, tensors, metadata)
+        _h5write.write_hdf5(blob, tensors, metadata)
 
 
 class MsgpackFormat(WritableFormat):

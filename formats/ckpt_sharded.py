@@ -427,6 +427,7 @@ class ShardedReader(BaseReader):
     """
 
     format_name = "ckpt-sharded"
+    partial_reads = True  # read_box_into reads only the checksum blocks a box overlaps
 
     def __init__(self, path: str, commit: bytes | None = None) -> None:
         if not is_url(path) and os.path.basename(path) == COMMIT and os.path.isfile(path):
@@ -485,17 +486,6 @@ class ShardedReader(BaseReader):
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         for info, out in pairs:
             self._read_box(info, (0,) * len(info.shape), out)
-
-    def read_slice(self, key: str, index: Any) -> np.ndarray:
-        """Read ``tensor[index]`` (ints and slices with step 1), reading only the checksum
-        blocks that hold it."""
-        from ._slicing import box
-
-        info = self.info(key)
-        bounds, result = box(index, info.shape)
-        out = np.empty(tuple(b - a for a, b in bounds), info.dtype)
-        self._read_box(info, tuple(a for a, _ in bounds), out)
-        return out.reshape(result)
 
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``."""

@@ -34,7 +34,7 @@ import numpy as np
 from ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 
 from ._foreign import MAX_JSON, NUMPY_DTYPES, parse_json, read_json
-from ._slicing import box, check_box
+from ._slicing import check_box
 from ._zstd import zstd_bytes
 from .base import BaseReader, TensorInfo, check_shape, key_problem
 
@@ -99,6 +99,7 @@ class OrbaxReader(BaseReader):
     """Reads ``_METADATA`` and every leaf's ``.zarray`` on open; chunks on request."""
 
     format_name = "orbax"
+    partial_reads = True  # read_box_into reads only the chunks a block overlaps
     checksummed = False
 
     def __init__(self, path: str, items: list[str]) -> None:
@@ -147,17 +148,9 @@ class OrbaxReader(BaseReader):
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         self._read_box(info, [(0, d) for d in info.shape], out)
 
-    def read_slice(self, key: str, index: Any) -> np.ndarray:
-        """Read the block ``index`` (ints and step-1 slices) from just the chunks it overlaps."""
-        info = self.info(key)
-        bounds, shape = box(index, info.shape)
-        out = np.empty([b - a for a, b in bounds], info.dtype)
-        self._read_box(info, bounds, out)
-        return out.reshape(shape)
-
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``, from just
-        the chunks it overlaps (what ``ckpt.saving.reader.read_box_into`` and a distributed restore ask for)."""
+        the chunks it overlaps (what a sharded restore asks for)."""
         info = self.info(key)
         self._read_box(info, check_box(info, offset, out.shape, self.path), out)
 

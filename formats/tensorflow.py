@@ -40,7 +40,7 @@ from ckpt.storage import ReadableBlob
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key
 from ._sstable import TABLE_MAGIC, SSTableError, fields, int64, mask, table_entries, unmask, varint
-from ._slicing import box, check_box
+from ._slicing import check_box
 from .base import BaseReader, TensorInfo, check_tensors
 
 #: TensorFlow's DataType enum -> numpy, for the types ckpt reads.
@@ -91,6 +91,7 @@ class TensorFlowReader(BaseReader):
     """Reads the index on open; tensors on request from the data shards."""
 
     format_name = "tensorflow"
+    partial_reads = True  # read_box_into reads only the slices a block overlaps (sliced variables)
 
     def __init__(self, prefix: str) -> None:
         self.path = prefix
@@ -224,20 +225,9 @@ class TensorFlowReader(BaseReader):
         self._pieces[key] = pieces
         self._tensors[key] = TensorInfo(key, dtype, shape, _io.expected_nbytes(dtype, shape))
 
-    def read_slice(self, key: str, index: Any) -> np.ndarray:
-        """Read the block ``index`` (ints and step-1 slices, as ``np.s_[2:4, :]``) of a tensor.
-
-        A sliced variable is read from just the slices the block overlaps; others are read whole.
-        """
-        info = self.info(key)
-        bounds, result_shape = box(index, info.shape)
-        out = np.empty([b - a for a, b in bounds], info.dtype)
-        self._read_box(info, bounds, out)
-        return out.reshape(result_shape)
-
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out`` (what
-        ``ckpt.saving.reader.read_box_into`` and a distributed restore ask for)."""
+        a sharded restore asks for)."""
         info = self.info(key)
         self._read_box(info, check_box(info, offset, out.shape, self.path), out)
 

@@ -151,7 +151,7 @@ def test_any_box_of_any_tensor_reads_back_exactly(tmp_path_factory, data, ext, b
         assert (reader._reader.block_checksums("t") is not None) == (value.nbytes > block)
         assert_bit_exact(value[index], reader.get_slice("t", index))
         out = np.empty(value[index].shape, value.dtype)
-        ckpt.saving.reader.read_box_into(reader._reader, "t", tuple(s.start for s in index), out)
+        reader._reader.read_box_into("t", tuple(s.start for s in index), out)
         assert_bit_exact(value[index], out)
         assert reader.verify() == []
 

@@ -291,12 +291,10 @@ def test_manager_skips_unfinished_steps(tmp_path):
 
 @pytest.mark.parametrize("directory", ["orbax_zarr", "orbax_ocdbt"])
 def test_read_box_into_reads_only_the_overlapping_chunks(directory):
-    from ckpt.saving.reader import read_box_into
-
     want = expected("orbax_zarr_expected.npz")["params/grid"]
     with ckpt.load_checkpoint(os.path.join(FIXTURES, directory)) as reader:
         out = np.empty((2, 3), np.float32)
-        read_box_into(reader._reader, "params/grid", (3, 5), out)  # inside chunk (1, 1) only
+        reader._reader.read_box_into("params/grid", (3, 5), out)  # inside chunk (1, 1) only
         assert_bit_exact(want[3:5, 5:8], out)
         with pytest.raises(ckpt.MismatchError):
-            read_box_into(reader._reader, "params/grid", (5, 5), out)
+            reader._reader.read_box_into("params/grid", (5, 5), out)

@@ -244,14 +244,12 @@ def test_index_truncated_at_every_byte_and_bit_flips(tmp_path):
 
 
 def test_read_box_into_reads_blocks_for_a_distributed_restore():
-    """ckpt.saving.reader.read_box_into (what a sharded restore uses) takes the sliced reader's own path."""
-    from ckpt.saving.reader import read_box_into
-
+    """A reader's read_box_into (what a sharded restore uses) takes the sliced reader's own path."""
     want = expected("tf2_sliced_expected.npz")
     with ckpt.load_checkpoint(os.path.join(FIXTURES, "tf2_sliced", "ckpt")) as reader:
         key = "model/wide/.ATTRIBUTES/VARIABLE_VALUE"
         out = np.empty((2, 30), np.float64)
-        read_box_into(reader._reader, key, (1, 10), out)
+        reader._reader.read_box_into(key, (1, 10), out)
         assert_bit_exact(want[npz_key(key)][1:3, 10:40], out)
         with pytest.raises(ckpt.MismatchError, match="does not lie inside"):
-            read_box_into(reader._reader, key, (2, 30), out)
+            reader._reader.read_box_into(key, (2, 30), out)

@@ -421,6 +421,122 @@ def test_register_format_is_one_public_contract(tmp_path):
     assert "noclaims" not in {f.name for f in base.formats()} and "liar" not in {f.name for f in base.formats()}
 
 
+class _MiniReader(base.BaseReader):
+    """A third-party reader with only what BaseReader requires: no optional ability overridden."""
+
+    format_name, checksummed = "mini", False
+
+    def __init__(self, path: str, parsed: dict) -> None:
+        self.path, self._metadata = path, {}
+        self._arrays = {k: np.asarray(v["data"], v["dtype"]).reshape(v["shape"]) for k, v in parsed.items()}
+        self._tensors = {k: base.TensorInfo(k, a.dtype, a.shape, a.nbytes) for k, a in self._arrays.items()}
+
+    def _read_into(self, info: base.TensorInfo, out: np.ndarray) -> None:
+        out[...] = self._arrays[info.key]
+
+
+class _Mini(ckpt.Format):
+    name, extensions = "mini", (".mini",)
+
+    def sniff(self, head: bytes) -> bool:
+        return head.startswith(b"MINI\n")
+
+    def open(self, path: str, blob=None, declined=None) -> base.Reader:
+        blob = base.open_blob(path) if blob is None else blob
+        try:
+            raw = bytearray(blob.size)
+            blob.read_into(memoryview(raw), 0, "the file")
+        finally:
+            blob.close()
+        return _MiniReader(path, json.loads(bytes(raw[5:])))
+
+
+def _write_mini(path, tensors: dict) -> str:
+    body = {k: {"dtype": v.dtype.str, "shape": list(v.shape), "data": v.reshape(-1).tolist()} for k, v in tensors.items()}
+    pathlib.Path(path).write_bytes(b"MINI\n" + json.dumps(body).encode())
+    return str(path)
+
+
+@pytest.fixture
+def mini():
+    ckpt.register_format(_Mini())
+    yield
+    ckpt.unregister_format("mini")
+
+
+def test_a_minimal_third_party_reader_works_everywhere_through_the_default_abilities(mini, tmp_path):
+    """restore, get_slice, read_box_into, chunked reads, inspect --stats, diff and convert use the
+    abilities BaseReader declares (read_slice, read_box_into, stored_crc32c, ...) with their defaults."""
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import main
+    from ckpt.tools.chunks import stored_crc32c, tensor_chunks
+
+    tensors = {"w": np.arange(24, dtype=np.float32).reshape(4, 6), "b": np.array([1, -2, 3], np.int64)}
+    path = _write_mini(tmp_path / "m.mini", tensors)
+    w, b = ckpt.Variable(np.zeros((4, 6), np.float32), name="w"), ckpt.Variable(np.zeros(3, np.int64), name="b")
+    ckpt.Saver([w, b]).restore(path)
+    assert_bit_exact(tensors["w"], w.numpy())
+    assert_bit_exact(tensors["b"], b.numpy())
+
+    with ckpt.load_checkpoint(path) as reader:
+        assert_bit_exact(tensors["w"][1:3, 2], reader.get_slice("w", np.s_[1:3, 2]))
+        out = np.empty((2, 3), np.float32)
+        reader._reader.read_box_into("w", (2, 3), out)
+        assert_bit_exact(tensors["w"][2:4, 3:6], out)
+        with pytest.raises(ckpt.MismatchError, match="does not lie inside"):  # not numpy's broadcast error
+            reader._reader.read_box_into("w", (3, 3), out)
+        assert stored_crc32c(reader, "w") is None and not reader._reader.partial_reads
+        assert np.concatenate(list(tensor_chunks(reader, "w", chunk_elements=5))).tolist() == list(range(24))
+
+    runner = CliRunner()
+    h5 = str(tmp_path / "m.h5")
+    converted = runner.invoke(main, ["convert", path, h5])
+    assert converted.exit_code == 0, converted.output
+    with ckpt.load_checkpoint(h5) as reader:
+        assert_bit_exact(tensors["w"], reader.get_tensor("w"))
+        assert_bit_exact(tensors["b"], reader["b"])
+    assert runner.invoke(main, ["diff", path, h5]).exit_code == 0
+    other = _write_mini(tmp_path / "o.mini", {**tensors, "b": np.array([1, -2, 4], np.int64)})
+    assert runner.invoke(main, ["diff", path, other]).exit_code == 1
+    stats = runner.invoke(main, ["inspect", "--stats", path])
+    assert stats.exit_code == 0, stats.output
+    assert stats.output == runner.invoke(main, ["inspect", "--stats", h5]).output
+
+
+def test_open_must_return_a_base_reader(tmp_path):
+    """Callers use the optional abilities BaseReader declares without probing: a format whose open()
+    returns some other object is refused with a TypeError naming it, and that object is closed."""
+    closed = []
+
+    class Duck:
+        path, format_name, checksummed = "x", "duck", False
+
+        def close(self):
+            closed.append(True)
+
+    class Ducked(ckpt.Format):
+        name, extensions = "ducked", (".duck",)
+
+        def sniff(self, head: bytes) -> bool:
+            return head.startswith(b"DUCK")
+
+        def open(self, path: str, blob=None, declined=None) -> base.Reader:
+            if blob is not None:
+                blob.close()
+            return Duck()  # type: ignore[return-value]
+
+    path = tmp_path / "m.duck"
+    path.write_bytes(b"DUCK")
+    ckpt.register_format(Ducked())
+    try:
+        with pytest.raises(TypeError, match="format 'ducked': open\\(\\) returned a Duck, not a reader: subclass"):
+            ckpt.load_checkpoint(str(path))
+    finally:
+        ckpt.unregister_format("ducked")
+    assert closed == [True]
+
+
 def test_a_format_registered_before_another_claims_some_of_its_files_and_declines_the_rest(tmp_path):
     """register_format(before=) puts a format ahead of another; ckpt.decline hands a file it opened and
     found not to be its own on to the next format that sniffs it (how "keras" sits before "hdf5")."""

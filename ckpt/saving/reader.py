@@ -25,11 +25,9 @@ import numpy as np
 from ckpt.saving import locations as _locations
 from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from ckpt.formats._slicing import box
 from ckpt.formats.base import Reader, open_reader  # the registry; importing it registers the built-ins
 
-__all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable",
-           "read_box_into"]
+__all__ = ["CheckpointReader", "open_checkpoint", "load_checkpoint", "list_variables", "load_variable"]
 
 
 def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Reader:
@@ -170,14 +168,8 @@ class CheckpointReader(Mapping[str, np.ndarray]):
             ...     reader.get_slice("w", np.s_[1, 1:])
             array([4, 5])
         """
-        read_slice = getattr(self._reader, "read_slice", None)
-        if read_slice is not None:
-            part: np.ndarray = read_slice(key, index)
-            return part
-        bounds, shape = box(index, tuple(self._reader.tensors[key].shape) if key in self._reader.tensors
-                            else tuple(self._reader.info(key).shape))
-        block: np.ndarray = self.get_tensor(key)[tuple(slice(a, b) for a, b in bounds)].reshape(shape)
-        return block
+        part: np.ndarray = self._reader.read_slice(key, index)
+        return part
 
     @property
     def checksummed(self) -> bool:
@@ -219,7 +211,7 @@ def read_in_batches(reader: Reader, pairs: Iterable[tuple[Any, np.ndarray]],
     read = read or reader.read_into_many
     batch: list[tuple[Any, np.ndarray]] = []
     size = 0
-    limit = _REMOTE_BATCH_BYTES if is_url(str(getattr(reader, "path", ""))) else _BATCH_BYTES
+    limit = _REMOTE_BATCH_BYTES if is_url(reader.path) else _BATCH_BYTES
     for pair in pairs:
         batch.append(pair)
         size += pair[1].nbytes
@@ -228,19 +220,6 @@ def read_in_batches(reader: Reader, pairs: Iterable[tuple[Any, np.ndarray]],
             batch, size = [], 0
     if batch:
         read(batch)
-
-
-def read_box_into(reader: Reader, key: str, offset: tuple[int, ...], out: np.ndarray) -> None:
-    """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` from a format Reader.
-
-    Readers that can read part of a tensor (sharded checkpoints, ckpt's own single files) do;
-    others read the whole tensor (verified) and copy the block out of it.
-    """
-    if hasattr(reader, "read_box_into"):
-        reader.read_box_into(key, offset, out)
-        return
-    whole = reader.read(key)
-    out[...] = whole[tuple(slice(o, o + n) for o, n in zip(offset, out.shape))]
 
 
 def load_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],

@@ -43,7 +43,7 @@ from ckpt.errors import (
 from ckpt.formats.base import Reader
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.module import Module
-from ckpt.saving.reader import open_checkpoint, read_box_into, read_in_batches
+from ckpt.saving.reader import open_checkpoint, read_in_batches
 from ckpt.runtime.variables import Variable, global_variables
 
 __all__ = ["RestoreResult", "restore_variables", "restore_from", "init_from_checkpoint"]
@@ -174,8 +174,6 @@ def _read_into_variables(reader: Reader, pairs: Sequence[tuple[str, Variable]],
     """
     staged = staged or {}
     touched: list[Variable] = []
-    # a reader of ckpt's formats takes (TensorInfo, buffer) pairs as planned: no second lookup or check
-    planned = getattr(reader, "read_planned", None)
     tensors = reader.tensors
 
     def plain_reads() -> Iterator[tuple[Any, np.ndarray]]:
@@ -190,12 +188,13 @@ def _read_into_variables(reader: Reader, pairs: Sequence[tuple[str, Variable]],
                 casting.copy_into(buffer, staged[key], key)
                 continue
             if var._shard is not None and var._shard.global_shape != var._shape:
-                read_box_into(reader, key, var._shard.offset, buffer)
+                reader.read_box_into(key, var._shard.offset, buffer)
                 continue
-            yield (tensors[key], buffer) if planned is not None else (key, buffer)
+            yield tensors[key], buffer
 
     try:
-        read_in_batches(reader, plain_reads(), planned)
+        # the plan matched every key already: (TensorInfo, buffer) pairs, no second lookup or check
+        read_in_batches(reader, plain_reads(), reader.read_planned)
     except BaseException as exc:
         for var in touched:
             var._mark_uninitialized()

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.checksums import crc32c, crc32c_combine
+from ckpt.checksums import crc32c_combine
 from ckpt.errors import checksum_error
+from ckpt.formats.base import Reader
 from ckpt.saving.reader import CheckpointReader
 
 __all__ = ["CHUNK_BYTES", "OneThread", "chunk_elements", "paired_chunks", "reusing_buffers", "stored_crc32c",
@@ -62,15 +63,12 @@ _default_elements = chunk_elements
 
 def stored_crc32c(reader: CheckpointReader, key: str) -> int | None:
     """The crc32c a checkpoint stores for a numeric tensor's C-order bytes, or None."""
-    crc = getattr(reader._reader, "stored_crc32c", None)
-    value = None if crc is None else crc(key)
-    return value if isinstance(value, int) else None
+    crc: int | None = reader._reader.stored_crc32c(key)
+    return crc
 
 
-def _streamable(reader: Any, key: str) -> tuple[list[tuple[int, int]], int] | None:
+def _streamable(reader: Reader, key: str) -> tuple[list[tuple[int, int]], int] | None:
     """The file extents and crc32c of a tensor a format reader stores that way, else None."""
-    if not hasattr(reader, "stored_crc32c") or not hasattr(reader, "read_range_into"):
-        return None
     expected = reader.stored_crc32c(key)
     extents = reader.data_extents(key)
     if extents is None or expected is None:
@@ -78,7 +76,7 @@ def _streamable(reader: Any, key: str) -> tuple[list[tuple[int, int]], int] | No
     return [(int(o), int(n)) for o, n in extents], expected
 
 
-def _read_range(reader: Any, extents: list[tuple[int, int]], start: int, view: memoryview, what: str) -> int:
+def _read_range(reader: Reader, extents: list[tuple[int, int]], start: int, view: memoryview, what: str) -> int:
     """Fill ``view`` with the tensor's bytes from ``start`` on (across extents); return their crc32c."""
     spans, pos, done = [], 0, 0
     for offset, n in extents:
@@ -90,13 +88,10 @@ def _read_range(reader: Any, extents: list[tuple[int, int]], start: int, view: m
         pos += n
     if done != len(view):
         raise AssertionError(f"{what}: {len(view)} bytes at {start} are past the tensor's extents")
-    source = getattr(reader, "_source", None)
-    if source is not None and len(spans) == 1:  # the storage layer: read on the I/O pool, checksummed there
-        return int(source.read_spans(spans, lambda i: what)[0])
     crc = 0
-    for offset, piece in spans:
-        reader.read_range_into(offset, piece, what)
-        crc = crc32c(piece, crc)
+    for i, (offset, piece) in enumerate(spans):
+        got = reader.read_range_crc32c(offset, piece, what)
+        crc = got if i == 0 else crc32c_combine(crc, got, len(piece))
     return crc
 
 
@@ -226,7 +221,7 @@ def tensor_chunks(reader: CheckpointReader, key: str, chunk_elements: int | None
     if found is not None and info.nbytes > elements * item and (elements * item) % _PIECE == 0:
         yield from _stream(formatted, key, found[0], found[1], elements)
         return
-    if info.nbytes > elements * item and info.shape and hasattr(formatted, "read_slice"):
+    if info.nbytes > elements * item and info.shape and formatted.partial_reads:
         rows = max(1, elements // max(1, info.size // info.shape[0]))  # blocks of whole rows, the odd one first
         first = info.shape[0] % rows or rows
         for start, stop in [(0, first)] + [(s, s + rows) for s in range(first, info.shape[0], rows)]:

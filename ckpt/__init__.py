@@ -20,6 +20,7 @@ from .errors import CheckpointNotFoundError as CheckpointNotFoundError
 from .errors import CheckpointWriteError as CheckpointWriteError
 from .errors import CorruptCheckpointError as CorruptCheckpointError
 from .errors import InvalidMetadataError as InvalidMetadataError
+from .errors import InvalidMetricsError as InvalidMetricsError
 from .errors import InvalidURLError as InvalidURLError
 from .errors import KeyNotFoundError as KeyNotFoundError
 from .errors import MismatchError as MismatchError
@@ -73,6 +74,7 @@ _LAZY = {
     "name_scope": ".runtime.scopes",
     "Shard": ".runtime.shard",
     "latest_checkpoint": ".saving.locations",
+    "best_checkpoint": ".saving.locations",
     "TensorStats": ".tools.stats",
     "array_stats": ".tools.stats",
     "tensor_stats": ".tools.stats",
@@ -143,6 +145,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .runtime.scopes import name_scope as name_scope
     from .runtime.shard import Shard as Shard
     from .saving.locations import latest_checkpoint as latest_checkpoint
+    from .saving.locations import best_checkpoint as best_checkpoint
     from .tools.stats import TensorStats as TensorStats
     from .tools.stats import array_stats as array_stats
     from .tools.stats import tensor_stats as tensor_stats

@@ -27,6 +27,7 @@ __all__ = [
     "UnsupportedCheckpointError",
     "UninitializedVariableError",
     "InvalidMetadataError",
+    "InvalidMetricsError",
     "CheckpointWriteError",
     "ReplacedWriteError",
     "StorageError",
@@ -95,6 +96,11 @@ class UninitializedVariableError(CheckpointError, RuntimeError):
 class InvalidMetadataError(CheckpointError, ValueError):
     """Metadata given to a save that no format stores: not JSON-like data, a key that is not a
     string, an int beyond 64 bits, nesting deeper than 32 levels."""
+
+
+class InvalidMetricsError(CheckpointError, ValueError):
+    """Metrics given to a save (``save(..., metrics=)``) that are not finite numbers by name:
+    NaN, inf, a string, a bool. The message names the file and the metric."""
 
 
 class CheckpointWriteError(CheckpointError, OSError):

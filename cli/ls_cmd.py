@@ -38,12 +38,14 @@ def _when(seconds: float | None) -> str:
 @click.argument("directory")
 @click.option("--json", "as_json", is_flag=True,
               help='Print one JSON document: "directory" and "checkpoints", each with "path", "step", '
-                   '"time" (seconds since the epoch), "size" (bytes), "latest" and "note".')
+                   '"time" (seconds since the epoch), "size" (bytes), "latest", "note" and "metrics" '
+                   '(null when its save was given none).')
 @reports_errors()
 def ls(directory: str, as_json: bool) -> None:
     """List a directory's checkpoints.
 
-    From its state file: path, step, time (UTC), size, which is latest.
+    From its state file: path, step, time (UTC), size, the metrics its save was given (a
+    column shown when any checkpoint has them), which is latest.
 
     Checkpoint files the state file does not know are listed too, marked as such.
 
@@ -54,10 +56,18 @@ def ls(directory: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"directory": directory, "checkpoints": [row.to_json() for row in rows]}))
         return
-    table = [("path", "step", "saved (UTC)", "size", "")] + [
+    with_metrics = any(row.metrics for row in rows)  # runs without metrics keep the table they had
+    table = [("path", "step", "saved (UTC)", "size") + (("metrics",) if with_metrics else ()) + ("",)] + [
         (row.path, "-" if row.step is None else str(row.step), _when(row.time),
-         "-" if row.size is None else human_size(row.size), row.note) for row in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
-    for path, step, when, size, note in table:
-        line = f"{path:<{widths[0]}}  {step:>{widths[1]}}  {when:<{widths[2]}}  {size:>{widths[3]}}  {note}"
-        click.echo(line.rstrip())
+         "-" if row.size is None else human_size(row.size)) + ((_metrics(row.metrics),) if with_metrics else ())
+        + (row.note,) for row in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        cells = [f"{row[0]:<{widths[0]}}", f"{row[1]:>{widths[1]}}", f"{row[2]:<{widths[2]}}", f"{row[3]:>{widths[3]}}"]
+        cells += [f"{row[4]:<{widths[4]}}"] if with_metrics else []
+        click.echo("  ".join(cells + [row[-1]]).rstrip())
+
+
+def _metrics(metrics: dict[str, float] | None) -> str:
+    """The metrics as "val_loss=0.31 acc=0.91" ("-" for none), short enough for a table."""
+    return " ".join(f"{name}={value:.6g}" for name, value in metrics.items()) if metrics else "-"

@@ -85,20 +85,23 @@ def kill_at_event(k: int, kind: str) -> None:
 
 
 def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,
-              stop: int | None = None, blocking: bool = True, comm: Any = None) -> None:
+              stop: int | None = None, blocking: bool = True, comm: Any = None, keep_best: int | None = None) -> None:
     """Save consecutive steps forever (or until ``stop``), every tensor encoding the step.
 
     With ``blocking=False`` each save runs in the background while the loop already assigns
     the next step's values (a torn snapshot would mix two steps). ``comm``: sharded saves.
+    ``keep_best``: each save has the metric "loss" = its step, kept by keep-best retention.
     """
     variables = {key: ckpt.Variable(value) for key, value in step_tensors(start, writer).items()}
-    saver = ckpt.Saver(variables, max_to_keep=max_to_keep, comm=comm)
+    best = {} if keep_best is None else {"keep_best": keep_best, "best_metric": "loss"}
+    saver = ckpt.Saver(variables, max_to_keep=max_to_keep, comm=comm, **best)
     prefix = "model" if writer == 0 else f"w{writer}"
     step = start
     while stop is None or step < stop:
         for key, value in step_tensors(step, writer).items():
             variables[key].assign(value)
-        saver.save(os.path.join(directory, prefix + ext), global_step=step, blocking=blocking)
+        saver.save(os.path.join(directory, prefix + ext), global_step=step, blocking=blocking,
+                   metrics=None if keep_best is None else {"loss": float(step)})
         step += 1
     saver.wait()
 
@@ -125,7 +128,7 @@ def zygote() -> None:
                     comm = distributed.local()
                 save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"],
                           stop=command["start"] + command["saves"], blocking=command.get("blocking", True),
-                          comm=comm)
+                          comm=comm, keep_best=command.get("keep_best"))
                 os._exit(0)  # every save completed before the k-th event
             except BaseException:
                 traceback.print_exc()

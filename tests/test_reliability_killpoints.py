@@ -128,3 +128,40 @@ def test_a_kill_at_any_file_event_never_hides_the_newest_checkpoint(request, tmp
     print(f"\n{kind} {ext} {'blocking' if blocking else 'async'}: {points} kill points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
     assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("ext, blocking", [(".h5", True), (".msgpack", False)])
+def test_a_kill_at_any_file_event_never_deletes_the_best_checkpoint(tmp_path, ext, blocking):
+    """Keep-best retention (max_to_keep=1, keep_best=1, loss = step): step 0 is the best of the
+    run; no kill of the saves of steps 1-3 loses it, and the next save keeps it beside its own."""
+    template = str(tmp_path / "template")
+    ckpt.Saver(_variables(), max_to_keep=1, keep_best=1, best_metric="loss").save(
+        _join(template, "model" + ext), global_step=0, metrics={"loss": 0.0})
+    zygote = Zygote(str(tmp_path / "zygote.stderr"))
+    bad: list[str] = []
+    points = 0
+    try:
+        for k in range(1, 500):
+            directory = str(tmp_path / f"run-{k}")
+            shutil.copytree(template, directory)
+            pid = zygote.spawn(dir=directory, ext=ext, start=1, max_to_keep=1, keep_best=1, blocking=blocking,
+                               kill_at=k, saves=SAVES, kind="file")
+            code = zygote.reap(pid)
+            if code == 0:
+                break
+            assert code == KILLED_CODE, f"the child failed (code {code}): {(tmp_path / 'zygote.stderr').read_text()}"
+            points += 1
+            best = os.path.join(directory, f"model-0{ext}")
+            if ckpt.best_checkpoint(directory, metric="loss") != best:
+                bad.append(f"kill at event {k}: best_checkpoint is {ckpt.best_checkpoint(directory, metric='loss')}")
+            saver = ckpt.Saver(_variables(), max_to_keep=1, keep_best=1, best_metric="loss")
+            saver.save(_join(directory, "model" + ext), global_step=NEXT_STEP, metrics={"loss": 5.0})
+            kept = [os.path.basename(p) for p in saver.last_checkpoints]
+            on_disk = sorted(n for n in os.listdir(directory) if n.startswith("model-"))
+            if kept != [f"model-0{ext}", f"model-{NEXT_STEP}{ext}"] or on_disk != sorted(kept):
+                bad.append(f"kill at event {k}: the next save kept {kept}, the directory holds {on_disk}")
+            shutil.rmtree(directory)
+    finally:
+        zygote.close()
+    assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
+    assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -71,11 +71,12 @@ _ERRORS: dict[str, type[CheckpointError]] = {"mismatch": MismatchError, "write":
 @dataclass(frozen=True)
 class Job:
     """What a sharded save needs from its Saver: the variables by key, the retention policy, the
-    object store's options."""
+    object store's options, the save's metrics (rank 0's are recorded)."""
 
     variables: Mapping[str, Variable]
     retention: Retention
     storage_options: Mapping[str, Any] | None = None
+    metrics: Mapping[str, float] | None = None
 
 
 def _sharded() -> Any:
@@ -299,7 +300,8 @@ def _commit_remote(job: Job, path: str, data: str, record: dict[str, Any],
                                        "checkpoint is still the latest:\n  " + "\n  ".join(failed))
         name, body = os.path.basename(path), commit_bytes(record)
         store.store.put(store.join(f"{data}/{COMMIT}"), body, create_only=True)
-        store.intend(name, record["step"], f"{data}/{COMMIT}")  # pending first: a kill after the commit hides nothing
+        # pending first: a kill after the commit hides nothing
+        store.intend(name, record["step"], f"{data}/{COMMIT}", job.metrics)
         store.publish_bytes(name, f"{data}/{COMMIT}", body, record["step"])
     except CheckpointError as exc:
         urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
@@ -309,7 +311,7 @@ def _commit_remote(job: Job, path: str, data: str, record: dict[str, Any],
             pass  # the store is failing: the next save's clean_orphans takes them
         return {"kind": "write", "error": str(exc)}
     try:
-        state = store.record(os.path.basename(path), job.retention.change(store, path, record["step"]))
+        state = store.record(os.path.basename(path), job.retention.change(store, path, record["step"], job.metrics))
     except CheckpointError as exc:
         return {"kind": "write", "error": str(exc)}
     return {"error": None, "kept": kept_paths(path, state)}
@@ -487,12 +489,13 @@ def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: li
             # the state file names the checkpoint pending first: rank 0 killed after the commit
             # record leaves it the latest all the same
             sharded.write_commit(path, build_record(lay, reports, step, metadata),
-                                 lambda tmp: LocalStore(parent, REGISTRY).intend(os.path.basename(path), step, tmp))
+                                 lambda tmp: LocalStore(parent, REGISTRY).intend(os.path.basename(path), step, tmp,
+                                                                                 job.metrics))
         except CheckpointError as exc:
             _discard(path, reports)
             return {"kind": "write", "error": str(exc)}
         try:
-            state = job.retention.record(path, step, listed_before, locked=True)
+            state = job.retention.record(path, step, listed_before, locked=True, metrics=job.metrics)
         except CheckpointError as exc:
             return {"kind": "write", "error": str(exc)}
     try:

@@ -24,10 +24,11 @@ from collections.abc import Mapping
 from ckpt.storage import urls as _urls
 from ckpt.errors import CheckpointNotFoundError
 from ckpt.formats.base import format_for_path  # the registry: checkpoint names
+from ckpt.saving.retention import BEST_MODES, best_entries
 from ckpt.saving.stores import REGISTRY, open_store
 from ckpt.storage.state import STATE_FILE
 
-__all__ = ["latest_checkpoint", "resolve_checkpoint", "using"]
+__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "using"]
 
 
 def latest_checkpoint(directory: str | os.PathLike[str],
@@ -46,6 +47,35 @@ def latest_checkpoint(directory: str | os.PathLike[str],
         True
     """
     return open_store(os.fspath(directory), storage_options).latest()
+
+
+def best_checkpoint(directory: str | os.PathLike[str], metric: str, mode: str = "min",
+                    storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """Return the path of the directory's best kept checkpoint by ``metric``, or None when no
+    existing checkpoint was saved with that metric (``save(..., metrics=)``).
+
+    Args:
+        directory: a local directory or an object-store URL.
+        metric: the metric's name.
+        mode: "min" (lower is better) or "max". Of equal values the newer checkpoint wins.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> saver = ckpt.Saver({"v": ckpt.Variable(1.0)})
+        >>> for step, loss in [(1, 0.5), (2, 0.2), (3, 0.4)]:
+        ...     _ = saver.save(os.path.join(d, "model.h5"), global_step=step, metrics={"val_loss": loss})
+        >>> os.path.basename(ckpt.best_checkpoint(d, metric="val_loss", mode="min"))
+        'model-2.h5'
+    """
+    if mode not in BEST_MODES:
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    store = open_store(os.fspath(directory), storage_options)
+    state = store.effective_state()
+    for entry in best_entries(state.all_entries() if state is not None else [], metric, mode):
+        if store.exists(entry.path):  # listed but deleted by hand: the next best
+            return store.join(entry.path)
+    return None
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> str:

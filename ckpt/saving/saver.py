@@ -27,7 +27,7 @@ from typing import Any, Literal, overload
 from ckpt.storage import urls as _urls
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
-from ckpt.saving.retention import Retention, kept_paths, read_owner
+from ckpt.saving.retention import BEST_MODES, Retention, check_metrics, kept_paths, read_owner
 from ckpt.storage.local import LocalStore
 from ckpt.saving.stores import REGISTRY, store_of
 from ckpt.storage.atomic import require_directory
@@ -40,6 +40,7 @@ from ckpt.errors import (
 )
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.module import Module
+from ckpt.saving.locations import best_checkpoint
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.storage.state import CheckpointState
 from ckpt.storage import Store, WritableBlob
@@ -90,6 +91,19 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     return keys
 
 
+def _best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) -> tuple[int | None, str | None, str]:
+    """The Saver's keep-best arguments, checked."""
+    if keep_best is not None and (not isinstance(keep_best, int) or isinstance(keep_best, bool) or keep_best < 0):
+        raise ValueError(f"keep_best must be a non-negative int or None, got {keep_best!r}")
+    if keep_best and best_metric is None:
+        raise ValueError("keep_best needs best_metric: the metric (save(..., metrics=)) that ranks checkpoints")
+    if best_metric is not None and not isinstance(best_metric, str):
+        raise ValueError(f"best_metric must be a metric's name, got {best_metric!r}")
+    if best_mode not in BEST_MODES:
+        raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+    return keep_best or None, best_metric, best_mode
+
+
 def _load_hdf5_library() -> None:
     """Import h5py now, while the interpreter is whole: the HDF5 writer imports it on first use,
     and a first use inside an atexit handler ("checkpoint on exit") imports it during shutdown,
@@ -110,6 +124,11 @@ class Saver:
         max_to_keep: keep the newest N checkpoints of the directory, delete older ones
             (None or 0 keeps all, as in TF1).
         keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
+        keep_best: additionally keep the N best checkpoints by ``best_metric`` (the metrics
+            given to ``save(..., metrics=)``); a checkpoint without that metric is never among
+            the best; of equal values the newer is kept. None keeps none for being best.
+        best_metric: the metric that ranks checkpoints for ``keep_best`` and ``restore(best=True)``.
+        best_mode: "min" (lower is better, a loss) or "max" (an accuracy).
         format: the format for paths without a known extension ("hdf5" or "msgpack").
         staging_bytes: for ``save(..., blocking=False)``: the most memory the snapshot of the
             variables may take (None: a model's worth). Below the model's size, ``save``
@@ -125,13 +144,14 @@ class Saver:
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
-            key, nothing to save, or a negative staging_bytes.
+            key, nothing to save, a negative staging_bytes, or keep_best without best_metric.
     """
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
                  keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
                  staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, keep_best: int | None = None,
+                 best_metric: str | None = None, best_mode: str = "min") -> None:
         self._vars = _key_map(var_list)
         self._storage_options = storage_options
         self._background = BackgroundSaves(staging_bytes)
@@ -150,7 +170,8 @@ class Saver:
         self._format = fmt
         if fmt.name == "hdf5":
             _load_hdf5_library()
-        self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours)  # TF1: 0 keeps all
+        self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours,  # TF1: 0 keeps all
+                                    *_best_policy(keep_best, best_metric, best_mode))
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
@@ -185,14 +206,17 @@ class Saver:
 
     @overload
     def save(self, path: str | os.PathLike[str], global_step: Any = None,
-             metadata: Mapping[str, Any] | None = None, *, blocking: Literal[True] = True) -> str: ...
+             metadata: Mapping[str, Any] | None = None, *, blocking: Literal[True] = True,
+             metrics: Mapping[str, float] | None = None) -> str: ...
 
     @overload
     def save(self, path: str | os.PathLike[str], global_step: Any = None,
-             metadata: Mapping[str, Any] | None = None, *, blocking: bool) -> str | SaveFuture: ...
+             metadata: Mapping[str, Any] | None = None, *, blocking: bool,
+             metrics: Mapping[str, float] | None = None) -> str | SaveFuture: ...
 
     def save(self, path: str | os.PathLike[str], global_step: Any = None,
-             metadata: Mapping[str, Any] | None = None, *, blocking: bool = True) -> str | SaveFuture:
+             metadata: Mapping[str, Any] | None = None, *, blocking: bool = True,
+             metrics: Mapping[str, float] | None = None) -> str | SaveFuture:
         """Write a checkpoint atomically and record it in the directory's state file.
 
         Every save first waits for this Saver's asynchronous save in flight, if any, and
@@ -206,6 +230,9 @@ class Saver:
             blocking: False copies the variables' values into staging memory and writes
                 them in a background thread (docs/async.md): the checkpoint holds the values
                 of this call, whatever training does to the variables afterwards.
+            metrics: finite numbers by name ({"val_loss": 0.31}) recorded with the checkpoint in
+                the directory's state file: ``list_checkpoints`` shows them, ``keep_best`` and
+                ``best_checkpoint`` rank by them. With ``comm``, rank 0's are recorded.
 
         Returns:
             The path written; with ``blocking=False`` a :class:`ckpt.SaveFuture` whose
@@ -218,14 +245,17 @@ class Saver:
             UninitializedVariableError: a variable has no value yet.
             InvalidMetadataError: ``metadata`` that no format stores (a ValueError too);
                 nothing is written.
+            InvalidMetricsError: a metric that is not a finite number (NaN, inf, a string);
+                nothing is written.
         """
         if self._comm is not None and not blocking:
-            return self._save_sharded_async(path, global_step, metadata)
+            return self._save_sharded_async(path, global_step, metadata, metrics)
         if self._comm is not None:
-            return self._save_sharded(path, global_step, metadata)
+            return self._save_sharded(path, global_step, metadata, metrics)
         self._background.wait()
         path, fmt = self._target(path, global_step)
         step = None if global_step is None else operator.index(global_step)
+        scores = check_metrics(metrics, path)
         sharded = [v.name for v in self._vars.values() if v.shard is not None]
         if sharded:
             raise ValueError(f"cannot save {path}: {sharded[0]} holds a block of a larger tensor (it has a "
@@ -243,10 +273,11 @@ class Saver:
             if not _urls.is_url(path):
                 require_directory(path)
             return self._background.submit(
-                path, tensors, lambda sources: self._commit(store, path, fmt, sources, meta, step, background=True))
-        return self._commit(store, path, fmt, tensors, meta, step)
+                path, tensors, lambda sources: self._commit(store, path, fmt, sources, meta, step, scores,
+                                                            background=True))
+        return self._commit(store, path, fmt, tensors, meta, step, scores)
 
-    def _save_sharded_async(self, path_arg: Any, global_step: Any, metadata: Any) -> SaveFuture:
+    def _save_sharded_async(self, path_arg: Any, global_step: Any, metadata: Any, metrics: Any) -> SaveFuture:
         """Snapshot this rank's variables, then run the collective save in a background thread on a
         duplicate of the communicator (its collectives never meet training's own)."""
         try:
@@ -254,6 +285,7 @@ class Saver:
             path, fmt = self._target(path_arg, global_step)
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
+            scores = check_metrics(metrics, path)
             tensors, missing = [], set()
             for key, var in self._vars.items():
                 if var.is_initialized():
@@ -281,11 +313,12 @@ class Saver:
         def write(sources: Any) -> str:
             values: dict[str, Any] = dict.fromkeys(missing)
             values.update(sources)
-            return self._saved_sharded(path, self._run_sharded(comm, path, fmt, step, metadata, values))
+            return self._saved_sharded(path, self._run_sharded(comm, path, fmt, step, metadata, values,
+                                                               metrics=scores))
 
         return self._background.submit(path, tensors, write)
 
-    def _save_sharded(self, path_arg: Any, global_step: Any, metadata: Any) -> str:
+    def _save_sharded(self, path_arg: Any, global_step: Any, metadata: Any, metrics: Any) -> str:
         """The blocking collective save on the Saver's communicator. A rank that fails before the
         save's first exchange (a bad path or step, metadata it cannot store, an unseen error of its
         last asynchronous save) still takes part in it with its error, then raises that error: the
@@ -295,18 +328,20 @@ class Saver:
             path, fmt = self._target(path_arg, global_step)
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
+            scores = check_metrics(metrics, path)
         except Exception as exc:
             self._fail_together(self._comm, path_arg, exc)
             raise
-        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata))
+        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata, metrics=scores))
 
     def _run_sharded(self, comm: Any, path: str, fmt: Any, step: int | None, metadata: dict[str, Any],
-                     values: Mapping[str, Any] | None = None, failure: str | None = None) -> list[str]:
+                     values: Mapping[str, Any] | None = None, failure: str | None = None,
+                     metrics: Mapping[str, float] | None = None) -> list[str]:
         """This rank's part of the collective save (``ckpt.distributed.save.save_sharded``)."""
         # lazy: only Savers given a comm load the distributed save (start-up of `import ckpt`)
         from ckpt.distributed.save import Job, save_sharded
 
-        job = Job(self._vars, self._retention, self._storage_options)
+        job = Job(self._vars, self._retention, self._storage_options, metrics)
         return save_sharded(job, comm, self._timeout, path, fmt, step, metadata, values, failure)
 
     def _saved_sharded(self, path: str, kept: list[str]) -> str:
@@ -344,7 +379,7 @@ class Saver:
                                        "; ".join(failed) + "; nothing was written")
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
-                background: bool = False) -> str:
+                metrics: dict[str, float] | None, background: bool = False) -> str:
         """Write the checkpoint atomically and record it in the state file (``Store.commit``)."""
         name = os.path.basename(path)
 
@@ -354,7 +389,7 @@ class Saver:
                 fmt.write_blob(blob, tensors, metadata)
 
         try:
-            state = store.commit(name, write, self._retention.change(store, path, step), step)
+            state = store.commit(name, write, self._retention.change(store, path, step, metrics), step, metrics)
         except CheckpointNotFoundError as exc:  # a missing bucket: as a missing directory is for files
             raise CheckpointNotFoundError(f"{path}: cannot save: {exc}") from exc
         except StorageError as exc:  # store faults on the way (the state file, listing orphans)
@@ -382,7 +417,7 @@ class Saver:
         self._saved = True
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True,
-                allow_cast: bool = False) -> RestoreResult:
+                allow_cast: bool = False, *, best: bool = False) -> RestoreResult:
         """Restore this Saver's variables from a checkpoint file or a directory's latest.
 
         Everything is checked before any variable changes: missing keys (a KeyError, with the
@@ -397,10 +432,18 @@ class Saver:
                 when the assign rule allows it (numpy's same_kind: float32 -> float64,
                 float64 -> float32, int -> float; an integer that does not fit still fails,
                 before any variable changes). Off by default.
+            best: with True, ``path`` is a directory and its best checkpoint by the Saver's
+                ``best_metric`` / ``best_mode`` is restored (``ckpt.best_checkpoint``).
 
         Returns:
             A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
+
+        Raises:
+            CheckpointNotFoundError: with ``best``, no checkpoint of the directory has the metric.
+            ValueError: ``best`` on a Saver without ``best_metric``.
         """
+        if best:
+            path = self._best_in(path)
         if self._comm is not None:
             from ckpt.distributed.restore import restore_collective
 
@@ -410,6 +453,18 @@ class Saver:
                                    storage_options=self._storage_options)
         self._restored_from = result.path
         return result
+
+    def _best_in(self, directory: str | os.PathLike[str]) -> str:
+        """The best checkpoint of ``directory`` by this Saver's metric."""
+        metric, mode = self._retention.best_metric, self._retention.best_mode
+        if metric is None:
+            raise ValueError("restore(best=True) needs a Saver with best_metric (and best_mode)")
+        found = best_checkpoint(directory, metric, mode, self._storage_options)
+        if found is None:
+            where = os.fspath(directory)
+            raise CheckpointNotFoundError(f"{where}: no checkpoint has the metric {metric!r} (restore(best=True) "
+                                          f"ranks by it, best_mode={mode!r})", path=where, key=metric)
+        return found
 
     @staticmethod
     def _listed_beside(path: str) -> list[str]:

@@ -34,7 +34,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ __all__ = ["ReadableBlob", "WritableBlob", "Store", "Catalog", "FILES_ONLY", "Sp
 
 T = TypeVar("T")
 #: One row of ``Store.listing``: name, step, time, size in bytes, note.
-Listed = tuple[str, int | None, float | None, int | None, str]
+#: ``(name, step, time, size, note, metrics)``: one row of ``Store.listing``
+Listed = tuple[str, int | None, float | None, int | None, str, "dict[str, float] | None"]
 
 #: ``(offset in the blob, buffer to fill)``: one range of a multi-range read.
 Span = tuple[int, memoryview]
@@ -249,11 +250,12 @@ class Store(Protocol):
         names them (a sharded checkpoint's shard files). Return its size in bytes."""
 
     def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
-               step: int | None = None) -> CheckpointState:
+               step: int | None = None, metrics: Mapping[str, float] | None = None) -> CheckpointState:
         """``write_checkpoint``, then record it in the state file with ``change`` as one step
         (no other save's retention can delete it in between), then delete what ``change``
         dropped; return the state written. Just before the commit (the rename, the commit
-        record) the state file is written with ``name`` (at ``step``) *pending*, so a save killed
+        record) the state file is written with ``name`` (at ``step``, with ``metrics``) *pending*,
+        so that retention by a metric ranks it even if the save is killed there, and so a save killed
         after its commit still leaves the new checkpoint the latest. ``step`` is the save's global
         step (an object store also binds it into the commit record; a local file is bound by its
         name alone). If the state file cannot be written, the new checkpoint is removed again
@@ -275,6 +277,6 @@ class Store(Protocol):
         """The path or URL of the newest checkpoint the state file lists that exists, or None."""
 
     def listing(self) -> list[Listed]:
-        """``(name, step, time, size, note)`` per checkpoint (``ckpt.list_checkpoints``'s rows): the
+        """``(name, step, time, size, note, metrics)`` per checkpoint (``ckpt.list_checkpoints``'s rows): the
         state file's entries (note "latest", "preserved", "missing" or ""), then checkpoints it does
         not list; CheckpointNotFoundError when the directory does not exist."""

@@ -29,7 +29,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import TypeVar
 
@@ -151,7 +151,7 @@ class LocalStore:
             return result
 
     def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
-               step: int | None = None) -> CheckpointState:
+               step: int | None = None, metrics: Mapping[str, float] | None = None) -> CheckpointState:
         path = self.join(name)
         flush_error: ReplacedWriteError | None = None
         read: list[CheckpointState] = []  # the state file as read under the lock, once per commit
@@ -163,7 +163,7 @@ class LocalStore:
                 except CheckpointWriteError as exc:
                     raise CheckpointWriteError(f"{path}: not saved, the state file cannot be locked: {exc}; "
                                                "the previous checkpoint is still the latest") from exc
-                read.append(self.intend(name, step, tmp))
+                read.append(self.intend(name, step, tmp, metrics))
 
             try:
                 with replace_atomically(path, before_rename=lock) as tmp:
@@ -177,7 +177,8 @@ class LocalStore:
             raise flush_error
         return written
 
-    def intend(self, name: str, step: int | None, new_file: str) -> CheckpointState:
+    def intend(self, name: str, step: int | None, new_file: str,
+               metrics: Mapping[str, float] | None = None) -> CheckpointState:
         """Write the state file with ``name`` pending, before ``new_file`` (complete, fsynced) is
         renamed into place to commit it; the caller holds the lock. Where the rename replaces a
         file, the entry names ``new_file``'s inode: the old file of that name is not this save's.
@@ -189,7 +190,8 @@ class LocalStore:
                 raise CheckpointWriteError(f"{self.join(STATE_FILE)}: a {state.written_by} state file; ckpt will "
                                            "not rewrite it")
             replaces = os.path.lexists(_committing_file(path))
-            entry = CheckpointEntry(name, time.time(), step, str(os.stat(new_file).st_ino) if replaces else None)
+            entry = CheckpointEntry(name, time.time(), step, str(os.stat(new_file).st_ino) if replaces else None,
+                                    None if metrics is None else dict(metrics))
             write_state(self.location, with_pending(dataclasses.replace(state), entry))
             return state
         except OSError as exc:  # CheckpointWriteError included
@@ -303,7 +305,7 @@ class LocalStore:
                 known.update(os.path.abspath(f) for f in files + [full])
                 note = "latest" if full == latest else "missing" if not checkpoint_exists(full, self.catalog) else \
                     "preserved" if entry.path in preserved else ""
-                rows.append((entry.path, entry.step, entry.time or None, _size(files), note))
+                rows.append((entry.path, entry.step, entry.time or None, _size(files), note, entry.metrics))
         for name in sorted(os.listdir(self.location)):
             full = self.join(name)
             # a file, or a committed sharded checkpoint's directory
@@ -311,7 +313,7 @@ class LocalStore:
                     self.catalog.extension(name) is None or not checkpoint_exists(full, self.catalog):
                 continue
             rows.append((name, None, os.path.getmtime(full), _size(_files_of(full)),
-                         f"not in the '{STATE_FILE}' state file"))
+                         f"not in the '{STATE_FILE}' state file", None))
         return rows
 
 

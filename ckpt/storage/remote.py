@@ -42,7 +42,7 @@ import warnings
 from contextlib import AbstractContextManager, closing, contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
@@ -246,21 +246,21 @@ class RemoteDirectory:
             raise
 
     def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
-               step: int | None = None) -> CheckpointState:
+               step: int | None = None, metrics: Mapping[str, float] | None = None) -> CheckpointState:
         """Clean orphans, upload ``name``'s data, name it pending in the state file (``intend``),
         write its commit record (``step`` goes into it), then record it (``record``)."""
         self.clean_orphans()
         relative = self.new_data(name)
         size, head, tail = self._upload(relative, write, None)
         try:
-            self.intend(name, step, relative)
+            self.intend(name, step, relative, metrics)
         except BaseException:
             self._delete_data(self.join(relative), quietly=True)
             raise
         self.publish(name, relative, size, head, tail, step)
         return self.record(name, change)
 
-    def intend(self, name: str, step: int | None, relative: str) -> None:
+    def intend(self, name: str, step: int | None, relative: str, metrics: Mapping[str, float] | None = None) -> None:
         """Name ``name`` pending in the state file, committed once a commit record names the data
         object ``relative`` (written next)."""
         def change(state: CheckpointState | None) -> tuple[CheckpointState, None]:
@@ -268,7 +268,7 @@ class RemoteDirectory:
             if state.written_by != "ckpt":
                 raise CheckpointWriteError(f"{self.join(STATE_FILE)}: a {state.written_by} state file; ckpt will "
                                            "not rewrite it")
-            entry = CheckpointEntry(name, time.time(), step, relative)
+            entry = CheckpointEntry(name, time.time(), step, relative, None if metrics is None else dict(metrics))
             return with_pending(settle(state, self._committed), entry), None
 
         try:
@@ -377,11 +377,11 @@ class RemoteDirectory:
                 size = None
             note = "latest" if self.join(entry.path) == found else "missing" if size is None else \
                 "preserved" if state is not None and entry in state.preserved else ""
-            rows.append((entry.path, entry.step, entry.time, size, note))
+            rows.append((entry.path, entry.step, entry.time, size, note, entry.metrics))
         for item in self.store.list(self.location):
             name = str(item["name"])
             if name not in known and "/" not in name and self.catalog.extension(name) is not None:
-                rows.append((name, None, None, self.size_of(name), f"not in the '{STATE_FILE}' state file"))
+                rows.append((name, None, None, self.size_of(name), f"not in the '{STATE_FILE}' state file", None))
         return rows
 
     def delete_checkpoints(self, names: Sequence[str]) -> None:

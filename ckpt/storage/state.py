@@ -4,11 +4,14 @@ The state file is JSON, written atomically, with paths relative to its directory
 file names), so a moved or copied directory still works:
 
     {"format": "ckpt-state", "version": 1, "latest": "model-2000.h5",
-     "checkpoints": [{"path": "model-1000.h5", "time": 1763740000.5, "step": 1000}, ...],
+     "checkpoints": [{"path": "model-1000.h5", "time": 1763740000.5, "step": 1000,
+                      "metrics": {"val_loss": 0.31}}, ...],
      "preserved": [...], "last_preserved_time": 1763740000.5, "deleting": ["model-500.h5"],
      "pending": [{"path": "model-3000.h5", "time": 1763740100.5, "step": 3000}]}
 
-``checkpoints`` are managed by ``max_to_keep`` (oldest first, the last one is the latest);
+``checkpoints`` are managed by ``max_to_keep`` and ``keep_best`` (oldest first, the last one is
+the latest); an entry's optional ``metrics`` (finite JSON numbers by name) are the ones its save
+was given (``save(..., metrics=)``), absent in files written before metrics existed;
 ``preserved`` ones were kept by ``keep_checkpoint_every_n_hours`` and are never deleted.
 ``deleting`` names checkpoints dropped by ``max_to_keep`` whose files are deleted after the
 state file is written: a save killed in between leaves them to the next save to delete.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -60,11 +64,15 @@ class CheckpointEntry:
     #: For a pending entry: what proves that this save committed (store-specific), or None
     #: when the name existing is proof enough.
     commit: str | None = None
+    #: The metrics its save was given (finite numbers by name), or None.
+    metrics: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"path": self.path, "time": self.time, "step": self.step}
         if self.commit is not None:
             doc["commit"] = self.commit
+        if self.metrics is not None:
+            doc["metrics"] = self.metrics
         return doc
 
 
@@ -95,10 +103,19 @@ def _parse_entry(item: Any, path: str) -> CheckpointEntry:
     if not isinstance(item, dict) or not isinstance(item.get("path"), str) or \
             not isinstance(item.get("time"), (int, float)) or \
             not (item.get("step") is None or isinstance(item.get("step"), int)) or \
-            not (item.get("commit") is None or isinstance(item.get("commit"), str)):
+            not (item.get("commit") is None or isinstance(item.get("commit"), str)) or \
+            not (item.get("metrics") is None or _valid_metrics(item["metrics"])):
         raise CorruptCheckpointError(f"{path}: malformed checkpoint entry {item!r}")
+    metrics = item.get("metrics")
     return CheckpointEntry(_check_name(item["path"], path), float(item["time"]), item.get("step"),
-                           item.get("commit"))
+                           item.get("commit"), None if metrics is None else {k: float(v) for k, v in metrics.items()})
+
+
+def _valid_metrics(metrics: Any) -> bool:
+    # bool is an int to Python, not a metric; NaN/inf never get written (json would write NaN)
+    return isinstance(metrics, dict) and all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in metrics.items())
 
 
 def _check_name(name: Any, path: str) -> str:
@@ -232,7 +249,7 @@ def settle(state: CheckpointState, committed: Callable[[CheckpointEntry], bool],
             state.checkpoints = [e for e in state.checkpoints if e.path != entry.path]
             state.preserved = [e for e in state.preserved if e.path != entry.path]
             state.deleting = [n for n in state.deleting if n != entry.path]
-            state.checkpoints.append(CheckpointEntry(entry.path, entry.time, entry.step))
+            state.checkpoints.append(CheckpointEntry(entry.path, entry.time, entry.step, metrics=entry.metrics))
     state.pending = []
     return state
 

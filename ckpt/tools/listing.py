@@ -1,6 +1,6 @@
 """A directory's checkpoints: ``list_checkpoints``, what ``ckpt ls`` prints.
 
-The rows come from the directory's state file (path, step, time, which is latest), then the
+The rows come from the directory's state file (path, step, time, metrics, which is latest), then the
 checkpoint files the state file does not know. Object-store directories ("s3://bucket/run")
 list the same rows, from the state file and the commit records.
 
@@ -35,7 +35,8 @@ class ListedCheckpoint:
     ``path`` is relative to the directory (as the state file records it); ``step``, ``time``
     (seconds since the epoch) and ``size`` (bytes, every file of the checkpoint) are None when
     unknown; ``note`` is "latest", "preserved", "missing" (listed but gone), "" or says that the
-    state file does not list it.
+    state file does not list it; ``metrics`` are those its save was given (``save(..., metrics=)``),
+    or None.
     """
 
     path: str
@@ -43,6 +44,7 @@ class ListedCheckpoint:
     time: float | None
     size: int | None
     note: str
+    metrics: dict[str, float] | None = None
 
     @property
     def latest(self) -> bool:
@@ -52,7 +54,7 @@ class ListedCheckpoint:
     def to_json(self) -> dict[str, Any]:
         """The JSON view: the fields and "latest"."""
         return {"path": self.path, "step": self.step, "time": self.time, "size": self.size, "note": self.note,
-                "latest": self.latest}
+                "latest": self.latest, "metrics": self.metrics}
 
 
 def list_checkpoints(directory: str | os.PathLike[str],

@@ -190,3 +190,42 @@ def test_ckpt_ls_shows_metrics(tmp_path):
     assert "val_loss=0.31 acc=0.91" in lines[1] and lines[2].split()[-2:] == ["-", "latest"]
     result = CliRunner().invoke(cli, ["ls", "--json", str(tmp_path)])
     assert [c["metrics"] for c in json.loads(result.output)["checkpoints"]] == [{"val_loss": 0.31, "acc": 0.91}, None]
+
+
+# --- when to save ------------------------------------------------------------------------------
+def test_should_save_by_steps_and_seconds(tmp_path):
+    saver = ckpt.Saver([ckpt.Variable(1.0, name="w")], save_interval_steps=10, save_interval_seconds=60.0)
+    assert saver.should_save(0, now=1000.0)  # nothing saved yet
+    saver.save(tmp_path / "m.h5", global_step=0)
+    t0 = time.time()
+    assert not saver.should_save(0, now=t0 + 3600)  # a step already saved
+    assert not saver.should_save(9, now=t0 + 59)
+    assert saver.should_save(10, now=t0 + 1)  # the step interval
+    assert saver.should_save(3, now=t0 + 61)  # the time interval
+    steps_only = ckpt.Saver([ckpt.Variable(1.0, name="w")], save_interval_steps=5)
+    due = [s for s in range(12) if steps_only.should_save(s) and steps_only.save(tmp_path / "s.h5", global_step=s)]
+    assert due == [0, 5, 10]
+
+
+@pytest.mark.parametrize("kind,blocking", PATHS)
+def test_should_save_resumes_from_the_restored_checkpoint(tmp_path, kind, blocking):
+    directory = _directory(kind, tmp_path)
+    first = _saver(kind, ckpt.Variable(1.0, name="w"), save_interval_steps=100, save_interval_seconds=3600.0)
+    _save(first, directory, 250, blocking)
+    saved_at = read_state(directory).latest.time if kind == "file" else time.time()
+    resumed = _saver(kind, ckpt.Variable(0.0, name="w"), save_interval_steps=100, save_interval_seconds=3600.0)
+    resumed.restore(directory)
+    assert not resumed.should_save(250, now=saved_at + 7200)  # the step the directory holds
+    assert not resumed.should_save(349, now=saved_at + 10)
+    assert resumed.should_save(350, now=saved_at + 10)
+    assert resumed.should_save(260, now=saved_at + 3601)
+
+
+def test_should_save_without_intervals_and_bad_intervals(tmp_path):
+    saver = ckpt.Saver([ckpt.Variable(1.0, name="w")])
+    saver.save(tmp_path / "m.h5", global_step=3)
+    assert not saver.should_save(3) and saver.should_save(4)
+    with pytest.raises(ValueError, match="save_interval_steps must be a positive int"):
+        ckpt.Saver([ckpt.Variable(1.0, name="w")], save_interval_steps=0)
+    with pytest.raises(ValueError, match="save_interval_seconds must be positive"):
+        ckpt.Saver([ckpt.Variable(1.0, name="w")], save_interval_seconds=-1)

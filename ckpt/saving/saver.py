@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 import os
+import time
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from typing import Any, Literal, overload
@@ -129,6 +130,10 @@ class Saver:
             the best; of equal values the newer is kept. None keeps none for being best.
         best_metric: the metric that ranks checkpoints for ``keep_best`` and ``restore(best=True)``.
         best_mode: "min" (lower is better, a loss) or "max" (an accuracy).
+        save_interval_steps: ``should_save(step)`` is True once this many steps have passed
+            since the last save (None: no step interval).
+        save_interval_seconds: ``should_save(step)`` is True once this many seconds have passed
+            since the last save (None: no time interval).
         format: the format for paths without a known extension ("hdf5" or "msgpack").
         staging_bytes: for ``save(..., blocking=False)``: the most memory the snapshot of the
             variables may take (None: a model's worth). Below the model's size, ``save``
@@ -151,7 +156,8 @@ class Saver:
                  keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
                  staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
                  storage_options: Mapping[str, Any] | None = None, keep_best: int | None = None,
-                 best_metric: str | None = None, best_mode: str = "min") -> None:
+                 best_metric: str | None = None, best_mode: str = "min", save_interval_steps: int | None = None,
+                 save_interval_seconds: float | None = None) -> None:
         self._vars = _key_map(var_list)
         self._storage_options = storage_options
         self._background = BackgroundSaves(staging_bytes)
@@ -172,6 +178,15 @@ class Saver:
             _load_hdf5_library()
         self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours,  # TF1: 0 keeps all
                                     *_best_policy(keep_best, best_metric, best_mode))
+        if save_interval_steps is not None and (not isinstance(save_interval_steps, int) or
+                                                isinstance(save_interval_steps, bool) or save_interval_steps < 1):
+            raise ValueError(f"save_interval_steps must be a positive int or None, got {save_interval_steps!r}")
+        if save_interval_seconds is not None and not save_interval_seconds > 0:
+            raise ValueError(f"save_interval_seconds must be positive or None, got {save_interval_seconds!r}")
+        self._interval_steps, self._interval_seconds = save_interval_steps, save_interval_seconds
+        #: (step, time) of this Saver's last save, for should_save; None: none yet
+        self._last_save: tuple[int | None, float] | None = None
+        self._resumed_from: str | None = None  # the checkpoint restored before the first save
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
@@ -248,6 +263,14 @@ class Saver:
             InvalidMetricsError: a metric that is not a finite number (NaN, inf, a string);
                 nothing is written.
         """
+        done = self._save(path, global_step, metadata, blocking, metrics)
+        # an asynchronous save counts from its snapshot: should_save must not ask for it again
+        self._last_save = (None if global_step is None else operator.index(global_step), time.time())
+        self._resumed_from = None
+        return done
+
+    def _save(self, path: str | os.PathLike[str], global_step: Any, metadata: Mapping[str, Any] | None,
+              blocking: bool, metrics: Mapping[str, float] | None) -> str | SaveFuture:
         if self._comm is not None and not blocking:
             return self._save_sharded_async(path, global_step, metadata, metrics)
         if self._comm is not None:
@@ -397,6 +420,63 @@ class Saver:
         self._saved_to(path, state)
         return path
 
+    def should_save(self, step: int, now: float | None = None) -> bool:
+        """True when ``save_interval_steps`` steps or ``save_interval_seconds`` seconds have passed
+        since this Saver's last save (or, before its first save, since the checkpoint it restored:
+        a resumed run goes on counting from there); False for the step last saved. With no
+        interval set, True for every step not yet saved; before any save or restore, True.
+
+        Args:
+            step: the training step about to end.
+            now: the time in seconds since the epoch (default: ``time.time()``).
+
+        With ``comm``, every rank must call it at the same step: rank 0 decides and the others
+        receive its answer (one broadcast, bounded by the Saver's timeout), so all ranks save
+        the same step.
+
+        Example:
+            >>> import ckpt, os, tempfile
+            >>> saver = ckpt.Saver([ckpt.Variable(1.0, name="w")], save_interval_steps=100)
+            >>> path = os.path.join(tempfile.mkdtemp(), "m.h5")
+            >>> [step for step in range(0, 350, 50) if saver.should_save(step) and saver.save(path, step)]
+            [0, 100, 200, 300]
+        """
+        step = operator.index(step)
+        if self._comm is not None:
+            from ckpt.distributed.comm import decode, encode
+
+            mine = encode(self._due(step, now)) if self._comm.rank == 0 else None
+            return bool(decode(self._comm.broadcast(mine, 0, self._timeout), "should_save"))
+        return self._due(step, now)
+
+    def _due(self, step: int, now: float | None) -> bool:
+        last = self._last_save or self._restored_save()
+        if last is None:
+            return True
+        last_step, last_time = last
+        if last_step == step:
+            return False
+        if self._interval_steps is None and self._interval_seconds is None:
+            return True
+        # a last save without a step gives the step interval nothing to count from: due
+        if self._interval_steps is not None and (last_step is None or step - last_step >= self._interval_steps):
+            return True
+        now = time.time() if now is None else now
+        return self._interval_seconds is not None and now - last_time >= self._interval_seconds
+
+    def _restored_save(self) -> tuple[int | None, float] | None:
+        """(step, time) of the checkpoint this Saver restored, from its directory's state file."""
+        if self._resumed_from is None:
+            return None
+        name = os.path.basename(self._resumed_from)
+        try:
+            state = store_of(self._resumed_from, self._storage_options).effective_state()
+        except (OSError, ValueError):
+            state = None  # an unreadable state file: the restore itself is all we know
+        entry = next((e for e in (state.all_entries() if state else []) if e.path == name), None)
+        self._last_save = (entry.step, entry.time) if entry is not None else (None, 0.0)
+        return self._last_save
+
     def wait(self) -> None:
         """Wait until this Saver's asynchronous save, if one is in flight, is committed.
 
@@ -447,11 +527,15 @@ class Saver:
         if self._comm is not None:
             from ckpt.distributed.restore import restore_collective
 
-            return restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast,
-                                      self._storage_options)
-        result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast,
-                                   storage_options=self._storage_options)
-        self._restored_from = result.path
+            result = restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast,
+                                        self._storage_options)
+        else:
+            result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast,
+                                       storage_options=self._storage_options)
+            self._restored_from = result.path
+        if self._last_save is None or self._resumed_from is not None:
+            # no save yet: a resumed run, whose should_save counts from the checkpoint restored
+            self._resumed_from, self._last_save = result.path, None
         return result
 
     def _best_in(self, directory: str | os.PathLike[str]) -> str:

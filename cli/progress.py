@@ -106,10 +106,11 @@ def _driven(bar: Any, total: int, io_factor: int) -> Iterator[ByteProgress]:
         poller.join()
 
 
-def shows_progress(nbytes: int, stream: IO[str] | None = None) -> bool:
-    """True when a bar for ``nbytes`` of work belongs on ``stream`` (default stderr)."""
+def shows_progress(nbytes: int, stream: IO[str] | None = None, min_bytes: int = MIN_BYTES) -> bool:
+    """True when a bar for ``nbytes`` of work belongs on ``stream`` (default stderr): a terminal, and
+    at least ``min_bytes`` of work."""
     stream = sys.stderr if stream is None else stream
-    return nbytes >= MIN_BYTES and stream.isatty()
+    return nbytes >= min_bytes and stream.isatty()
 
 
 def tracked(label: str, io_factor: int = 1) -> Callable[[Sequence[Any]], Iterator[Any]]:
@@ -133,15 +134,16 @@ def emit(lines: Iterable[str], held: bool) -> None:
 
 
 @contextmanager
-def byte_bar(nbytes: int, label: str, stream: TextIO | None = None,
-             io_factor: int = 1) -> Iterator[Callable[[int], None] | None]:
-    """Yield a ``progress(nbytes_done)`` callback drawing a bar, or None when no bar belongs here.
+def byte_bar(nbytes: int, label: str, stream: TextIO | None = None, io_factor: int = 1,
+             min_bytes: int = MIN_BYTES) -> Iterator[Callable[[int], None] | None]:
+    """Yield a ``progress(nbytes_done)`` callback drawing a bar, or None when no bar belongs here
+    (``shows_progress``).
 
     Between callbacks the bar follows the bytes read (``io_factor`` bytes read per byte of
     progress), so a single large tensor advances it too.
     """
     stream = sys.stderr if stream is None else stream
-    if not shows_progress(nbytes, stream):
+    if not shows_progress(nbytes, stream, min_bytes):
         yield None
         return
     with click.progressbar(length=max(nbytes, 1), label=label, file=stream) as bar, \

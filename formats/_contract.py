@@ -21,6 +21,7 @@ from ckpt.storage import ReadableBlob, WritableBlob
 
 from . import _io
 from ._readers import Reader
+from ._validation import normalize_metadata, validate_keys
 
 
 class Declined(UnsupportedCheckpointError):
@@ -119,6 +120,10 @@ class WritableFormat(Format):
         errors), keeping the blob write order (the head first and small, patched at any time;
         everything after it front to back). Do not close the blob: its Store does.
 
+        Keys and metadata arrive validated: every caller checks them once before writing
+        (``Saver``, ``save_file``, ``convert``, :meth:`write`), so a writer does not check them
+        again; ``metadata`` is a JSON-like dict (``normalize_metadata``'s result).
+
         Each tensor is an ndarray or a lazy source with ``dtype``, ``shape`` and
         ``__array__()``; writers read a lazy source only when they write its bytes
         (``materialize``), one at a time, so converting a file needs memory for one tensor.
@@ -128,7 +133,9 @@ class WritableFormat(Format):
 
     @final
     def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
-        """Write a complete checkpoint to the local file ``path`` (created or emptied):
-        ``write_blob`` on a LocalSink over it."""
+        """Write a complete checkpoint to the local file ``path`` (created or emptied): check the
+        keys and metadata, then ``write_blob`` on a LocalSink over it."""
+        validate_keys((key for key, _ in tensors), path)
+        normalized = normalize_metadata(metadata, path)
         with _io.LocalSink(path) as blob:
-            self.write_blob(blob, tensors, metadata)
+            self.write_blob(blob, tensors, normalized)

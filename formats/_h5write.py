@@ -36,7 +36,7 @@ from ._h5head import FORMAT_NAME, MAGIC
 from ._h5head import HEADER as _HEADER
 from ._blocks import checksums
 from ._codec import HDF5_VERSION, encode_strings, packb
-from .base import materialize, normalize_metadata, source_chunks, stage, validate_keys
+from .base import materialize, source_chunks, stage
 
 VERSION = HDF5_VERSION
 _MAX_U64, _MAX_U32 = 2 ** 64 - 1, 2 ** 32 - 1
@@ -59,17 +59,16 @@ def _h5_type(dtype: np.dtype) -> Any:
     return h5t.py_create(dtype.newbyteorder("<") if dtype.kind not in "bS" else dtype, logical=True)
 
 
-def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-               metadata: Mapping[str, Any]) -> None:
+def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any],
+               block_bytes: int = _blocks.BLOCK_BYTES) -> None:
     """Lay out the HDF5 structure (``_h5struct``), then write it, the tensor bytes and the index
-    into ``blob`` (the index, in the user block at the start, last).
+    into ``blob`` (the index, in the user block at the start, last). Keys and metadata come
+    validated (``WritableFormat.write_blob``); tensors over ``block_bytes`` get a checksum per block.
 
     Tensors may be lazy sources (see ``base.materialize``): each is read when its bytes
     are written, so memory stays bounded by the largest tensor.
     """
-    path = blob.name
-    validate_keys((key for key, _ in tensors), path)
-    metadata = normalize_metadata(metadata, path)
+    metadata = dict(metadata)
     plans: list[_Plan] = []
     new = tuple.__new__  # 10,000s of small tensors: no Python-level NamedTuple __new__ each
     for key, source in tensors:
@@ -84,7 +83,6 @@ def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
         else:
             plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
     entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first: a size bound
-    block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
     blocks = {plan.key: bytes(4 * -(-plan.nbytes // block_bytes)) for plan in plans
               if plan.nbytes > block_bytes and plan.file_dtype.kind != "S"}
     bound = _HEADER.size + len(_index_bytes(entries, metadata, _MAX_U64, _MAX_U32, blocks, block_bytes))

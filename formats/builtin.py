@@ -22,11 +22,19 @@ from typing import Any
 from ckpt.storage import ReadableBlob, WritableBlob
 
 from . import _h5head, _zip
+from ._blocks import BLOCK_BYTES
 from ._contract import Format, WritableFormat
 from ._readers import Reader
 
 #: The members a .keras zip starts with.
 _KERAS_ZIP_MEMBERS = ("metadata.json", "config.json", "model.weights.h5")
+
+
+def _block_size(block_bytes: int) -> int:
+    """``block_bytes`` if it can size checksum blocks (a positive int), else ValueError."""
+    if type(block_bytes) is not int or block_bytes < 1:
+        raise ValueError(f"block_bytes must be a positive int, got {block_bytes!r}")
+    return block_bytes
 
 
 def _unused(blob: ReadableBlob | None) -> None:
@@ -37,10 +45,18 @@ def _unused(blob: ReadableBlob | None) -> None:
 
 class Hdf5Format(WritableFormat):
     """The ckpt HDF5 format (``formats/_h5write.py`` writes it, ``formats/hdf5.py`` reads it); also reads HDF5
-    files other tools wrote."""
+    files other tools wrote.
+
+    ``block_bytes``: the size of the checksum blocks of the files it writes (readers take the size
+    a file records; small blocks make small test files with many blocks).
+    """
 
     name = "hdf5"
     extensions = (".h5", ".hdf5")
+    block_bytes: int = BLOCK_BYTES  # (also what a subclass that does not call __init__ writes)
+
+    def __init__(self, *, block_bytes: int = BLOCK_BYTES) -> None:
+        self.block_bytes = _block_size(block_bytes)
 
     def sniff(self, head: bytes) -> bool:
         return _h5head.ckpt_head(head) or _h5head.hdf5_signature(head)
@@ -54,14 +70,27 @@ class Hdf5Format(WritableFormat):
                    metadata: Mapping[str, Any]) -> None:
         from . import _h5write
 
-        _h5write.write_hdf5(blob, tensors, metadata)
+        _h5write.write_hdf5(blob, tensors, metadata, self.block_bytes)
 
 
 class MsgpackFormat(WritableFormat):
-    """The ckpt msgpack format (``formats/msgpack.py``)."""
+    """The ckpt msgpack format (``formats/msgpack.py``).
+
+    ``block_bytes``: the size of the checksum blocks of the files it writes; ``max_bin``: the
+    largest bin object it writes (msgpack's limit, 4 GiB - 1, by default: larger tensors are split).
+    Readers take what a file records; small sizes make small test files that use them.
+    """
 
     name = "msgpack"
     extensions = (".msgpack",)
+    block_bytes: int = BLOCK_BYTES  # (also what a subclass that does not call __init__ writes)
+    max_bin: int | None = None
+
+    def __init__(self, *, block_bytes: int = BLOCK_BYTES, max_bin: int | None = None) -> None:
+        self.block_bytes = _block_size(block_bytes)
+        if max_bin is not None and (type(max_bin) is not int or not 1 <= max_bin < 1 << 32):
+            raise ValueError(f"max_bin must be an int from 1 to 2**32 - 1, got {max_bin!r}")
+        self.max_bin = max_bin
 
     def sniff(self, head: bytes) -> bool:
         from . import msgpack
@@ -77,7 +106,8 @@ class MsgpackFormat(WritableFormat):
                    metadata: Mapping[str, Any]) -> None:
         from . import msgpack
 
-        msgpack.write_msgpack(blob, tensors, metadata)
+        msgpack.write_msgpack(blob, tensors, metadata, self.block_bytes,
+                              msgpack.MAX_BIN if self.max_bin is None else self.max_bin)
 
 
 class CkptShardedFormat(Format):

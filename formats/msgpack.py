@@ -59,9 +59,7 @@ from .base import (
     key_problem,
     keys_plainly_valid,
     materialize,
-    normalize_metadata,
     source_chunks,
-    validate_keys,
 )
 
 FORMAT_NAME = "ckpt-msgpack"
@@ -111,15 +109,19 @@ def is_ckpt_msgpack(head: bytes) -> bool:
                                               head[5:5 + len(HEADER_PREFIX)] == HEADER_PREFIX)
 
 
-def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any],
+                  block_bytes: int = _blocks.BLOCK_BYTES, max_bin: int = MAX_BIN) -> None:
     """Stream every tensor's buffer into ``blob`` (lazy sources one at a time), then the index;
-    the array header's element count (the blob's head: its first write) is filled in last."""
+    the array header's element count (the blob's head: its first write) is filled in last.
+
+    Keys and metadata come validated (``WritableFormat.write_blob``). Tensors over
+    ``block_bytes`` get a checksum per block; a tensor over ``max_bin`` bytes is split into
+    several bin objects.
+    """
     path = blob.name
-    validate_keys((key for key, _ in tensors), path)
-    metadata = normalize_metadata(metadata, path)
+    metadata = dict(metadata)
     entries: dict[str, list[Any]] = {}
     blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
-    block_bytes = _blocks.BLOCK_BYTES  # (looked up now: the golden files use small blocks)
     blob.write_at(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER, 0)  # the head: small, its count patched last
     runs = _io.Runs(blob)  # small pieces back to back: one pwritev per run
     pos = DATA_START
@@ -130,7 +132,7 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
             runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
             dtype, shape = np.dtype(source.dtype), tuple(source.shape)
             extents, checksum, packed, pos, written = _write_chunks(
-                blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, f"{path}: tensor {key!r}")
+                blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, max_bin, f"{path}: tensor {key!r}")
             objects += written
             if packed is not None:
                 blocks[key] = packed
@@ -152,12 +154,12 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
             extents = []
             crc = checksums(view, block_bytes)  # overlaps with the writes below
             if len(view) >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
-                padding = _padding(pos + len(_bin_header(min(len(view), MAX_BIN))))
+                padding = _padding(pos + len(_bin_header(min(len(view), max_bin))))
                 runs.write(padding, pos)
                 pos += len(padding)
                 objects += bool(padding)
-            for start in range(0, max(len(view), 1), MAX_BIN):  # an empty tensor: one empty bin
-                piece = view[start:start + MAX_BIN]
+            for start in range(0, max(len(view), 1), max_bin):  # an empty tensor: one empty bin
+                piece = view[start:start + max_bin]
                 header = _bin_header(len(piece))
                 runs.write(header, pos)
                 pos += len(header)
@@ -179,13 +181,13 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
 
 
 def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
-                  what: str) -> tuple[list[list[int]], int, bytes | None, int, int]:
+                  max_bin: int, what: str) -> tuple[list[list[int]], int, bytes | None, int, int]:
     """Write a streamed numeric tensor as ``write`` lays out an array (padding, bins of at most
-    MAX_BIN bytes); return its extents, crc32c, packed block checksums, the new position and
+    ``max_bin`` bytes); return its extents, crc32c, packed block checksums, the new position and
     the number of msgpack objects written."""
     objects = 0
     if nbytes >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
-        padding = _padding(pos + len(_bin_header(min(nbytes, MAX_BIN))))
+        padding = _padding(pos + len(_bin_header(min(nbytes, max_bin))))
         blob.write_at(padding, pos)
         pos += len(padding)
         objects += bool(padding)
@@ -195,10 +197,10 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
 
     def open_bin() -> None:  # the bin header of the bytes from `done` on
         nonlocal pos, objects
-        header = _bin_header(min(MAX_BIN, nbytes - done))
+        header = _bin_header(min(max_bin, nbytes - done))
         blob.write_at(header, pos)
         pos += len(header)
-        extents.append([pos, min(MAX_BIN, nbytes - done)])
+        extents.append([pos, min(max_bin, nbytes - done)])
         objects += 1
 
     if not nbytes:
@@ -208,9 +210,9 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
         while start < len(view):
             if done >= nbytes:
                 raise ValueError(f"{what} gave more than the {nbytes} bytes its dtype and shape hold")
-            if done % MAX_BIN == 0:
+            if done % max_bin == 0:
                 open_bin()
-            take = min(len(view) - start, MAX_BIN - done % MAX_BIN, nbytes - done)
+            take = min(len(view) - start, max_bin - done % max_bin, nbytes - done)
             piece = view[start:start + take]
             blob.write_at(piece, pos)
             running.update(piece)

@@ -41,7 +41,7 @@ from ckpt.storage import WritableBlob
 
 from . import _io
 from ._foreign import NUMPY_DTYPES, check_key, json_int
-from .base import FileReader, TensorInfo, materialize, normalize_metadata, source_chunks, unique_pairs, validate_keys
+from .base import FileReader, TensorInfo, materialize, source_chunks, unique_pairs
 
 #: The reference implementation's limit on the header length.
 MAX_HEADER = 100_000_000
@@ -70,10 +70,9 @@ _SUB_BYTE = ("F4", "F6_E2M3", "F6_E3M2")
 def write_safetensors(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
     """Write the header, then every tensor's bytes straight from its buffer (lazy sources one at
     a time); the checksums, known only then, go into the header, padded to its planned size.
-    The header's place is reserved by the first write (the blob's head), filled in last."""
+    The header's place is reserved by the first write (the blob's head), filled in last. Keys
+    and metadata come validated (``WritableFormat.write_blob``)."""
     path = blob.name
-    validate_keys((key for key, _ in tensors), path)
-    metadata = normalize_metadata(metadata, path)
     plans = []
     for key, source in tensors:
         dtype = np.dtype(source.dtype)

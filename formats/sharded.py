@@ -44,7 +44,9 @@ _HF_SHARD_FORMATS = ("safetensors", "pytorch")
 _KERAS_SUFFIX = ".weights.json"
 
 
-def open_sharded(path: str) -> BaseReader:
+def open_sharded(path: str, max_index: int = MAX_INDEX) -> BaseReader:
+    """A reader of a Hugging Face model directory or index, or a Keras 3 ``.weights.json``; an index
+    file over ``max_index`` bytes is refused before it is read."""
     if os.path.isdir(path):
         name = next((n for n in HF_FILES if os.path.isfile(os.path.join(path, n))), None)
         if name is None:
@@ -52,7 +54,7 @@ def open_sharded(path: str) -> BaseReader:
         path = os.path.join(path, name)
         if not name.endswith(".json"):
             return _open_shard(path, _HF_SHARD_FORMATS, path)
-    index = read_index(path)
+    index = read_index(path, max_index)
     if path.endswith(_KERAS_SUFFIX):
         return ShardedReader(path, "keras", _keras_map(index, path), _index_metadata(index, path),
                              ("keras",), by_scope=True)
@@ -145,9 +147,9 @@ class ShardedReader(BaseReader):
             reader.close()
 
 
-def read_index(path: str) -> dict[str, Any]:
-    """The index file as a dict with a "weight_map" object (see ``_foreign.read_json``)."""
-    index = read_json(path, MAX_INDEX)
+def read_index(path: str, max_bytes: int = MAX_INDEX) -> dict[str, Any]:
+    """The index file (at most ``max_bytes``) as a dict with a "weight_map" object (see ``_foreign.read_json``)."""
+    index = read_json(path, max_bytes)
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise CorruptCheckpointError(f"{path}: the index has no \"weight_map\" object")
     return index

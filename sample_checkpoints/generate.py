@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import ckpt  # noqa: E402
 from ckpt.storage.atomic import replace_atomically  # noqa: E402
-from ckpt.formats import _blocks, base, ckpt_sharded  # noqa: E402
+from ckpt.formats import base, ckpt_sharded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: 2025-01-01T00:00:00Z: the steps directory's clock starts here, one second per step.
@@ -193,8 +193,7 @@ def block_tensors() -> dict[str, np.ndarray]:
 
 def write_blocks_file(path: str) -> None:
     """blocks.h5 / blocks.msgpack: ``block_tensors`` with SMALL_BLOCK-byte checksum blocks."""
-    with mock.patch.object(_blocks, "BLOCK_BYTES", SMALL_BLOCK):
-        write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK})
+    write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK}, block_bytes=SMALL_BLOCK)
 
 
 def write_sharded(directory: str) -> None:
@@ -208,9 +207,12 @@ def write_sharded(directory: str) -> None:
         save_id="5a3d0c1e2b4f6789")
 
 
-def write_file(path: str, tensors: list[tuple[str, np.ndarray]], metadata: dict) -> None:
-    """Write one checkpoint file (no state file: these files stand alone)."""
+def write_file(path: str, tensors: list[tuple[str, np.ndarray]], metadata: dict, block_bytes: int | None = None) -> None:
+    """Write one checkpoint file (no state file: these files stand alone); ``block_bytes``: its
+    checksum block size, where not the format's default."""
     fmt = base.format_for_path(path)
+    if block_bytes is not None:
+        fmt = type(fmt)(block_bytes=block_bytes)
     with replace_atomically(path) as tmp:
         fmt.write(tmp, tensors, metadata)
 

@@ -143,9 +143,7 @@ def test_any_box_of_any_tensor_reads_back_exactly(tmp_path_factory, data, ext, b
     dtype = data.draw(st.sampled_from([np.float64, np.int16, np.uint8, ckpt.dtypes.bfloat16]), label="dtype")
     value = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).astype(dtype)
     path = str(tmp_path_factory.mktemp("box") / ("t" + ext))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_blocks, "BLOCK_BYTES", block)
-        ckpt.formats.base.format_for_path(path).write(path, [("t", value)], {})
+    type(ckpt.formats.base.format_for_path(path))(block_bytes=block).write(path, [("t", value)], {})
     index = tuple(slice(*sorted(data.draw(st.tuples(st.integers(0, d), st.integers(0, d))))) for d in shape)
     with ckpt.load_checkpoint(path) as reader:
         assert (reader._reader.block_checksums("t") is not None) == (value.nbytes > block)

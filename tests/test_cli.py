@@ -419,13 +419,10 @@ def test_compare_values_edge_cases():
     assert (vd.unequal, vd.outside, vd.max_abs) == (1, 1, 2.0)
 
 
-def test_compare_values_in_chunks(monkeypatch):
-    from ckpt.tools import comparison
-
-    monkeypatch.setattr(comparison, "CHUNK", 3)
+def test_compare_values_in_chunks():
     a, b = np.arange(10.0), np.arange(10.0)
     b[[1, 8]] += [0.5, -2.0]
-    vd = compare_values(a, b)
+    vd = compare_values(a, b, step=3)
     assert (vd.count, vd.unequal, vd.max_abs) == (10, 2, 2.0)
 
 
@@ -712,10 +709,19 @@ def test_progress_only_on_a_terminal_and_for_large_data():
     assert progress.shows_progress(progress.MIN_BYTES, FakeTerminal())
     assert not progress.shows_progress(progress.MIN_BYTES - 1, FakeTerminal())
     assert not progress.shows_progress(1 << 40, io.StringIO())
+    assert progress.shows_progress(10, FakeTerminal(), min_bytes=10)
+    assert not progress.shows_progress(10, io.StringIO(), min_bytes=0)
 
 
 def test_commands_stay_quiet_when_piped(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress, "MIN_BYTES", 0)
+    import functools
+    import importlib
+
+    for command in ("inspect_cmd", "diff_cmd", "convert_cmd", "verify_cmd"):  # any data would earn a bar
+        module = importlib.import_module(f"ckpt.cli.{command}")
+        for name in ("byte_bar", "shows_progress"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, functools.partial(getattr(progress, name), min_bytes=0))
     src = save(tmp_path / "m.h5", model())
     for args in (["verify", src], ["convert", src, tmp_path / "o.msgpack"], ["inspect", src, "--stats"],
                  ["diff", src, tmp_path / "o.msgpack"]):
@@ -735,7 +741,7 @@ def test_output_is_the_same_with_a_progress_bar(tmp_path, monkeypatch, command):
         os.remove(tmp_path / "o.msgpack")
     module = importlib.import_module(f"ckpt.cli.{command}")
     monkeypatch.setattr(module if hasattr(module, "shows_progress") else progress, "shows_progress",
-                        lambda nbytes, stream=None: True)
+                        lambda nbytes, stream=None, min_bytes=0: True)
     barred = run(*args)
     assert barred.stdout == quiet.stdout and barred.exit_code == quiet.exit_code == 0
     assert barred.stderr != ""  # the bar's label (hidden off a terminal, as click does)
@@ -748,8 +754,7 @@ def test_verify_reports_progress_through_the_reader(tmp_path, monkeypatch):
         assert reader.verify(seen.append) == []
         assert sum(seen) == sum(info.nbytes for info in reader.tensors.values()) and len(seen) == len(reader.tensors)
     terminal = FakeTerminal()
-    monkeypatch.setattr(progress, "MIN_BYTES", 0)
-    with progress.byte_bar(sum(seen), "verifying", terminal) as update:
+    with progress.byte_bar(sum(seen), "verifying", terminal, min_bytes=0) as update:
         for n in seen:
             update(n)
     assert "verifying" in terminal.getvalue() and "100%" in terminal.getvalue()
@@ -760,7 +765,6 @@ def test_verify_reports_progress_through_the_reader(tmp_path, monkeypatch):
 def test_a_bar_advances_within_one_large_tensor_by_the_bytes_read(monkeypatch):
     counter = [10_000]
     monkeypatch.setattr(progress, "read_bytes", lambda: counter[0])
-    monkeypatch.setattr(progress, "MIN_BYTES", 0)
     terminal = FakeTerminal()
     with progress.byte_bar(1 << 30, "verifying", terminal) as update:  # one 1 GiB tensor
         counter[0] += 1 << 29  # half of it read; the tensor is not finished

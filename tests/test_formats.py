@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 import struct
+import sys
+import threading
 
 import h5py
 import msgpack
@@ -172,10 +174,11 @@ def test_plain_msgpack_unpackb_and_a_streaming_unpacker_decode_the_file(tmp_path
     assert msgpack.unpackb(raw[footer[1]:footer[1] + footer[2]], raw=False) == index
 
 
-def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
-    monkeypatch.setattr(mpfmt, "MAX_BIN", 7)
+def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path):
+    from ckpt.formats.builtin import MsgpackFormat
+
     value = np.arange(10, dtype=np.float32)  # 40 bytes -> 6 bin objects
-    path = write(base.get_format("msgpack"), tmp_path / "split.msgpack", [("v", value), ("w", np.ones(2))])
+    path = write(MsgpackFormat(max_bin=7), tmp_path / "split.msgpack", [("v", value), ("w", np.ones(2))])
     objects = plain_objects(path)
     extents = objects[-2]["tensors"]["v"][2]
     assert [n for _, n in extents] == [7, 7, 7, 7, 7, 5]
@@ -183,6 +186,52 @@ def test_msgpack_splits_tensors_larger_than_one_bin(tmp_path, monkeypatch):
     with base.open_reader(path) as reader:
         np.testing.assert_array_equal(reader.read("v"), value)
         assert reader.verify() == []
+
+
+def checks_run(work) -> list[str]:
+    """The key and metadata checks (formats/_validation.py) that ``work()`` runs, on any thread."""
+    from ckpt.formats import _validation
+
+    codes = {_validation.validate_keys.__code__: "keys", _validation.normalize_metadata.__code__: "metadata"}
+    seen: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return sorted(seen)
+
+
+@pytest.mark.parametrize("ext", [".h5", ".msgpack", ".safetensors"])
+def test_keys_and_metadata_are_checked_once_per_save_path(tmp_path, ext):
+    """The Saver checks keys when it is made and metadata once per save; save_file, convert and
+    ``Format.write`` check them once before writing; the writer (``write_blob``) does not check again."""
+    saver = ckpt.Saver({"a/w": ckpt.Variable(np.ones(3, np.float32))})
+    assert checks_run(lambda: saver.save(str(tmp_path / f"m{ext}"), metadata={"x": 1})) == ["metadata"]
+    src = tmp_path / f"f{ext}"
+    assert checks_run(lambda: ckpt.save_file({"a/w": np.ones(3)}, src, {"x": 1})) == ["keys", "metadata"]
+    assert checks_run(lambda: ckpt.convert(src, tmp_path / f"c{ext}")).count("keys") == 1
+    fmt = base.format_for_path("x" + ext)
+    assert checks_run(lambda: write(fmt, tmp_path / f"w{ext}", [("a", np.ones(2))])) == ["keys", "metadata"]
+
+
+@pytest.mark.parametrize("ext", [".h5", ".msgpack", ".safetensors"])
+def test_a_formats_write_still_checks_what_it_is_handed(tmp_path, ext):
+    """A third party calling ``Format.write`` directly gets the checks a save makes."""
+    fmt = base.format_for_path("x" + ext)
+    with pytest.raises(ValueError, match=r"bad\.\w+: invalid key 'a//b'"):
+        write(fmt, tmp_path / f"bad{ext}", [("a//b", np.ones(2))])
+    with pytest.raises(ValueError, match=r"bad\.\w+: key 'a' is both a tensor and a scope of 'a/b'"):
+        write(fmt, tmp_path / f"bad{ext}", [("a", np.ones(2)), ("a/b", np.ones(2))])
+    with pytest.raises(ckpt.InvalidMetadataError, match=r"bad\.\w+"):
+        write(fmt, tmp_path / f"bad{ext}", [("a", np.ones(2))], {"x": object()})
 
 
 # --- versions, damage -------------------------------------------------------------------------

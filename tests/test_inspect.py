@@ -147,12 +147,11 @@ def _check_histogram(s: stats.TensorStats, values: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, ckpt.dtypes.bfloat16, np.int16, np.uint8])
-def test_chunked_stats_match_numpy(monkeypatch, dtype):
-    monkeypatch.setattr(stats, "PIECE", 7)  # many chunks, the last one short
+def test_chunked_stats_match_numpy(dtype):
     rng = np.random.default_rng(1)
     values = (rng.standard_normal(100) * 50).astype(dtype) if np.dtype(dtype).kind != "u" else \
         rng.integers(0, 255, 100).astype(dtype)
-    s = stats.array_stats(values)
+    s = stats.array_stats(values, piece=7)  # many pieces, the last one short
     as64 = values.astype(np.float64)
     assert (s.min, s.max) == (as64.min(), as64.max())
     assert s.mean == pytest.approx(as64.mean(), rel=1e-12)
@@ -186,10 +185,9 @@ def _as(dtype) -> np.dtype:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: _as(d).name)
 @pytest.mark.parametrize("piece", [5, 64, 1 << 17])
-def test_histogram_on_and_beside_the_edges_of_every_dtype(monkeypatch, dtype, piece):
+def test_histogram_on_and_beside_the_edges_of_every_dtype(dtype, piece):
     """Values on the grid's edges and on their neighbours (either side, in the tensor's own dtype)
     land where exact arithmetic puts them, in pieces of any size merged in any grid."""
-    monkeypatch.setattr(stats, "PIECE", piece)
     dtype = _as(dtype)
     rng = np.random.default_rng(7)
     if dtype.kind == "b":
@@ -211,10 +209,9 @@ def test_histogram_on_and_beside_the_edges_of_every_dtype(monkeypatch, dtype, pi
         if dtype.kind == "c":
             values = (values + 1j * values[::-1]).astype(dtype)
     values = rng.permutation(values)
-    s = stats.array_stats(values)
+    s = stats.array_stats(values, piece=piece)
     _check_histogram(s, values)
-    monkeypatch.setattr(stats, "PIECE", 1 << 18)  # one piece: the same figures
-    whole = stats.array_stats(values)
+    whole = stats.array_stats(values, piece=1 << 18)  # one piece: the same figures
     assert dataclasses.replace(whole, mean=0, std=0) == dataclasses.replace(s, mean=0, std=0)
     assert whole.mean == pytest.approx(s.mean, rel=1e-12, abs=1e-300)
 
@@ -237,11 +234,10 @@ def test_histogram_on_and_beside_the_edges_of_every_dtype(monkeypatch, dtype, pi
     np.array([0, 2 ** 64 - 1, 2 ** 63], np.uint64),
     np.array([-128, 127], np.int8),
 ], ids=lambda v: f"{v.dtype}-{v[:2]}")
-def test_histogram_of_awkward_ranges(monkeypatch, values):
-    monkeypatch.setattr(stats, "PIECE", 2)  # a grid per piece, merged
+def test_histogram_of_awkward_ranges(values):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        s = stats.array_stats(values)
+        s = stats.array_stats(values, piece=2)  # a grid per piece, merged
     _check_histogram(s, values)
     assert s.histogram_edges[0] <= s.min < s.histogram_edges[1] and s.max < s.histogram_edges[-1]
     assert json.dumps(s.to_json(), allow_nan=False)
@@ -272,18 +268,14 @@ def test_histogram_matches_its_definition(dtype, piece, data):
     raw = data.draw(st.lists(elements, min_size=1, max_size=40))
     with np.errstate(over="ignore", invalid="ignore"):
         values = np.array(raw, dtype=np.float64 if dtype.kind in "fc" else object).astype(dtype)
-    import unittest.mock
-
-    with unittest.mock.patch.object(stats, "PIECE", piece):
-        s = stats.array_stats(values)
+    s = stats.array_stats(values, piece=piece)
     if not _finite(values):
         assert s.histogram == () and s.histogram_edges == ()
         return
     _check_histogram(s, values)
 
 
-def test_histogram_is_one_pass_over_chunks_and_skips_non_finite_values(monkeypatch):
-    monkeypatch.setattr(stats, "PIECE", 64)
+def test_histogram_is_one_pass_over_chunks_and_skips_non_finite_values():
     rng = np.random.default_rng(4)
     values = (rng.standard_normal(5000) * 3).astype(np.float32)
     values[[5, 700, 4000]] = [np.nan, -np.inf, np.inf]
@@ -294,8 +286,8 @@ def test_histogram_is_one_pass_over_chunks_and_skips_non_finite_values(monkeypat
         seen.append(1)  # the statistics ask for the chunks once: the histogram needs no second read
         return iter(chunks)
 
-    s = stats._stats_of_chunks("float", values.size, values.dtype, once)
-    whole = stats.array_stats(values)
+    s = stats._stats_of_chunks("float", values.size, values.dtype, once, piece=64)
+    whole = stats.array_stats(values, piece=64)
     assert seen == [1]
     assert s.mean == pytest.approx(whole.mean, rel=1e-12) and s.std == pytest.approx(whole.std, rel=1e-12)
     assert dataclasses.replace(s, mean=0, std=0) == dataclasses.replace(whole, mean=0, std=0)
@@ -303,30 +295,28 @@ def test_histogram_is_one_pass_over_chunks_and_skips_non_finite_values(monkeypat
     assert (s.nan, s.inf, s.count) == (1, 2, 5000)
 
 
-def test_a_narrow_first_chunk_then_wide_ones_merge_exactly(monkeypatch):
+def test_a_narrow_first_chunk_then_wide_ones_merge_exactly():
     """The grid widens as chunks come (from 2**-20 to 2**7 here): counts move into coarser bins exactly."""
-    monkeypatch.setattr(stats, "PIECE", 16)
     first = np.linspace(1.0, 1.0 + 2 ** -17, 40, dtype=np.float32)
     values = np.concatenate([first, np.array([-3.0, 1000.0, 1.5], np.float32), -first])
     s = stats._stats_of_chunks("float", values.size, values.dtype,
-                               lambda: iter([values[:40], values[40:43], values[43:]]))
+                               lambda: iter([values[:40], values[40:43], values[43:]]), piece=16)
     _check_histogram(s, values)
-    backwards = stats.array_stats(values[::-1].copy())  # wide first, then narrow: the same counts and edges
+    backwards = stats.array_stats(values[::-1].copy(), piece=16)  # wide first, then narrow: the same counts and edges
     assert (backwards.histogram, backwards.histogram_edges) == (s.histogram, s.histogram_edges)
 
 
 @pytest.mark.parametrize("offset", [0.0, 1e6, -3e9])
-def test_mean_and_std_far_from_zero_keep_their_digits(monkeypatch, offset):
+def test_mean_and_std_far_from_zero_keep_their_digits(offset):
     """Sums are taken about the mean where it is far from 0: a spread of 1e-3 around 1e6 is not lost."""
-    monkeypatch.setattr(stats, "PIECE", 100)
     values = offset + np.random.default_rng(6).standard_normal(5000) * 1e-3
-    s = stats.array_stats(values)
+    s = stats.array_stats(values, piece=100)
     exact = [fractions.Fraction(x) for x in values.tolist()]  # the exact mean and std of these doubles
     mean = sum(exact) / len(exact)
     std = math.sqrt(sum((x - mean) ** 2 for x in exact) / len(exact))
     assert s.mean == pytest.approx(float(mean), rel=1e-15, abs=1e-15)
     assert s.std == pytest.approx(std, rel=1e-9)  # numpy's own np.std is 5e-9 off at -3e9
-    constant = stats.array_stats(np.full(1000, 0.1))
+    constant = stats.array_stats(np.full(1000, 0.1), piece=100)
     assert (constant.std, constant.mean, constant.histogram[0]) == (0.0, pytest.approx(0.1, rel=1e-15), 1000)
 
 

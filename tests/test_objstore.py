@@ -282,7 +282,7 @@ def test_gcs_state_updates_use_generation_preconditions(monkeypatch):
 
 # -- commits and orphans ---------------------------------------------------------------------
 
-def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
+def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket):
     directory = _remote.RemoteDirectory(s3_bucket + "/run")
 
     def write(payload):
@@ -301,8 +301,7 @@ def test_commit_is_create_only_and_orphans_are_cleaned(s3_bucket, monkeypatch):
     orphan = directory.join(f"{_remote.DATA_DIR}/m2.bin/{unique_token()}")
     directory.store.put(orphan, b"partial", create_only=True)
     assert directory.clean_orphans() == []  # still young: might be a save in progress
-    monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", 0.0)
-    assert directory.clean_orphans() == [orphan.rpartition(_remote.DATA_DIR + "/")[2]]
+    assert directory.clean_orphans(grace_s=0.0) == [orphan.rpartition(_remote.DATA_DIR + "/")[2]]
     assert directory.store.read(data, 0, 3) == b"one"  # committed data stays
     directory.delete_checkpoints(["m.bin"])
     assert not directory.exists("m.bin") and not directory.store.exists(data)

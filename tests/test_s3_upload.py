@@ -12,6 +12,7 @@ import base64
 import functools
 import hashlib
 import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -329,17 +330,20 @@ def test_a_sharded_conversion_to_s3_that_does_not_read_back_commits_nothing(s3_b
     assert _all_keys(s3_bucket) == [] and _uploads(s3_bucket) == []
 
 
-def test_the_next_save_aborts_the_unfinished_upload_of_a_killed_save(s3_bucket, monkeypatch):
+def test_the_next_save_aborts_the_unfinished_upload_of_a_killed_save(s3_bucket):
     run = f"{s3_bucket}/run"
     directory = _remote.RemoteDirectory(run, ALL_MULTIPART)  # multipart: one PUT leaves nothing behind
-    blob = directory.store.open_upload(directory.join(directory.new_data("m.msgpack")), create_only=True)
-    blob.write_at(b"head", 0)
-    blob.write_at(bytes(6 * UNIT), 5 * UNIT)  # a part went up: the upload exists; then the process "dies"
-    assert len(_uploads(s3_bucket)) == 1
+    # a data name's token starts with its save's start time (ms, hex): one save began now, one 2 hours ago
+    old = f"{_remote.DATA_DIR}/m.msgpack/{int((time.time() - 2 * _remote.ORPHAN_GRACE_S) * 1000):012x}-{'0' * 16}"
+    for relative in (directory.new_data("m.msgpack"), old):
+        blob = directory.store.open_upload(directory.join(relative), create_only=True)
+        blob.write_at(b"head", 0)
+        blob.write_at(bytes(6 * UNIT), 5 * UNIT)  # a part went up: the upload exists; then the process "dies"
+    assert len(_uploads(s3_bucket)) == 2
     saver = ckpt.Saver({"w": ckpt.Variable(np.ones(3))}, format="msgpack")
     saver.save(f"{run}/model", global_step=1)
-    assert len(_uploads(s3_bucket)) == 1  # young: it may be a save in progress
-    monkeypatch.setattr(_remote, "ORPHAN_GRACE_S", -1.0)
-    saver.save(f"{run}/model", global_step=2)
+    young = _uploads(s3_bucket)
+    assert len(young) == 1 and old.rpartition("/")[2] not in young[0]  # the young one may be a save in progress
+    assert len(directory.clean_orphans(grace_s=0.0)) == 1  # past a shorter grace period it goes too
     assert _uploads(s3_bucket) == []
-    assert ckpt.latest_checkpoint(run) == f"{run}/model-2.msgpack"
+    assert ckpt.latest_checkpoint(run) == f"{run}/model-1.msgpack"

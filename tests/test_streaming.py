@@ -126,13 +126,14 @@ class Chunked:
 
 
 @pytest.mark.parametrize("ext", [".msgpack", ".safetensors", ".h5"])
-def test_a_streamed_source_writes_the_same_file_as_its_array(tmp_path, ext, monkeypatch):
-    from ckpt.formats import _blocks, base
+def test_a_streamed_source_writes_the_same_file_as_its_array(tmp_path, ext):
+    from ckpt.formats import base
 
-    monkeypatch.setattr(_blocks, "BLOCK_BYTES", 4096)  # many blocks, cut across by the chunks
     values = {"w": np.random.default_rng(3).standard_normal(50_001).astype(np.float32), "empty": np.zeros(0, np.int8),
               "b": np.arange(7, dtype=ckpt.dtypes.bfloat16)}
     fmt = base.format_for_path("x" + ext)
+    if ext != ".safetensors":  # (safetensors files have no checksum blocks)
+        fmt = type(fmt)(block_bytes=4096)  # many blocks, cut across by the chunks
     fmt.write(str(tmp_path / f"array{ext}"), list(values.items()), {"m": 1})
     fmt.write(str(tmp_path / f"chunks{ext}"), [(k, Chunked(v, 999)) for k, v in values.items()], {"m": 1})
     assert (tmp_path / f"array{ext}").read_bytes() == (tmp_path / f"chunks{ext}").read_bytes()

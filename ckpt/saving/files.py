@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.storage.atomic import replace_atomically
+from ckpt.storage.localfile import LocalSink
 from ckpt.runtime.casting import infer_array
 from ckpt.formats import base  # the format registry; importing it registers the built-ins
 from ckpt.saving.reader import open_checkpoint, read_in_batches
@@ -65,8 +66,8 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{path}: tensor {key!r}: {exc}") from None
     normalized = base.normalize_metadata(metadata, path)
-    with replace_atomically(path) as tmp:
-        fmt.write(tmp, arrays, normalized)
+    with replace_atomically(path) as tmp, LocalSink(tmp) as blob:
+        fmt.write_blob(blob, arrays, normalized)  # (not ``write``: the keys and metadata are checked above)
     return path
 
 

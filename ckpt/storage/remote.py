@@ -409,15 +409,15 @@ class RemoteDirectory:
             if not quietly:
                 raise  # else: left for clean_orphans
 
-    def clean_orphans(self) -> list[str]:
-        """Delete data objects of saves that never committed (older than ORPHAN_GRACE_S), and abort
+    def clean_orphans(self, grace_s: float = ORPHAN_GRACE_S) -> list[str]:
+        """Delete data objects of saves that never committed (older than ``grace_s`` seconds), and abort
         their unfinished uploads (S3: a save killed mid-upload); return their names. Costs one LIST
         when there are none (and on S3 one listing of unfinished uploads)."""
         removed = []
         for url, upload_id in self.store.unfinished_uploads(self.join(DATA_DIR)):
             relative = url.rpartition(f"/{DATA_DIR}/")[2]  # "<name>/<token>[/<file>]": the token dates it
             age = token_age(relative.split("/")[1] if relative.count("/") else "")
-            if age is not None and age >= ORPHAN_GRACE_S:
+            if age is not None and age >= grace_s:
                 try:
                     self.store.abort_upload(url, upload_id)
                     removed.append(relative)
@@ -429,7 +429,7 @@ class RemoteDirectory:
             name, _, rest = str(entry["name"]).partition("/")
             token = rest.partition("/")[0]
             age = token_age(token)
-            if not name or age is None or age < ORPHAN_GRACE_S:
+            if not name or age is None or age < grace_s:
                 continue
             if name not in commits:
                 try:

@@ -84,8 +84,8 @@ def _as_number(raw: np.ndarray) -> np.ndarray:
     return raw.astype(np.complex128 if raw.dtype.kind == "c" else np.float64)
 
 
-def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol: float) -> None:
-    """Compare two flat chunks of one length into ``tally``."""
+def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol: float, step: int = CHUNK) -> None:
+    """Compare two flat chunks of one length into ``tally``, ``step`` elements at a time."""
     tally.count += ra.size
     if dtypes.is_string(ra.dtype) or dtypes.is_string(rb.dtype):
         n = int(np.count_nonzero(ra != rb))
@@ -98,8 +98,8 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
         if np.array_equal(_words(ra), _words(rb)):
             return
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for i in range(0, ra.size, CHUNK):
-            pa, pb = ra[i:i + CHUNK], rb[i:i + CHUNK]
+        for i in range(0, ra.size, step):
+            pa, pb = ra[i:i + step], rb[i:i + step]
             xa, xb = _as_number(pa), _as_number(pb)
             both_nan = np.isnan(xa) & np.isnan(xb)
             neq = ((pa != pb) if pa.dtype == pb.dtype else (xa != xb)) & ~both_nan
@@ -116,8 +116,10 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
                 tally.max_rel = max(tally.max_rel or 0.0, float(rel.max()))
 
 
-def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0) -> ValueDiff:
-    """Compare two in-memory tensors of one shape element by element (B is the reference for rtol).
+def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0, *,
+                   step: int = CHUNK) -> ValueDiff:
+    """Compare two in-memory tensors of one shape element by element (B is the reference for rtol),
+    ``step`` elements at a time (bounding the temporaries).
 
     Example:
         >>> import numpy as np
@@ -127,7 +129,7 @@ def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
     if a.shape != b.shape:
         raise ValueError(f"cannot compare values of shapes {list(a.shape)} and {list(b.shape)}")
     tally = _Tally()
-    _add_chunk(tally, a.reshape(-1), b.reshape(-1), atol, rtol)
+    _add_chunk(tally, a.reshape(-1), b.reshape(-1), atol, rtol, step)
     return tally.result()
 
 

@@ -153,15 +153,16 @@ class _Scratch:
     """One worker's reused buffers for a piece: its float64 copy, a domain copy, a mask and the
     histogram's buffers."""
 
-    def __init__(self) -> None:
-        self.row = np.empty(PIECE, dtype=np.float64)
-        self.mask = np.empty(PIECE, dtype=bool)
+    def __init__(self, piece: int = PIECE) -> None:
+        self.row = np.empty(piece, dtype=np.float64)
+        self.mask = np.empty(piece, dtype=bool)
         self.values: dict[np.dtype, np.ndarray] = {}
         self.bins = Scratch()
 
-    def fit(self) -> None:
-        if self.row.size != PIECE:  # PIECE was changed (tests): follow it
-            self.row, self.mask = np.empty(PIECE, dtype=np.float64), np.empty(PIECE, dtype=bool)
+    def fit(self, piece: int) -> None:
+        """Make room for pieces of ``piece`` elements (buffers are used sliced to a piece's size)."""
+        if self.row.size < piece:
+            self.row, self.mask = np.empty(piece, dtype=np.float64), np.empty(piece, dtype=bool)
             self.values.clear()
 
     def domain_copy(self, raw: np.ndarray, domain: np.dtype) -> np.ndarray:
@@ -170,7 +171,7 @@ class _Scratch:
             return raw
         buffer = self.values.get(domain)
         if buffer is None:
-            buffer = self.values[domain] = np.empty(PIECE, dtype=domain)
+            buffer = self.values[domain] = np.empty(self.row.size, dtype=domain)
         out = buffer[:raw.size]
         if raw.dtype.kind == "c":
             np.abs(raw, out=out)
@@ -255,18 +256,18 @@ _second = OneThread("ckpt-stats")  # takes half of each chunk's pieces (numpy an
 _local = threading.local()
 
 
-def _scratch() -> _Scratch:
+def _scratch(piece: int) -> _Scratch:
     scratch: _Scratch | None = getattr(_local, "scratch", None)
     if scratch is None:
-        scratch = _local.scratch = _Scratch()
-    scratch.fit()
+        scratch = _local.scratch = _Scratch(max(piece, PIECE))
+    scratch.fit(piece)
     return scratch
 
 
-def _on_both(chunk: np.ndarray, work: Callable[[int, np.ndarray], T]) -> list[T]:
-    """``work(i, piece)`` on each piece of ``chunk``, results in order; the second half of the pieces
-    runs on the second thread meanwhile."""
-    pieces = [chunk[s:s + PIECE] for s in range(0, chunk.size, PIECE)]
+def _on_both(chunk: np.ndarray, piece: int, work: Callable[[int, np.ndarray], T]) -> list[T]:
+    """``work(i, piece)`` on each ``piece`` elements of ``chunk``, results in order; the second half of
+    the pieces runs on the second thread meanwhile."""
+    pieces = [chunk[s:s + piece] for s in range(0, chunk.size, piece)]
     half = (len(pieces) + 1) // 2
     if len(pieces) < 2:
         return [work(i, p) for i, p in enumerate(pieces)]
@@ -281,8 +282,8 @@ def _on_both(chunk: np.ndarray, work: Callable[[int, np.ndarray], T]) -> list[T]
 class _Accumulator:
     """Statistics of a tensor fed in flat chunks, in one pass: ``add`` each chunk, then ``result``."""
 
-    def __init__(self, kind: str, count: int, dtype: np.dtype) -> None:
-        self.kind, self.count, self.domain = kind, count, _domain(dtype)
+    def __init__(self, kind: str, count: int, dtype: np.dtype, piece: int = PIECE) -> None:
+        self.kind, self.count, self.domain, self.piece = kind, count, _domain(dtype), piece
         self.zeros = self.nan = self.n = 0
         self.lo: Any = None
         self.hi: Any = None
@@ -298,15 +299,15 @@ class _Accumulator:
         def work(raw: np.ndarray, shift: float) -> _Piece:
             hint = self.histogram.k  # the grid so far (fixed while a chunk is binned): pieces on it add up
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std
-                return _first_pass(raw, _scratch(), self.domain, shift, floor, hint)
+                return _first_pass(raw, _scratch(self.piece), self.domain, shift, floor, hint)
 
         if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
-            first = work(chunk[:PIECE], 0.0)
+            first = work(chunk[:self.piece], 0.0)
             self.ref = first.shift  # 0, or that piece's mean where 0 is far from it against the spread
             self._merge(first)
-            chunk = chunk[PIECE:]
+            chunk = chunk[self.piece:]
         ref = self.ref or 0.0
-        pieces = _on_both(chunk, lambda i, raw: work(raw, ref))
+        pieces = _on_both(chunk, self.piece, lambda i, raw: work(raw, ref))
         for p in pieces:
             self._merge(p)
 
@@ -337,18 +338,21 @@ def _string_lengths(flat: np.ndarray) -> np.ndarray:
     return np.fromiter((len(x) for x in flat), dtype=np.int64, count=flat.size)
 
 
-def _stats_of_chunks(kind: str, count: int, dtype: np.dtype,
-                     chunks: Callable[[], Iterable[np.ndarray]]) -> TensorStats:
-    """Statistics from ``chunks()`` (flat chunks in order), in one pass."""
-    acc = _Accumulator(kind, count, dtype)
+def _stats_of_chunks(kind: str, count: int, dtype: np.dtype, chunks: Callable[[], Iterable[np.ndarray]],
+                     piece: int = PIECE) -> TensorStats:
+    """Statistics from ``chunks()`` (flat chunks in order), in one pass, in pieces of ``piece`` elements."""
+    acc = _Accumulator(kind, count, dtype, piece)
     for chunk in chunks():
         acc.add(_string_lengths(chunk) if kind == "string" else chunk)
     result = acc.result()
     return replace(result, mean=None, std=None) if kind == "string" else result  # no mean of strings
 
 
-def array_stats(arr: np.ndarray) -> TensorStats:
+def array_stats(arr: np.ndarray, *, piece: int = PIECE) -> TensorStats:
     """Compute an in-memory tensor's statistics (bounded extra memory: one piece's float64 copy).
+
+    ``piece``: elements handled per vectorized step (the figures do not depend on it, but for
+    the last digits of mean and std).
 
     Example:
         >>> import numpy as np
@@ -357,7 +361,7 @@ def array_stats(arr: np.ndarray) -> TensorStats:
         ('int', 0, 3, 1.5, 1)
     """
     flat = arr.reshape(-1)
-    return _stats_of_chunks(_kind(arr.dtype), flat.size, arr.dtype, lambda: [flat])
+    return _stats_of_chunks(_kind(arr.dtype), flat.size, arr.dtype, lambda: [flat], piece)
 
 
 def stats_of(reader: Any, key: str) -> TensorStats:

@@ -4,12 +4,13 @@ comments say what it does. (The sharded-checkpoint block runs as one MPI process
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
 import sys
 
-from test_docs import ROOT, python_blocks
+from test_docs import DOCS, ROOT, python_blocks
 
 # What the README's blocks left behind, read back by the same process once they have run.
 FACTS = '''
@@ -60,3 +61,26 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["loaded"] == ["embedding/table", "step"] and facts["step"] == 1000
     assert facts["torch_kernel"] and facts["torch_bias"]
     assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "weights"]
+
+
+def _distribution_name() -> str:
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        return re.search(r'^name = "([^"]+)"$', f.read(), flags=re.M).group(1)
+
+
+def test_every_install_line_names_the_checkout_or_our_distribution():
+    """`pip install ckpt` installs an unrelated project of that name (with the same import package and
+    command): README, docs and install hints in the code say `.`/`.[extra]` or our distribution's name."""
+    assert _distribution_name() == "ckpt-numpy"
+    sources = DOCS + [os.path.join(d, f) for top in ("ckpt", "formats", "cli", "benchmarks", "examples")
+                      for d, _, files in os.walk(os.path.join(ROOT, top)) for f in files if f.endswith(".py")]
+    wrong = []
+    for source in sources:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+        # the requirement after "pip install" (options skipped), and each "name[extra]" written alone
+        named = re.findall(r"pip install (?:-[\w-]+ )*[\"'`]?([\w.-]*)\[", text)
+        named += re.findall(r"[\"'`(]([\w-]+)\[(?:mpi|s3|gcs|orbax|test|bench)\]", text)
+        wrong += [f"{os.path.relpath(source, ROOT)}: {name}[...]" for name in named
+                  if name not in (".", "", _distribution_name())]
+    assert not wrong, wrong

@@ -33,6 +33,9 @@ print(_json.dumps({
     "step": int(loaded["step"]),
     "torch_kernel": (layer1.kernel.numpy() == _torch["fc1.weight"].T).all().item(),
     "torch_bias": (layer1.bias.numpy() == _torch["fc1.bias"]).all().item(),
+    "train": [k for k, _ in ckpt.list_variables("train")],
+    "train_latest": ckpt.latest_checkpoint("train"),
+    "resumed": [int(step), json.loads(rng_state.numpy()) == rng.bit_generator.state],
 }))
 '''
 
@@ -60,7 +63,13 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["names_keys"][:2] == ["mlp/dense/bias", "mlp/dense/kernel"]
     assert facts["loaded"] == ["embedding/table", "step"] and facts["step"] == 1000
     assert facts["torch_kernel"] and facts["torch_bias"]
-    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "weights"]
+    assert facts["train_latest"] == "train/model-3.h5" and facts["resumed"] == [3, True]
+    assert facts["train"] == ["model/layers/0/bias", "model/layers/0/kernel", "model/layers/1/bias",
+                              "model/layers/1/kernel", "optimizer/momentum/layers/0/bias",
+                              "optimizer/momentum/layers/0/kernel", "optimizer/momentum/layers/1/bias",
+                              "optimizer/momentum/layers/1/kernel", "rng", "step"]
+    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train",
+                                            "weights"]
 
 
 def _distribution_name() -> str:

@@ -96,6 +96,30 @@ def test_module_var_list_uses_attribute_paths(tmp_path):
     assert [k for k, _ in ckpt.list_variables(path)] == ["head/bias", "layers/0", "layers/1"]
 
 
+def test_a_dict_of_modules_and_dicts_is_keyed_by_entry_then_attribute_path(tmp_path):
+    """TF2's Checkpoint(model=..., optimizer=...) and torch's {"model": ..., "opt": ...}: a dict's Modules
+    and nested dicts put their variables below the entry's key; a restore brings every one back."""
+    class Net(ckpt.Module):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope:
+                self.layers = [ckpt.Variable(np.arange(2.0), name="w0"), ckpt.Variable(np.arange(3.0), name="w1")]
+
+    net = Net()
+    momentum = {"layers/0": ckpt.Variable(np.full(2, 0.5)), "layers/1": ckpt.Variable(np.full(3, 0.25))}
+    step = ckpt.Variable(7, dtype="int64")
+    tree = {"model": net, "optimizer": {"momentum": momentum, "iterations": step}}
+    saver = ckpt.Saver(tree)
+    assert list(saver.var_list) == ["model/layers/0", "model/layers/1", "optimizer/momentum/layers/0",
+                                    "optimizer/momentum/layers/1", "optimizer/iterations"]
+    path = saver.save(str(tmp_path / "train.h5"))
+    for v in (*net.variables, *momentum.values(), step):
+        v.assign(np.zeros(v.shape, v.dtype))
+    assert ckpt.Saver(tree).restore(path).restored == list(saver.var_list)
+    assert net.layers[1].numpy().tolist() == [0.0, 1.0, 2.0] and momentum["layers/0"].numpy().tolist() == [0.5, 0.5]
+    assert int(step) == 7
+
+
 def test_var_list_errors():
     a = ckpt.Variable(1.0, name="same")
     b = ckpt.Variable(2.0, name="same")
@@ -109,8 +133,10 @@ def test_var_list_errors():
         ckpt.Saver({"a//b": a})
     with pytest.raises(ValueError, match="both a tensor and a scope"):
         ckpt.Saver({"a": a, "a/b": b})
-    with pytest.raises(TypeError, match="not a ckpt.Variable"):
+    with pytest.raises(TypeError, match="'a' is a ndarray: a dict's values are ckpt.Variables, Modules or dicts"):
         ckpt.Saver({"a": np.zeros(2)})
+    with pytest.raises(TypeError, match="'opt/slots' is a list: a dict's values are ckpt.Variables, Modules"):
+        ckpt.Saver({"opt": {"slots": [a]}})
     assert list(ckpt.Saver([a, a]).var_list) == ["same"]  # listed twice, saved once
     with pytest.raises(ValueError):
         ckpt.Saver([a], max_to_keep=-1)

@@ -47,7 +47,9 @@ from ckpt.runtime.variables import Variable, global_variables
 
 __all__ = ["Saver"]
 
-VarList = None | Module | Mapping[str, Variable] | Iterable[Variable]
+#: a dict's values: Variables, Modules (their variables under "key/<attribute path>") or nested dicts
+VarTree = Mapping[str, "Variable | Module | VarTree"]
+VarList = None | Module | VarTree | Iterable[Variable]
 
 
 def _where(path_arg: Any) -> str:
@@ -62,7 +64,7 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     elif isinstance(var_list, Module):
         pairs = var_list.named_variables()
     elif isinstance(var_list, Mapping):
-        pairs = list(var_list.items())
+        pairs = _tree_pairs(var_list, "")
     elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):  # type: ignore[unreachable]
         unique = {id(v): v for v in var_list}  # the same variable listed twice is listed once
         pairs = [(v.key if isinstance(v, Variable) else v, v) for v in unique.values()]
@@ -73,7 +75,8 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     owner: dict[int, str] = {}
     for key, var in pairs:
         if not isinstance(var, Variable):
-            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}, not a ckpt.Variable")
+            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}: a dict's values are "
+                            f"ckpt.Variables, Modules or dicts of them")
         if not isinstance(key, str):
             raise TypeError(f"checkpoint keys are strings, got {key!r} for {var.name}")
         if key in keys:
@@ -88,6 +91,22 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
         raise ValueError("there are no variables to save (empty var_list)")
     _formats.validate_keys(keys, "Saver")
     return keys
+
+
+def _tree_pairs(tree: Mapping[Any, Any], prefix: str) -> list[tuple[Any, Any]]:
+    """A dict's (key, value) pairs with its Modules and nested dicts expanded, as TF2's
+    ``Checkpoint(model=..., optimizer=...)``: ``{"model": m}`` gives "model/<attribute path>"."""
+    pairs: list[tuple[Any, Any]] = []
+    for key, value in tree.items():
+        if not isinstance(key, str):  # refused by the caller, which names it
+            pairs.append((key, value))
+        elif isinstance(value, Module):
+            pairs += [(f"{prefix}{key}/{path}", var) for path, var in value.named_variables()]
+        elif isinstance(value, Mapping):
+            pairs += _tree_pairs(value, f"{prefix}{key}/")
+        else:
+            pairs.append((prefix + key, value))
+    return pairs
 
 
 def _load_hdf5_library() -> None:
@@ -105,8 +124,10 @@ class Saver:
     Args:
         var_list: what to save. None: every live variable, keyed by name (without ":0").
             A list: those variables, keyed by name. A dict: its keys are the names in the
-            file (``Saver({"my_v2": v2})``). A Module: keyed by its attribute paths
-            ("layers/0/kernel").
+            file (``Saver({"my_v2": v2})``); a value that is a Module or a dict puts what it
+            holds below its key (``Saver({"model": model, "optimizer": {"m": m}})`` writes
+            "model/layers/0/kernel", "optimizer/m/..."). A Module: keyed by its attribute
+            paths ("layers/0/kernel").
         max_to_keep: keep the newest N checkpoints of the directory, delete older ones
             (None or 0 keeps all, as in TF1).
         keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
@@ -126,6 +147,7 @@ class Saver:
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
             key, nothing to save, or a negative staging_bytes.
+        TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,

@@ -451,6 +451,60 @@ def test_strict_false_restores_what_matches(tmp_path, ext):
         ckpt.Saver({"a": ckpt.Variable([0.0, 0.0])}).restore(path, strict=False)
 
 
+class _Dense(ckpt.Module):
+    def __init__(self, n_in, n_out, name=None):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.kernel = ckpt.Variable(np.arange(n_in * n_out, dtype=np.float32).reshape(n_in, n_out), name="kernel")
+            self.b = ckpt.Variable(np.ones(n_out, np.float32), name="b")
+
+
+class _Net(ckpt.Module):
+    def __init__(self, name="net"):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.layers = [_Dense(2, 3, name="d0"), _Dense(3, 1, name="d1")]
+
+
+def test_a_file_keyed_by_variable_names_restored_by_attribute_paths_says_which_saver(tmp_path):
+    net = _Net()
+    path = ckpt.Saver(net.variables).save(str(tmp_path / "names.h5"))  # keys "net/d0/kernel", ...
+    with pytest.raises(ckpt.KeyNotFoundError) as info:
+        ckpt.Saver(net).restore(path)
+    message = str(info.value)
+    assert "layers/0/b: not found in names.h5" in message and info.value.path == path
+    assert ("hint: names.h5 is keyed by variable names ('net/d0/b' holds layers/0/b), as Saver(module.variables) "
+            "writes them; this Saver uses attribute paths: restore with Saver(module.variables)") in message
+    assert "strict=False" not in message  # it would restore nothing
+    assert ckpt.Saver(net.variables).restore(path).restored  # the Saver the hint names
+
+
+def test_a_file_keyed_by_attribute_paths_restored_by_variable_names_says_which_saver(tmp_path):
+    net = _Net()
+    path = ckpt.Saver(net).save(str(tmp_path / "paths.h5"))  # keys "layers/0/kernel", ...
+    with pytest.raises(ckpt.KeyNotFoundError) as info:
+        ckpt.Saver(net.variables).restore(path)
+    assert ("hint: paths.h5 looks keyed by attribute paths ('layers/0/b' for variable net/d0/b), as "
+            "Saver(module) writes them; this Saver uses variable names: restore with Saver(module)") in str(info.value)
+
+
+def test_only_model_side_keys_missing_suggests_strict_false(tmp_path):
+    net = _Net()
+    path = ckpt.Saver({"layers/0/kernel": net.layers[0].kernel, "layers/0/b": net.layers[0].b}).save(
+        str(tmp_path / "part.h5"))
+    with pytest.raises(ckpt.KeyNotFoundError) as info:
+        ckpt.Saver(net).restore(path)
+    assert ("hint: restore(..., strict=False) restores the other 2 and reports these in its result's .missing"
+            in str(info.value))
+    other = ckpt.Saver({"layers/0/b": ckpt.Variable(np.zeros(5, np.float32)), "head/w": ckpt.Variable(1.0)})
+    with pytest.raises(ckpt.KeyNotFoundError) as info:  # a shape mismatch too: strict=False would not do
+        other.restore(path)
+    assert "hint:" not in str(info.value)
+    with pytest.raises(ckpt.KeyNotFoundError) as info:  # init_from_checkpoint maps keys itself: no Saver hints
+        ckpt.init_from_checkpoint(path, {"layers/9/": net.layers[1]})
+    assert "hint:" not in str(info.value)
+
+
 def test_checksum_failure_midway_uninitializes_touched_variables(tmp_path, ext):
     first, second, third = (ckpt.Variable(np.full(4, i, np.float32)) for i in (1, 2, 3))
     path = ckpt.Saver({"a": first, "b": second, "c": third}).save(str(tmp_path / f"m.{ext}"))

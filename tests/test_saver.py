@@ -614,3 +614,26 @@ def test_restore_allow_cast_converts_same_kind_dtypes_only(tmp_path):
     with pytest.raises(ckpt.MismatchError, match=r"big: value 1099511627776 does not fit in int32"):
         ckpt.Saver({"w": untouched, "big": small}).restore(path, allow_cast=True)
     assert untouched.numpy().tolist() == [0.0, 0.0] and small.numpy().tolist() == [0]  # nothing changed
+
+
+def test_a_checkpoint_named_without_its_extension_is_found_when_it_is_the_only_one(tmp_path):
+    """TensorFlow's habit: restore("run/model-1") for run/model-1.h5."""
+    v = ckpt.Variable([1.0, 2.0])
+    saver = ckpt.Saver({"v": v})
+    for step in (1, 2):
+        saver.save(str(tmp_path / "run" / "model.h5"), global_step=step)
+    v.assign([0.0, 0.0])
+    assert saver.restore(str(tmp_path / "run" / "model-1")).path == str(tmp_path / "run" / "model-1.h5")
+    assert v.numpy().tolist() == [1.0, 2.0]
+    with ckpt.load_checkpoint(str(tmp_path / "run" / "model-2")) as reader:
+        assert reader.path == str(tmp_path / "run" / "model-2.h5")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=r"run/model: no such checkpoint file; .*run holds "
+                       r"model-1\.h5, model-2\.h5 \(restore the directory for its latest\)"):
+        saver.restore(str(tmp_path / "run" / "model"))
+    ckpt.Saver({"v": v}, format="msgpack").save(str(tmp_path / "run" / "model"), global_step=1)
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=r"model-1: no such checkpoint file; it is the prefix of "
+                       r"model-1\.h5, model-1\.msgpack: name one") as info:
+        saver.restore(str(tmp_path / "run" / "model-1"))
+    assert info.value.path == str(tmp_path / "run" / "model-1")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="model-9: no such checkpoint file$"):
+        saver.restore(str(tmp_path / "run" / "model-9"))

@@ -66,6 +66,31 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
         if latest is None:
             raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}", path=path)
         return latest
+    if not os.path.lexists(path) and not REGISTRY.claims(path):  # claims: a TensorFlow prefix, say
+        return _by_prefix(path)
+    return path
+
+
+def _by_prefix(path: str) -> str:
+    """TensorFlow's habit: a checkpoint named without its extension ("run/model-1" for
+    run/model-1.h5) is that checkpoint when exactly one has the name; several, or numbered
+    ones ("run/model" beside model-1.h5, model-2.h5), are named in the error."""
+    directory, base = os.path.split(path)
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return path  # the reader's not-found error names the path
+    checkpoints = sorted(n for n in names if format_for_path(n) is not None)
+    found = [n for n in checkpoints if n.startswith(base + ".")]
+    if len(found) == 1:
+        return os.path.join(directory, found[0])
+    if found:
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file; it is the prefix of {', '.join(found)}: "
+                                      "name one", path=path)
+    steps = [n for n in checkpoints if n.startswith(base + "-")]
+    if steps:
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file; {directory or '.'} holds "
+                                      f"{', '.join(steps)} (restore the directory for its latest)", path=path)
     return path
 
 

@@ -412,7 +412,8 @@ class Saver:
         in one error. Data is read straight into the variables' buffers and verified.
 
         Args:
-            path: a checkpoint file, or a directory (its latest checkpoint).
+            path: a checkpoint file, or a directory (its latest checkpoint); a file named without
+                its extension ("run/model-1" for run/model-1.h5) when exactly one has that name.
             strict: with False, keys missing from the file are skipped and listed in the
                 result's ``missing`` instead of raising (mismatched shapes still raise).
             allow_cast: with True, a tensor whose dtype differs from its variable's is cast

@@ -152,7 +152,7 @@ def test_var_list_errors():
     ("model.msgpack", "hdf5", 5, "model-5.msgpack", "msgpack"),
     ("model", "msgpack", 7, "model-7.msgpack", "msgpack"),
     ("model", "hdf5", None, "model.h5", "hdf5"),
-    ("model.ckpt", "hdf5", 2, "model.ckpt-2.h5", "hdf5"),
+    ("model-0.5", "hdf5", 2, "model-0.5-2.h5", "hdf5"),  # a number after a dot is no extension
 ])
 def test_save_path_rules(tmp_path, given, fmt, step, expected, kind):
     v = ckpt.Variable(1.0)
@@ -160,6 +160,27 @@ def test_save_path_rules(tmp_path, given, fmt, step, expected, kind):
     assert path == str(tmp_path / expected)
     with ckpt.load_checkpoint(path) as reader:
         assert reader.format == kind
+
+
+@pytest.mark.parametrize("given, problem", [
+    ("x/model.pt", r"x/model\.pt: ckpt writes no '\.pt' files \(pytorch is read only\); use \.h5, \.hdf5, "
+                   r"\.msgpack, \.safetensors, or no extension for the Saver's format"),
+    ("model.ckpt", r"model\.ckpt: ckpt writes no '\.ckpt' files; use \.h5"),
+    ("run/", r"run/: a directory; a save names a file in it, e.g\. run/model\.h5 \(restores and "
+             r"latest_checkpoint take the directory\)"),
+    ("existing", r"existing: a directory; a save names a file in it, e\.g\. .*existing/model\.h5"),
+])
+def test_save_targets_saver_and_save_file_refuse_alike(tmp_path, monkeypatch, given, problem):
+    """One rule for Saver.save and save_file: a directory, or an extension no format writes, is refused
+    (before, saver.save("x/model.pt") wrote x/model.pt-7.h5 and save("run/") wrote run/-7.h5)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=problem) as info:
+        ckpt.Saver([ckpt.Variable(1.0)]).save(given, global_step=7)
+    assert info.value.path == given and isinstance(info.value, ValueError)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=problem.split(", or no extension")[0]):
+        ckpt.save_file({"w": np.zeros(2)}, given)
+    assert sorted(os.listdir(tmp_path)) == ["existing"] and not os.listdir(tmp_path / "existing")
 
 
 def test_global_step_may_be_a_variable(tmp_path):

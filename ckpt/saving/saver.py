@@ -30,6 +30,7 @@ from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.retention import Retention, kept_paths, read_owner
 from ckpt.storage.local import LocalStore
 from ckpt.saving.stores import REGISTRY, store_of
+from ckpt.saving.locations import save_target
 from ckpt.storage.atomic import require_directory
 from ckpt.errors import (
     CheckpointError,
@@ -194,11 +195,7 @@ class Saver:
         return list(self._last_checkpoints)
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
-        name = os.fspath(path)
-        fmt = _formats.format_for_path(name)
-        if fmt is None or not fmt.can_write:
-            fmt = self._format
-            name += fmt.extensions[0]
+        name, fmt = save_target(path, self._format)
         ext = next(e for e in fmt.extensions if name.lower().endswith(e))
         if global_step is not None:
             step = operator.index(global_step)

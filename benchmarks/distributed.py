@@ -124,7 +124,7 @@ def _mpiexec() -> str | None:
 
 def _worker(n: int, *args: str) -> dict[str, Any]:
     mpiexec = _mpiexec()
-    assert mpiexec, "mpiexec not found: pip install 'ckpt[mpi]'"
+    assert mpiexec, "mpiexec not found: pip install 'ckpt-numpy[mpi]'"
     proc = subprocess.run([mpiexec, "-n", str(n), sys.executable, WORKER, *args], capture_output=True, text=True,
                           timeout=600)
     if proc.returncode:

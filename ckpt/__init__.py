@@ -13,6 +13,8 @@ Example:
 import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
+from ._sourcetree import install_if_source_tree as _install_if_source_tree
+
 # errors are light (no numpy) and every caller needs them; the rest loads on first use, so that
 # `ckpt --version` or `import ckpt.errors` does not pay for numpy, ml_dtypes and the formats
 from .errors import CheckpointError as CheckpointError
@@ -29,6 +31,10 @@ from .errors import StateFileWarning as StateFileWarning
 from .errors import StorageError as StorageError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
+
+# Python started in a clone's root imports this folder, not the installed package: formats/ and cli/
+# beside it then serve as ckpt.formats and ckpt.cli (ckpt/_sourcetree.py)
+_install_if_source_tree(__path__[0])
 
 __version__ = "0.1.0"
 

@@ -86,7 +86,8 @@ class CorruptCheckpointError(CheckpointError, ValueError):
 
 
 class UnsupportedCheckpointError(CheckpointError, ValueError):
-    """The file is of a kind ckpt cannot read, or written by a newer version of a format."""
+    """The file is of a kind ckpt cannot read, or written by a newer version of a format; or a save
+    names what ckpt cannot write (a directory, an extension no format writes)."""
 
 
 class UninitializedVariableError(CheckpointError, RuntimeError):

@@ -32,7 +32,7 @@ def zstd_bytes(data: bytes, limit: int) -> bytes:
         import zstandard
     except ImportError:
         raise UnsupportedCheckpointError("orbax's zstd-compressed chunks need the zstandard package: "
-                                         "pip install \"ckpt[orbax]\"") from None
+                                         "pip install \"ckpt-numpy[orbax]\"") from None
     try:
         with zstandard.ZstdDecompressor().stream_reader(data) as reader:
             return reader.read(limit)

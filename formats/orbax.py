@@ -11,7 +11,7 @@ it opens the latest finished step.
 
 Keys are the pytree paths joined with "/": "params/dense/kernel", "layers/0". Chunks are
 decompressed with zstd (orbax's default; the optional ``zstandard`` package, ``pip install
-"ckpt[orbax]"``) or zlib/gzip, or read as they are; each chunk's decompressed size must be exactly
+"ckpt-numpy[orbax]"``) or zlib/gzip, or read as they are; each chunk's decompressed size must be exactly
 the chunk's, and memory never exceeds one chunk beyond the result.
 
 Example:

@@ -12,7 +12,7 @@ import ckpt
 import s3server  # noqa: F401  # sets moto's minimum part size before any test module imports moto
 
 # Child Pythons run from here: started in the checkout, "python -c" would import its source ckpt/
-# (which lacks ckpt.formats: that directory is formats/) instead of the installed package.
+# (with formats/ and cli/ beside it, ckpt/_sourcetree.py) instead of the installed package under test.
 OUTSIDE_CHECKOUT = tempfile.gettempdir()
 
 

@@ -595,7 +595,7 @@ def test_no_mpi_needed_and_a_clear_error_without_it(tmp_path, monkeypatch):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # sharded checkpoints without MPI import no MPI
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if the mpi extra were not installed
-    with pytest.raises(ImportError, match=r"pip install 'ckpt\[mpi\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'ckpt-numpy\[mpi\]'"):
         distributed.mpi()
 
 

@@ -61,7 +61,7 @@ def test_save_file_is_atomic_and_refuses_bad_input(tmp_path):
         ckpt.save_file({"a": np.ones(1), "a/b": np.ones(1)}, path)
     with pytest.raises(TypeError, match="tensor 'when'"):
         ckpt.save_file({"when": np.array(["2020-01-01"], dtype="datetime64[D]")}, path)
-    with pytest.raises(ValueError, match="no format writes this extension.*\\.msgpack"):
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match="ckpt writes no '.npz' files; use .*\\.msgpack"):
         ckpt.save_file({"w": np.ones(2)}, str(tmp_path / "m.npz"))
     with pytest.raises(ValueError, match="metadata"):
         ckpt.save_file({"w": np.ones(2)}, path, metadata={"f": object()})

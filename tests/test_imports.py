@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -72,3 +73,33 @@ def test_only_an_hdf5_saver_loads_h5py_when_created():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          cwd=OUTSIDE_CHECKOUT)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_python_started_in_the_clone_root_finds_formats_and_cli_beside_the_source_ckpt():
+    """Started in a clone's root, `import ckpt` imports the source ckpt/ (the root is first on sys.path);
+    ckpt.formats and ckpt.cli are then formats/ and cli/ beside it (ckpt/_sourcetree.py)."""
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+    # an editable install's finder maps the same folders: drop it, as after the README's `pip install .`
+    code = ("import sys\n"
+            "sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable')]\n"
+            "import ckpt, ckpt.cli.main, ckpt.formats.hdf5\n"
+            "assert ckpt.Saver.__module__ == 'ckpt.saving.saver'\n"
+            "print(ckpt.__file__, ckpt.formats.__file__, ckpt.cli.__file__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [os.path.join(root, *p) for p in
+                                  (("ckpt", "__init__.py"), ("formats", "__init__.py"), ("cli", "__init__.py"))]
+
+
+def test_an_installed_ckpt_or_a_stray_folder_is_not_a_source_tree(tmp_path):
+    from ckpt._sourcetree import source_root
+
+    for folder in ("ckpt/formats", "formats", "cli"):  # an installed ckpt/ holds formats/ itself
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").touch()
+    assert source_root(str(tmp_path / "ckpt")) is None
+    (tmp_path / "ckpt" / "formats" / "__init__.py").unlink()
+    (tmp_path / "ckpt" / "formats").rmdir()
+    assert source_root(str(tmp_path / "ckpt")) is None  # no pyproject.toml: not a project's root
+    (tmp_path / "pyproject.toml").touch()
+    assert source_root(str(tmp_path / "ckpt")) == str(tmp_path)

@@ -4,12 +4,13 @@ comments say what it does. (The sharded-checkpoint block runs as one MPI process
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
 import sys
 
-from test_docs import ROOT, python_blocks
+from test_docs import DOCS, ROOT, python_blocks
 
 # What the README's blocks left behind, read back by the same process once they have run.
 FACTS = '''
@@ -36,6 +37,9 @@ print(_json.dumps({
     "best": best,
     "steps": [r.step for r in ckpt.list_checkpoints("train_run")],
     "w": w.numpy().tolist(),
+    "train": [k for k, _ in ckpt.list_variables("train")],
+    "train_latest": ckpt.latest_checkpoint("train"),
+    "resumed": [int(step), json.loads(rng_state.numpy()) == rng.bit_generator.state],
 }))
 '''
 
@@ -68,5 +72,33 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["listed"][:3] == [["model-200.h5", {"val_loss": 0.4, "acc": 0.6}],
                                ["model-300.h5", {"val_loss": 0.6, "acc": 0.4}],
                                ["model-400.h5", {"val_loss": 0.7, "acc": 1 - 0.7}]]
-    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train_run",
-                                            "weights"]
+    assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train",
+                                            "train_run", "weights"]
+    assert facts["train_latest"] == "train/model-3.h5" and facts["resumed"] == [3, True]
+    assert facts["train"] == ["model/layers/0/bias", "model/layers/0/kernel", "model/layers/1/bias",
+                              "model/layers/1/kernel", "optimizer/momentum/layers/0/bias",
+                              "optimizer/momentum/layers/0/kernel", "optimizer/momentum/layers/1/bias",
+                              "optimizer/momentum/layers/1/kernel", "rng", "step"]
+
+
+def _distribution_name() -> str:
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        return re.search(r'^name = "([^"]+)"$', f.read(), flags=re.M).group(1)
+
+
+def test_every_install_line_names_the_checkout_or_our_distribution():
+    """`pip install ckpt` installs an unrelated project of that name (with the same import package and
+    command): README, docs and install hints in the code say `.`/`.[extra]` or our distribution's name."""
+    assert _distribution_name() == "ckpt-numpy"
+    sources = DOCS + [os.path.join(d, f) for top in ("ckpt", "formats", "cli", "benchmarks", "examples")
+                      for d, _, files in os.walk(os.path.join(ROOT, top)) for f in files if f.endswith(".py")]
+    wrong = []
+    for source in sources:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+        # the requirement after "pip install" (options skipped), and each "name[extra]" written alone
+        named = re.findall(r"pip install (?:-[\w-]+ )*[\"'`]?([\w.-]*)\[", text)
+        named += re.findall(r"[\"'`(]([\w-]+)\[(?:mpi|s3|gcs|orbax|test|bench)\]", text)
+        wrong += [f"{os.path.relpath(source, ROOT)}: {name}[...]" for name in named
+                  if name not in (".", "", _distribution_name())]
+    assert not wrong, wrong

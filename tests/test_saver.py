@@ -96,6 +96,30 @@ def test_module_var_list_uses_attribute_paths(tmp_path):
     assert [k for k, _ in ckpt.list_variables(path)] == ["head/bias", "layers/0", "layers/1"]
 
 
+def test_a_dict_of_modules_and_dicts_is_keyed_by_entry_then_attribute_path(tmp_path):
+    """TF2's Checkpoint(model=..., optimizer=...) and torch's {"model": ..., "opt": ...}: a dict's Modules
+    and nested dicts put their variables below the entry's key; a restore brings every one back."""
+    class Net(ckpt.Module):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope:
+                self.layers = [ckpt.Variable(np.arange(2.0), name="w0"), ckpt.Variable(np.arange(3.0), name="w1")]
+
+    net = Net()
+    momentum = {"layers/0": ckpt.Variable(np.full(2, 0.5)), "layers/1": ckpt.Variable(np.full(3, 0.25))}
+    step = ckpt.Variable(7, dtype="int64")
+    tree = {"model": net, "optimizer": {"momentum": momentum, "iterations": step}}
+    saver = ckpt.Saver(tree)
+    assert list(saver.var_list) == ["model/layers/0", "model/layers/1", "optimizer/momentum/layers/0",
+                                    "optimizer/momentum/layers/1", "optimizer/iterations"]
+    path = saver.save(str(tmp_path / "train.h5"))
+    for v in (*net.variables, *momentum.values(), step):
+        v.assign(np.zeros(v.shape, v.dtype))
+    assert ckpt.Saver(tree).restore(path).restored == list(saver.var_list)
+    assert net.layers[1].numpy().tolist() == [0.0, 1.0, 2.0] and momentum["layers/0"].numpy().tolist() == [0.5, 0.5]
+    assert int(step) == 7
+
+
 def test_var_list_errors():
     a = ckpt.Variable(1.0, name="same")
     b = ckpt.Variable(2.0, name="same")
@@ -109,8 +133,10 @@ def test_var_list_errors():
         ckpt.Saver({"a//b": a})
     with pytest.raises(ValueError, match="both a tensor and a scope"):
         ckpt.Saver({"a": a, "a/b": b})
-    with pytest.raises(TypeError, match="not a ckpt.Variable"):
+    with pytest.raises(TypeError, match="'a' is a ndarray: a dict's values are ckpt.Variables, Modules or dicts"):
         ckpt.Saver({"a": np.zeros(2)})
+    with pytest.raises(TypeError, match="'opt/slots' is a list: a dict's values are ckpt.Variables, Modules"):
+        ckpt.Saver({"opt": {"slots": [a]}})
     assert list(ckpt.Saver([a, a]).var_list) == ["same"]  # listed twice, saved once
     with pytest.raises(ValueError):
         ckpt.Saver([a], max_to_keep=-1)
@@ -126,7 +152,7 @@ def test_var_list_errors():
     ("model.msgpack", "hdf5", 5, "model-5.msgpack", "msgpack"),
     ("model", "msgpack", 7, "model-7.msgpack", "msgpack"),
     ("model", "hdf5", None, "model.h5", "hdf5"),
-    ("model.ckpt", "hdf5", 2, "model.ckpt-2.h5", "hdf5"),
+    ("model-0.5", "hdf5", 2, "model-0.5-2.h5", "hdf5"),  # a number after a dot is no extension
 ])
 def test_save_path_rules(tmp_path, given, fmt, step, expected, kind):
     v = ckpt.Variable(1.0)
@@ -134,6 +160,27 @@ def test_save_path_rules(tmp_path, given, fmt, step, expected, kind):
     assert path == str(tmp_path / expected)
     with ckpt.load_checkpoint(path) as reader:
         assert reader.format == kind
+
+
+@pytest.mark.parametrize("given, problem", [
+    ("x/model.pt", r"x/model\.pt: ckpt writes no '\.pt' files \(pytorch is read only\); use \.h5, \.hdf5, "
+                   r"\.msgpack, \.safetensors, or no extension for the Saver's format"),
+    ("model.ckpt", r"model\.ckpt: ckpt writes no '\.ckpt' files; use \.h5"),
+    ("run/", r"run/: a directory; a save names a file in it, e.g\. run/model\.h5 \(restores and "
+             r"latest_checkpoint take the directory\)"),
+    ("existing", r"existing: a directory; a save names a file in it, e\.g\. .*existing/model\.h5"),
+])
+def test_save_targets_saver_and_save_file_refuse_alike(tmp_path, monkeypatch, given, problem):
+    """One rule for Saver.save and save_file: a directory, or an extension no format writes, is refused
+    (before, saver.save("x/model.pt") wrote x/model.pt-7.h5 and save("run/") wrote run/-7.h5)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=problem) as info:
+        ckpt.Saver([ckpt.Variable(1.0)]).save(given, global_step=7)
+    assert info.value.path == given and isinstance(info.value, ValueError)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=problem.split(", or no extension")[0]):
+        ckpt.save_file({"w": np.zeros(2)}, given)
+    assert sorted(os.listdir(tmp_path)) == ["existing"] and not os.listdir(tmp_path / "existing")
 
 
 def test_global_step_may_be_a_variable(tmp_path):
@@ -425,6 +472,60 @@ def test_strict_false_restores_what_matches(tmp_path, ext):
         ckpt.Saver({"a": ckpt.Variable([0.0, 0.0])}).restore(path, strict=False)
 
 
+class _Dense(ckpt.Module):
+    def __init__(self, n_in, n_out, name=None):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.kernel = ckpt.Variable(np.arange(n_in * n_out, dtype=np.float32).reshape(n_in, n_out), name="kernel")
+            self.b = ckpt.Variable(np.ones(n_out, np.float32), name="b")
+
+
+class _Net(ckpt.Module):
+    def __init__(self, name="net"):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.layers = [_Dense(2, 3, name="d0"), _Dense(3, 1, name="d1")]
+
+
+def test_a_file_keyed_by_variable_names_restored_by_attribute_paths_says_which_saver(tmp_path):
+    net = _Net()
+    path = ckpt.Saver(net.variables).save(str(tmp_path / "names.h5"))  # keys "net/d0/kernel", ...
+    with pytest.raises(ckpt.KeyNotFoundError) as info:
+        ckpt.Saver(net).restore(path)
+    message = str(info.value)
+    assert "layers/0/b: not found in names.h5" in message and info.value.path == path
+    assert ("hint: names.h5 is keyed by variable names ('net/d0/b' holds layers/0/b), as Saver(module.variables) "
+            "writes them; this Saver uses attribute paths: restore with Saver(module.variables)") in message
+    assert "strict=False" not in message  # it would restore nothing
+    assert ckpt.Saver(net.variables).restore(path).restored  # the Saver the hint names
+
+
+def test_a_file_keyed_by_attribute_paths_restored_by_variable_names_says_which_saver(tmp_path):
+    net = _Net()
+    path = ckpt.Saver(net).save(str(tmp_path / "paths.h5"))  # keys "layers/0/kernel", ...
+    with pytest.raises(ckpt.KeyNotFoundError) as info:
+        ckpt.Saver(net.variables).restore(path)
+    assert ("hint: paths.h5 looks keyed by attribute paths ('layers/0/b' for variable net/d0/b), as "
+            "Saver(module) writes them; this Saver uses variable names: restore with Saver(module)") in str(info.value)
+
+
+def test_only_model_side_keys_missing_suggests_strict_false(tmp_path):
+    net = _Net()
+    path = ckpt.Saver({"layers/0/kernel": net.layers[0].kernel, "layers/0/b": net.layers[0].b}).save(
+        str(tmp_path / "part.h5"))
+    with pytest.raises(ckpt.KeyNotFoundError) as info:
+        ckpt.Saver(net).restore(path)
+    assert ("hint: restore(..., strict=False) restores the other 2 and reports these in its result's .missing"
+            in str(info.value))
+    other = ckpt.Saver({"layers/0/b": ckpt.Variable(np.zeros(5, np.float32)), "head/w": ckpt.Variable(1.0)})
+    with pytest.raises(ckpt.KeyNotFoundError) as info:  # a shape mismatch too: strict=False would not do
+        other.restore(path)
+    assert "hint:" not in str(info.value)
+    with pytest.raises(ckpt.KeyNotFoundError) as info:  # init_from_checkpoint maps keys itself: no Saver hints
+        ckpt.init_from_checkpoint(path, {"layers/9/": net.layers[1]})
+    assert "hint:" not in str(info.value)
+
+
 def test_checksum_failure_midway_uninitializes_touched_variables(tmp_path, ext):
     first, second, third = (ckpt.Variable(np.full(4, i, np.float32)) for i in (1, 2, 3))
     path = ckpt.Saver({"a": first, "b": second, "c": third}).save(str(tmp_path / f"m.{ext}"))
@@ -534,3 +635,26 @@ def test_restore_allow_cast_converts_same_kind_dtypes_only(tmp_path):
     with pytest.raises(ckpt.MismatchError, match=r"big: value 1099511627776 does not fit in int32"):
         ckpt.Saver({"w": untouched, "big": small}).restore(path, allow_cast=True)
     assert untouched.numpy().tolist() == [0.0, 0.0] and small.numpy().tolist() == [0]  # nothing changed
+
+
+def test_a_checkpoint_named_without_its_extension_is_found_when_it_is_the_only_one(tmp_path):
+    """TensorFlow's habit: restore("run/model-1") for run/model-1.h5."""
+    v = ckpt.Variable([1.0, 2.0])
+    saver = ckpt.Saver({"v": v})
+    for step in (1, 2):
+        saver.save(str(tmp_path / "run" / "model.h5"), global_step=step)
+    v.assign([0.0, 0.0])
+    assert saver.restore(str(tmp_path / "run" / "model-1")).path == str(tmp_path / "run" / "model-1.h5")
+    assert v.numpy().tolist() == [1.0, 2.0]
+    with ckpt.load_checkpoint(str(tmp_path / "run" / "model-2")) as reader:
+        assert reader.path == str(tmp_path / "run" / "model-2.h5")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=r"run/model: no such checkpoint file; .*run holds "
+                       r"model-1\.h5, model-2\.h5 \(restore the directory for its latest\)"):
+        saver.restore(str(tmp_path / "run" / "model"))
+    ckpt.Saver({"v": v}, format="msgpack").save(str(tmp_path / "run" / "model"), global_step=1)
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=r"model-1: no such checkpoint file; it is the prefix of "
+                       r"model-1\.h5, model-1\.msgpack: name one") as info:
+        saver.restore(str(tmp_path / "run" / "model-1"))
+    assert info.value.path == str(tmp_path / "run" / "model-1")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="model-9: no such checkpoint file$"):
+        saver.restore(str(tmp_path / "run" / "model-9"))

@@ -1,6 +1,6 @@
 """Sharded checkpoints written by many processes at once and restored on any number of them.
 
-``distributed.mpi()`` wraps mpi4py (``pip install 'ckpt[mpi]'``); ``distributed.local()`` is
+``distributed.mpi()`` wraps mpi4py (``pip install 'ckpt-numpy[mpi]'``); ``distributed.local()`` is
 one process; ``distributed.threads(n)`` simulates n ranks in threads (tests, benchmarks). A
 Saver given ``comm=`` saves and restores collectively; see docs/distributed.md.
 

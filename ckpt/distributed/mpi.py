@@ -29,7 +29,7 @@ def _mpi() -> Any:
         from mpi4py import MPI
     except ImportError as exc:
         raise ImportError("ckpt.distributed.mpi() needs mpi4py and an MPI library: "
-                          "pip install 'ckpt[mpi]' (mpi4py and the mpich wheel)") from exc
+                          "pip install 'ckpt-numpy[mpi]' (mpi4py and the mpich wheel)") from exc
     return MPI
 
 
@@ -109,7 +109,7 @@ def mpi(comm: Any = None) -> MPICommunicator:
     """A Communicator over ``comm`` (default: mpi4py's ``COMM_WORLD``); a collective call.
 
     Raises:
-        ImportError: mpi4py is not installed (``pip install 'ckpt[mpi]'``).
+        ImportError: mpi4py is not installed (``pip install 'ckpt-numpy[mpi]'``).
     """
     MPI = _mpi()
     return MPICommunicator(MPI.COMM_WORLD if comm is None else comm)

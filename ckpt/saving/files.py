@@ -26,6 +26,7 @@ from ckpt.storage.localfile import LocalSink
 from ckpt.runtime.casting import infer_array
 from ckpt.formats import base  # the format registry; importing it registers the built-ins
 from ckpt.saving.reader import open_checkpoint, read_in_batches
+from ckpt.saving.locations import save_target
 
 __all__ = ["save_file", "load_file"]
 
@@ -46,16 +47,15 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         The path written.
 
     Raises:
-        ValueError: an unknown extension or an invalid key.
+        UnsupportedCheckpointError: a directory, or an extension no format writes (a ValueError).
+        ValueError: an invalid key.
         InvalidMetadataError: metadata that is not JSON-like (a ValueError too).
         TypeError: a value of a dtype no checkpoint holds.
         CheckpointWriteError: the file could not be written; a previous file is untouched.
     """
-    path = os.fspath(path)
-    fmt = base.format_for_path(path)
-    if not isinstance(fmt, base.WritableFormat) or not fmt.can_write:
-        writable = ", ".join(e for f in base.formats() if f.can_write for e in f.extensions)
-        raise ValueError(f"{path}: no format writes this extension; use one of {writable}")
+    path, fmt = save_target(path)
+    if not isinstance(fmt, base.WritableFormat):  # save_target returns writable formats only
+        raise TypeError(f"{path}: format {fmt.name} cannot write")
     if not isinstance(tensors, Mapping):
         raise TypeError(f"{path}: tensors must be a dict of key -> array, got {type(tensors).__name__}")
     base.validate_keys(tensors, path)

@@ -22,13 +22,13 @@ from typing import Any
 from collections.abc import Mapping
 
 from ckpt.storage import urls as _urls
-from ckpt.errors import CheckpointNotFoundError
-from ckpt.formats.base import format_for_path  # the registry: checkpoint names
+from ckpt.errors import CheckpointNotFoundError, UnsupportedCheckpointError
+from ckpt.formats.base import Format, format_for_path, formats  # the registry: checkpoint names
 from ckpt.saving.retention import BEST_MODES, best_entries
 from ckpt.saving.stores import REGISTRY, open_store
 from ckpt.storage.state import STATE_FILE
 
-__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "using"]
+__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "save_target", "using"]
 
 
 def latest_checkpoint(directory: str | os.PathLike[str],
@@ -96,7 +96,61 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
         if latest is None:
             raise CheckpointNotFoundError(f"{path}: no checkpoint in this directory{_why_none(path)}", path=path)
         return latest
+    if not os.path.lexists(path) and not REGISTRY.claims(path):  # claims: a TensorFlow prefix, say
+        return _by_prefix(path)
     return path
+
+
+def _by_prefix(path: str) -> str:
+    """TensorFlow's habit: a checkpoint named without its extension ("run/model-1" for
+    run/model-1.h5) is that checkpoint when exactly one has the name; several, or numbered
+    ones ("run/model" beside model-1.h5, model-2.h5), are named in the error."""
+    directory, base = os.path.split(path)
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return path  # the reader's not-found error names the path
+    checkpoints = sorted(n for n in names if format_for_path(n) is not None)
+    found = [n for n in checkpoints if n.startswith(base + ".")]
+    if len(found) == 1:
+        return os.path.join(directory, found[0])
+    if found:
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file; it is the prefix of {', '.join(found)}: "
+                                      "name one", path=path)
+    steps = [n for n in checkpoints if n.startswith(base + "-")]
+    if steps:
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint file; {directory or '.'} holds "
+                                      f"{', '.join(steps)} (restore the directory for its latest)", path=path)
+    return path
+
+
+def save_target(path: str | os.PathLike[str], default: Format | None = None) -> tuple[str, Format]:
+    """The file a save writes for ``path``, and its format: the one rule of Saver.save and save_file.
+
+    A directory (an existing one, or a path ending in "/") is refused: a save names a file in it.
+    A writable format's extension picks that format; a name without an extension gets ``default``'s
+    (the Saver's format; save_file has none and refuses); any other extension is refused.
+
+    Raises:
+        UnsupportedCheckpointError: a directory, or an extension no format writes (a ValueError).
+    """
+    name = os.fspath(path)
+    writable = ", ".join(e for f in formats() if f.can_write for e in f.extensions)
+    if name.endswith(("/", os.sep)) or (not _urls.is_url(name) and os.path.isdir(name)):
+        example = os.path.join(name, "model" + (default.extensions[0] if default is not None else ".h5"))
+        raise UnsupportedCheckpointError(f"{name}: a directory; a save names a file in it, e.g. {example} "
+                                         "(restores and latest_checkpoint take the directory)", path=name)
+    fmt = format_for_path(name)
+    if fmt is not None and fmt.can_write:
+        return name, fmt
+    suffix = os.path.splitext(name.rstrip("/").rsplit("/", 1)[-1])[1]
+    has_extension = fmt is not None or any(c.isalpha() for c in suffix)  # "model-1.5" has none
+    if has_extension or default is None:
+        what = f"'{suffix}' files" + (f" ({fmt.name} is read only)" if fmt is not None else "") \
+            if has_extension else "files without an extension"
+        bare = ", or no extension for the Saver's format" if default is not None else ""
+        raise UnsupportedCheckpointError(f"{name}: ckpt writes no {what}; use {writable}{bare}", path=name)
+    return name + default.extensions[0], default
 
 
 def _resolve_url(url: str) -> str:

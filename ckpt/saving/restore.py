@@ -84,13 +84,45 @@ def _global_shape(var: Variable) -> tuple[int, ...]:
     return var.shard.global_shape if var.shard is not None else var.shape
 
 
+def _key_style_hint(name: str, tensors: Mapping[str, Any], missing: Sequence[tuple[str, Variable]]) -> str | None:
+    """Say so when every missing key is there in the file's other key style: variable names
+    (``Saver(model.variables)``) against attribute paths (``Saver(model)``), either way round."""
+    if all(key != var.key and var.key in tensors for key, var in missing):
+        key, var = missing[0]
+        return (f"{name} is keyed by variable names ({var.key!r} holds {key}), as Saver(module.variables) "
+                f"writes them; this Saver uses attribute paths: restore with Saver(module.variables)")
+    by_leaf: dict[tuple[str, tuple[int, ...]], str] = {}
+    for file_key, info in tensors.items():
+        by_leaf.setdefault((file_key.rsplit("/", 1)[-1], tuple(info.shape)), file_key)
+    # the paths a Module gives are unknown here: a file key ending in the same name, of the same shape, stands in
+    found = [by_leaf.get((key.rsplit("/", 1)[-1], _global_shape(var))) for key, var in missing]
+    if all(key == var.key for key, var in missing) and all(found):
+        return (f"{name} looks keyed by attribute paths ({found[0]!r} for variable {missing[0][0]}), as "
+                f"Saver(module) writes them; this Saver uses variable names: restore with Saver(module)")
+    return None
+
+
+def _missing_hints(name: str, tensors: Mapping[str, Any], missing: Sequence[tuple[str, Variable]],
+                   matched: int, only_missing: bool) -> list[str]:
+    """What a Saver's restore can do about keys missing from the file: the other key style, or
+    ``strict=False`` when the model merely has variables the file lacks."""
+    style = _key_style_hint(name, tensors, missing)
+    if style is not None:
+        return [style]
+    if only_missing and matched:
+        return [f"restore(..., strict=False) restores the other {matched} and reports these in its result's "
+                f".missing (initialize them, e.g. ckpt.initialize_variables)"]
+    return []
+
+
 def _plan(reader: Reader, wanted: Sequence[tuple[str, Variable]], allow_missing: bool,
-          transposed: Collection[str] = (), allow_cast: bool = False,
+          transposed: Collection[str] = (), allow_cast: bool = False, saver_hints: bool = False,
           ) -> tuple[list[tuple[str, Variable]], list[str], set[str]]:
     """Return (pairs to read, missing keys, keys to cast); raise once listing every problem.
 
     Keys in ``transposed`` are matched with their axes reversed (2-D at most); with
-    ``allow_cast`` a dtype the assign rule converts is accepted.
+    ``allow_cast`` a dtype the assign rule converts is accepted. ``saver_hints`` adds what a
+    Saver's restore can do about missing keys (another Saver, ``strict=False``).
     """
     name = os.path.basename(reader.path)
     pairs, missing, problems = [], [], []
@@ -139,8 +171,13 @@ def _plan(reader: Reader, wanted: Sequence[tuple[str, Variable]], allow_missing:
     if problems:
         error = KeyNotFoundError if any_missing else MismatchError
         noun = "problem" if len(problems) == 1 else "problems"
+        hints = []
+        if any_missing and saver_hints:
+            lacking = set(missing)
+            hints = _missing_hints(name, tensors, [(k, v) for k, v in wanted if k in lacking], len(pairs),
+                                   only_missing=len(problems) == len(missing))
         raise error(f"cannot restore from {reader.path} ({len(problems)} {noun}; no variable was "
-                    "changed):\n  " + "\n  ".join(problems), path=reader.path,
+                    "changed):\n  " + "\n  ".join(problems + [f"hint: {h}" for h in hints]), path=reader.path,
                     key=troubled[0] if len(troubled) == 1 else None)
     return pairs, missing, cast
 
@@ -231,7 +268,7 @@ def restore_from(open_reader: Callable[[], Reader], variables: Mapping[str, Vari
     with gc_paused():
         with open_reader() as reader:
             pairs, missing, cast = _plan(reader, list(variables.items()), allow_missing=not strict,
-                                         allow_cast=allow_cast)
+                                         allow_cast=allow_cast, saver_hints=True)
             _read_into_variables(reader, pairs, staged=_read_cast(reader, pairs, cast))
             unexpected = [k for k in reader.tensors if k not in variables]
             result = RestoreResult(reader.path, [k for k, _ in pairs], missing, unexpected)

@@ -31,6 +31,7 @@ from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.retention import BEST_MODES, Retention, check_metrics, kept_paths, read_owner
 from ckpt.storage.local import LocalStore
 from ckpt.saving.stores import REGISTRY, store_of
+from ckpt.saving.locations import save_target
 from ckpt.storage.atomic import require_directory
 from ckpt.errors import (
     CheckpointError,
@@ -49,7 +50,9 @@ from ckpt.runtime.variables import Variable, global_variables
 
 __all__ = ["Saver"]
 
-VarList = None | Module | Mapping[str, Variable] | Iterable[Variable]
+#: a dict's values: Variables, Modules (their variables under "key/<attribute path>") or nested dicts
+VarTree = Mapping[str, "Variable | Module | VarTree"]
+VarList = None | Module | VarTree | Iterable[Variable]
 
 
 def _where(path_arg: Any) -> str:
@@ -64,7 +67,7 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     elif isinstance(var_list, Module):
         pairs = var_list.named_variables()
     elif isinstance(var_list, Mapping):
-        pairs = list(var_list.items())
+        pairs = _tree_pairs(var_list, "")
     elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):  # type: ignore[unreachable]
         unique = {id(v): v for v in var_list}  # the same variable listed twice is listed once
         pairs = [(v.key if isinstance(v, Variable) else v, v) for v in unique.values()]
@@ -75,7 +78,8 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     owner: dict[int, str] = {}
     for key, var in pairs:
         if not isinstance(var, Variable):
-            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}, not a ckpt.Variable")
+            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}: a dict's values are "
+                            f"ckpt.Variables, Modules or dicts of them")
         if not isinstance(key, str):
             raise TypeError(f"checkpoint keys are strings, got {key!r} for {var.name}")
         if key in keys:
@@ -105,6 +109,22 @@ def _best_policy(keep_best: int | None, best_metric: str | None, best_mode: str)
     return keep_best or None, best_metric, best_mode
 
 
+def _tree_pairs(tree: Mapping[Any, Any], prefix: str) -> list[tuple[Any, Any]]:
+    """A dict's (key, value) pairs with its Modules and nested dicts expanded, as TF2's
+    ``Checkpoint(model=..., optimizer=...)``: ``{"model": m}`` gives "model/<attribute path>"."""
+    pairs: list[tuple[Any, Any]] = []
+    for key, value in tree.items():
+        if not isinstance(key, str):  # refused by the caller, which names it
+            pairs.append((key, value))
+        elif isinstance(value, Module):
+            pairs += [(f"{prefix}{key}/{path}", var) for path, var in value.named_variables()]
+        elif isinstance(value, Mapping):
+            pairs += _tree_pairs(value, f"{prefix}{key}/")
+        else:
+            pairs.append((prefix + key, value))
+    return pairs
+
+
 def _load_hdf5_library() -> None:
     """Import h5py now, while the interpreter is whole: the HDF5 writer imports it on first use,
     and a first use inside an atexit handler ("checkpoint on exit") imports it during shutdown,
@@ -120,8 +140,10 @@ class Saver:
     Args:
         var_list: what to save. None: every live variable, keyed by name (without ":0").
             A list: those variables, keyed by name. A dict: its keys are the names in the
-            file (``Saver({"my_v2": v2})``). A Module: keyed by its attribute paths
-            ("layers/0/kernel").
+            file (``Saver({"my_v2": v2})``); a value that is a Module or a dict puts what it
+            holds below its key (``Saver({"model": model, "optimizer": {"m": m}})`` writes
+            "model/layers/0/kernel", "optimizer/m/..."). A Module: keyed by its attribute
+            paths ("layers/0/kernel").
         max_to_keep: keep the newest N checkpoints of the directory, delete older ones
             (None or 0 keeps all, as in TF1).
         keep_checkpoint_every_n_hours: additionally keep one checkpoint per N hours forever.
@@ -150,6 +172,7 @@ class Saver:
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
             key, nothing to save, a negative staging_bytes, or keep_best without best_metric.
+        TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
@@ -208,11 +231,7 @@ class Saver:
         return list(self._last_checkpoints)
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
-        name = os.fspath(path)
-        fmt = _formats.format_for_path(name)
-        if fmt is None or not fmt.can_write:
-            fmt = self._format
-            name += fmt.extensions[0]
+        name, fmt = save_target(path, self._format)
         ext = next(e for e in fmt.extensions if name.lower().endswith(e))
         if global_step is not None:
             step = operator.index(global_step)
@@ -505,7 +524,8 @@ class Saver:
         in one error. Data is read straight into the variables' buffers and verified.
 
         Args:
-            path: a checkpoint file, or a directory (its latest checkpoint).
+            path: a checkpoint file, or a directory (its latest checkpoint); a file named without
+                its extension ("run/model-1" for run/model-1.h5) when exactly one has that name.
             strict: with False, keys missing from the file are skipped and listed in the
                 result's ``missing`` instead of raising (mismatched shapes still raise).
             allow_cast: with True, a tensor whose dtype differs from its variable's is cast

@@ -35,8 +35,8 @@ __all__ = ["is_url", "local_path", "split", "join", "protocol", "check", "check_
 StorageOptions = Mapping[str, Any]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-#: Which package provides each common protocol (for the "install ckpt[s3]" hint).
-_EXTRAS = {"s3": "ckpt[s3]", "s3a": "ckpt[s3]", "gs": "ckpt[gcs]", "gcs": "ckpt[gcs]"}
+#: Which package provides each common protocol (for the "install ckpt-numpy[s3]" hint).
+_EXTRAS = {"s3": "ckpt-numpy[s3]", "s3a": "ckpt-numpy[s3]", "gs": "ckpt-numpy[gcs]", "gcs": "ckpt-numpy[gcs]"}
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:

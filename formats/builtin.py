@@ -51,7 +51,7 @@ class Hdf5Format(WritableFormat):
         return hdf5.open_hdf5(path, blob, declined)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         from . import _h5write
 
         _h5write.write_hdf5(blob, tensors, metadata)
@@ -62,6 +62,7 @@ class MsgpackFormat(WritableFormat):
 
     name = "msgpack"
     extensions = (".msgpack",)
+    compressions = ("zstd",)
 
     def sniff(self, head: bytes) -> bool:
         from . import msgpack
@@ -74,10 +75,10 @@ class MsgpackFormat(WritableFormat):
         return msgpack.MsgpackReader(path, blob)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         from . import msgpack
 
-        msgpack.write_msgpack(blob, tensors, metadata)
+        msgpack.write_msgpack(blob, tensors, metadata, compression)
 
 
 class CkptShardedFormat(Format):
@@ -125,7 +126,7 @@ class SafetensorsFormat(WritableFormat):
         return safetensors.SafetensorsReader(path, blob)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         from . import safetensors
 
         safetensors.write_safetensors(blob, tensors, metadata)

@@ -31,7 +31,7 @@ __all__ = ["save_file", "load_file"]
 
 
 def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
-              metadata: Mapping[str, Any] | None = None) -> str:
+              metadata: Mapping[str, Any] | None = None, compression: str | None = None) -> str:
     """Write ``{key: array}`` to one checkpoint file, atomically and checksummed.
 
     Args:
@@ -40,6 +40,8 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         path: the file; its extension picks the format (.h5/.hdf5, .msgpack, .safetensors).
             Missing directories are created.
         metadata: a JSON-like dict stored with the tensors.
+        compression: "zstd" stores numeric tensors as losslessly compressed byte planes
+            (.msgpack only; docs/formats.md). Reading them needs nothing beyond ckpt.
 
     Returns:
         The path written.
@@ -49,12 +51,14 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         InvalidMetadataError: metadata that is not JSON-like (a ValueError too).
         TypeError: a value of a dtype no checkpoint holds.
         CheckpointWriteError: the file could not be written; a previous file is untouched.
+        UnsupportedCheckpointError: a compression the file's format does not offer (.h5 offers none).
     """
     path = os.fspath(path)
     fmt = base.format_for_path(path)
     if not isinstance(fmt, base.WritableFormat) or not fmt.can_write:
         writable = ", ".join(e for f in base.formats() if f.can_write for e in f.extensions)
         raise ValueError(f"{path}: no format writes this extension; use one of {writable}")
+    base.check_compression(fmt, compression, path)
     if not isinstance(tensors, Mapping):
         raise TypeError(f"{path}: tensors must be a dict of key -> array, got {type(tensors).__name__}")
     base.validate_keys(tensors, path)
@@ -66,7 +70,7 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
             raise type(exc)(f"{path}: tensor {key!r}: {exc}") from None
     normalized = base.normalize_metadata(metadata, path)
     with replace_atomically(path) as tmp:
-        fmt.write(tmp, arrays, normalized)
+        fmt.write(tmp, arrays, normalized, compression=compression)
     return path
 
 

@@ -122,17 +122,24 @@ class Saver:
         storage_options: for object-store URLs ("s3://bucket/run/model.msgpack"), options for
             the store's fsspec filesystem; credentials and endpoints otherwise come from the
             store's usual configuration (for S3 the AWS_* variables and profiles).
+        compression: "zstd" stores the numeric tensors of .msgpack checkpoints as losslessly
+            compressed byte planes (docs/formats.md); a save to an .h5 file then raises
+            UnsupportedCheckpointError. None (the default) compresses nothing.
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
-            key, nothing to save, or a negative staging_bytes.
+            key, nothing to save, a negative staging_bytes, or an unknown compression.
     """
 
     def __init__(self, var_list: VarList = None, max_to_keep: int | None = 5,
                  keep_checkpoint_every_n_hours: float | None = None, format: str = "hdf5",
                  staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, compression: str | None = None) -> None:
         self._vars = _key_map(var_list)
+        offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
+        if compression is not None and compression not in offered:
+            raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
+        self._compression = compression
         self._storage_options = storage_options
         self._background = BackgroundSaves(staging_bytes)
         if not timeout > 0:
@@ -181,6 +188,7 @@ class Saver:
         if global_step is not None:
             step = operator.index(global_step)
             name = f"{name[:len(name) - len(ext)]}-{step}{name[len(name) - len(ext):]}"
+        _formats.check_compression(fmt, self._compression, name)  # before anything is written
         return name, fmt
 
     @overload
@@ -306,7 +314,7 @@ class Saver:
         # lazy: only Savers given a comm load the distributed save (start-up of `import ckpt`)
         from ckpt.distributed.save import Job, save_sharded
 
-        job = Job(self._vars, self._retention, self._storage_options)
+        job = Job(self._vars, self._retention, self._storage_options, self._compression)
         return save_sharded(job, comm, self._timeout, path, fmt, step, metadata, values, failure)
 
     def _saved_sharded(self, path: str, kept: list[str]) -> str:
@@ -351,7 +359,7 @@ class Saver:
         def write(blob: WritableBlob) -> None:
             # the GC switch is process-wide: a background save leaves it to the training loop
             with gc_paused() if not background else nullcontext():
-                fmt.write_blob(blob, tensors, metadata)
+                _formats.write_with(fmt, blob, tensors, metadata, self._compression)
 
         try:
             state = store.commit(name, write, self._retention.change(store, path, step), step)

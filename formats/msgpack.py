@@ -271,6 +271,10 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
     return extents, checksum, packed, pos, objects
 
 
+#: Chunks of a compressed tensor one thread decodes at a time (the rest go to the I/O threads).
+_DECODE_GROUP = 4
+
+
 class MsgpackLocation(NamedTuple):
     """Where a tensor's bytes are in a ckpt msgpack file (TensorInfo.extra of MsgpackReader)."""
 
@@ -406,7 +410,16 @@ class MsgpackReader(BlockSlicing, FileReader):
         sizes = self._planes.get(info.key)
         if sizes is not None:
             view = _io.byte_view(out)
-            self._decode(info, sizes, 0, len(sizes), view)
+            groups = range(0, len(sizes), _DECODE_GROUP)  # groups of chunks decoded on the I/O threads
+            block_bytes = self._block_bytes * _DECODE_GROUP
+            futures = [_io.workers().submit(self._decode, info, sizes, first, min(first + _DECODE_GROUP, len(sizes)),
+                                            view[first * self._block_bytes:first * self._block_bytes + block_bytes])
+                       for first in groups[1:]]
+            self._decode(info, sizes, 0, min(_DECODE_GROUP, len(sizes)), view[:block_bytes])
+            for future in futures:  # (every one waited for: none writes into ``out`` after a raise)
+                future.exception()
+            for future in futures:
+                future.result()
             self._check_crc(info, _io.crc32c(view), expected)
             return
         view, pos, crc = _io.byte_view(out), 0, 0

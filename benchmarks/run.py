@@ -212,6 +212,12 @@ def main(args: Any) -> None:
             print(s3.report(args.s3_model_mib, args.s3_big_mib, args.reps) + "\n")
         except ImportError as exc:  # the test extra (moto[server], s3fs) is not installed
             print(f"**s3**: skipped ({exc}; pip install -e '.[test,bench]')\n")
+    if "compress" in cases:  # issue 28: compression="zstd" (benchmarks/compression.py)
+        from .compression import run as run_compression
+
+        for directory in (args.tmpfs, args.disk):
+            if directory:
+                print(run_compression(directory, args.reps))
     if "import" in cases:
         print(f"**import ckpt**: {1000 * import_seconds(args.reps):.0f} ms (fresh interpreter, start-up "
               "subtracted)\n")

@@ -153,10 +153,14 @@ def _read_logical(reader: Any, extents: Sequence[tuple[int, int]], start: int, o
 
 def read_part(reader: Any, extents: Sequence[tuple[int, int]], key: str, dtype: np.dtype,
               shape: tuple[int, ...], crcs: Any, block_bytes: int, src: tuple[int, ...],
-              part: tuple[int, ...], dst: np.ndarray) -> int:
+              part: tuple[int, ...], dst: np.ndarray,
+              fetch: Callable[[int, memoryview], None] | None = None) -> int:
     """Read the checksum blocks holding ``[src, src + part)`` of a stored C-order array of
     ``shape`` (its bytes at ``extents`` of ``reader``'s file), verify each against ``crcs``, copy
     that part into ``dst``; return the bytes read.
+
+    ``fetch(start, out)``, when given, fills ``out`` with the array's bytes from ``start`` (a
+    multiple of ``block_bytes``) instead of reading ``extents``: a compressed tensor's decoder.
 
     Raises:
         CorruptCheckpointError: a block fails its checksum (naming the file, key and bytes).
@@ -172,7 +176,10 @@ def read_part(reader: Any, extents: Sequence[tuple[int, int]], key: str, dtype: 
     what = f"tensor {key!r}"
     done = 0
     for a, b in ranges:
-        _read_logical(reader, extents, a, buf.data[a - lo:b - lo], what)
+        if fetch is None:
+            _read_logical(reader, extents, a, buf.data[a - lo:b - lo], what)
+        else:
+            fetch(a, buf.data[a - lo:b - lo])
         done += b - a
         for start in range(a, b, block_bytes):
             end = min(start + block_bytes, b)

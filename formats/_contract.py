@@ -112,10 +112,13 @@ class WritableFormat(Format):
     """
 
     can_write = True
+    #: The ``compression=`` values ``write_blob`` accepts (("zstd",) for msgpack); callers refuse
+    #: any other with :func:`check_compression` and pass ``compression`` only when it is not None.
+    compressions: tuple[str, ...] = ()
 
     @abstractmethod
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         """Write a complete checkpoint into ``blob`` (new and empty; ``blob.name`` names it in
         errors), keeping the blob write order (the head first and small, patched at any time;
         everything after it front to back). Do not close the blob: its Store does.
@@ -123,6 +126,8 @@ class WritableFormat(Format):
         Keys and metadata arrive validated: every caller checks them once before writing
         (``Saver``, ``save_file``, ``convert``, :meth:`write`), so a writer does not check them
         again; ``metadata`` is a JSON-like dict (``normalize_metadata``'s result).
+        ``compression`` is None or one of ``compressions`` (a format that compresses nothing
+        may leave the argument out: it is only passed when not None).
 
         Each tensor is an ndarray or a lazy source with ``dtype``, ``shape`` and
         ``__array__()``; writers read a lazy source only when they write its bytes
@@ -132,10 +137,47 @@ class WritableFormat(Format):
         """
 
     @final
-    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any]) -> None:
+    def write(self, path: str, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any], *,
+              compression: str | None = None) -> None:
         """Write a complete checkpoint to the local file ``path`` (created or emptied): check the
         keys and metadata, then ``write_blob`` on a LocalSink over it."""
         validate_keys((key for key, _ in tensors), path)
         normalized = normalize_metadata(metadata, path)
         with _io.LocalSink(path) as blob:
-            self.write_blob(blob, tensors, normalized)
+            write_with(self, blob, tensors, normalized, compression)
+
+
+def check_compression(fmt: Format, compression: str | None, path: str) -> None:
+    """Refuse a ``compression=`` that ``fmt`` does not write, naming the file and what it offers.
+
+    Raises:
+        UnsupportedCheckpointError: e.g. compression="zstd" for an .h5 file (HDF5 files stay
+            readable by plain h5py, without filter plugins).
+
+    Example:
+        >>> from ckpt.formats import base
+        >>> check_compression(base.get_format("msgpack"), "zstd", "m.msgpack")
+        >>> try:
+        ...     check_compression(base.get_format("hdf5"), "zstd", "m.h5")
+        ... except UnsupportedCheckpointError as exc:
+        ...     print(exc)
+        m.h5: the hdf5 format does not compress (compression='zstd'); .msgpack files offer compression='zstd'
+    """
+    if compression is None:
+        return
+    offered = fmt.compressions if isinstance(fmt, WritableFormat) else ()
+    if compression not in offered:
+        others = "" if offered else "; .msgpack files offer compression='zstd'"
+        what = f"offers {', '.join(map(repr, offered))}" if offered else "does not compress"
+        raise UnsupportedCheckpointError(f"{path}: the {fmt.name} format {what} (compression={compression!r})"
+                                         f"{others}", path=path)
+
+
+def write_with(fmt: WritableFormat, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
+               metadata: Mapping[str, Any], compression: str | None) -> None:
+    """``fmt.write_blob``, passing ``compression`` only when set (writers without it keep working)."""
+    if compression is None:
+        fmt.write_blob(blob, tensors, metadata)
+    else:
+        check_compression(fmt, compression, blob.name)
+        fmt.write_blob(blob, tensors, metadata, compression=compression)

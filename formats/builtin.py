@@ -67,7 +67,7 @@ class Hdf5Format(WritableFormat):
         return hdf5.open_hdf5(path, blob, declined)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         from . import _h5write
 
         _h5write.write_hdf5(blob, tensors, metadata, self.block_bytes)
@@ -83,6 +83,7 @@ class MsgpackFormat(WritableFormat):
 
     name = "msgpack"
     extensions = (".msgpack",)
+    compressions = ("zstd",)
     block_bytes: int = BLOCK_BYTES  # (also what a subclass that does not call __init__ writes)
     max_bin: int | None = None
 
@@ -103,11 +104,11 @@ class MsgpackFormat(WritableFormat):
         return msgpack.MsgpackReader(path, blob)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         from . import msgpack
 
         msgpack.write_msgpack(blob, tensors, metadata, self.block_bytes,
-                              msgpack.MAX_BIN if self.max_bin is None else self.max_bin)
+                              msgpack.MAX_BIN if self.max_bin is None else self.max_bin, compression)
 
 
 class CkptShardedFormat(Format):
@@ -155,7 +156,7 @@ class SafetensorsFormat(WritableFormat):
         return safetensors.SafetensorsReader(path, blob)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
-                   metadata: Mapping[str, Any]) -> None:
+                   metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
         from . import safetensors
 
         safetensors.write_safetensors(blob, tensors, metadata)

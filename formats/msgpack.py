@@ -39,11 +39,11 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.buffers import ALIGN_MIN_BYTES, PAGE
-from ckpt.errors import CorruptCheckpointError, checksum_error
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 from ckpt.storage import WritableBlob
 
 from . import _blocks, _io
-from ._blocks import BlockSlicing, checksums, parse_table, table_problems
+from ._blocks import BlockSlicing, checksums, parse_table, read_part, table_problems
 from ._codec import packb, unpack
 from ._validation import _FILE_DTYPES
 from .base import (
@@ -64,6 +64,12 @@ from .base import (
 
 FORMAT_NAME = "ckpt-msgpack"
 VERSION = 3
+#: The version of files written with compression (version 3 plus compressed tensors).
+COMPRESSED_VERSION = 4
+#: The compression codec msgpack files offer (formats/_planes.py).
+CODEC = "zstd"
+#: Numeric tensors smaller than this are stored plain in compressed files (too small to pay).
+COMPRESS_MIN = 4096
 HEADER_PREFIX = b"\x82\xa6format\xac" + FORMAT_NAME.encode() + b"\xa7version"
 HEADER = HEADER_PREFIX + bytes([VERSION])
 #: Version 2 and later files open with an array 32 header: this byte, then the element count (4 bytes).
@@ -110,19 +116,26 @@ def is_ckpt_msgpack(head: bytes) -> bool:
 
 
 def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any],
-                  block_bytes: int = _blocks.BLOCK_BYTES, max_bin: int = MAX_BIN) -> None:
+                  block_bytes: int = _blocks.BLOCK_BYTES, max_bin: int = MAX_BIN,
+                  compression: str | None = None) -> None:
     """Stream every tensor's buffer into ``blob`` (lazy sources one at a time), then the index;
     the array header's element count (the blob's head: its first write) is filled in last.
 
     Keys and metadata come validated (``WritableFormat.write_blob``). Tensors over
     ``block_bytes`` get a checksum per block; a tensor over ``max_bin`` bytes is split into
-    several bin objects.
+    several bin objects. ``compression="zstd"`` writes a version 4 file whose numeric tensors of
+    COMPRESS_MIN bytes and more are stored as compressed byte planes, one chunk (``block_bytes``)
+    per bin object.
     """
     path = blob.name
+    if compression not in (None, CODEC):
+        raise ValueError(f"{path}: unknown compression {compression!r}; the msgpack format offers {CODEC!r}")
     metadata = dict(metadata)
     entries: dict[str, list[Any]] = {}
     blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
-    blob.write_at(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER, 0)  # the head: small, its count patched last
+    planes: dict[str, bytes] = {}  # the stored size of each byte plane of compressed tensors
+    version = VERSION if compression is None else COMPRESSED_VERSION
+    blob.write_at(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER_PREFIX + bytes([version]), 0)  # its count patched last
     runs = _io.Runs(blob)  # small pieces back to back: one pwritev per run
     pos = DATA_START
     objects = 3  # the header, the index and the footer
@@ -149,6 +162,14 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
             runs.write(view, pos)
             pos += len(view)
             checksum = _io.crc32c(view)
+        elif compression is not None and _compressible(arr, block_bytes):
+            view = _io.byte_view(arr)
+            crc = checksums(view, block_bytes)  # over the uncompressed bytes; overlaps with compressing
+            extents, planes[key], pos = _write_compressed(runs, view, arr.dtype.itemsize, pos, block_bytes)
+            objects += len(extents)
+            checksum, packed = crc()
+            if packed is not None:
+                blocks[key] = packed
         else:
             view = _io.byte_view(arr)
             extents = []
@@ -171,13 +192,41 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
             if packed is not None:
                 blocks[key] = packed
         entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
-    index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata,
-                   "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks})
+    fields = {"format": FORMAT_NAME, "version": version, "metadata": metadata,
+              "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks}
+    if compression is not None:
+        fields.update(compression=compression, compressed=planes)
+    index = packb(fields)
     runs.write(index, pos)
     runs.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
                             _io.crc32c(index)), pos + len(index))
     runs.flush()
     blob.write_at(objects.to_bytes(4, "big"), 1)  # in the head (the first write): allowed last
+
+
+def _compressible(arr: np.ndarray, block_bytes: int) -> bool:
+    """Whether a numeric array is stored compressed: big enough to pay, and chunks of whole elements."""
+    return arr.nbytes >= COMPRESS_MIN and block_bytes % arr.dtype.itemsize == 0
+
+
+def _write_compressed(runs: _io.Runs, view: memoryview, itemsize: int, pos: int,
+                      block_bytes: int) -> tuple[list[list[int]], bytes, int]:
+    """Write a tensor's bytes as compressed chunks of ``block_bytes``, one bin object each; return
+    the extents, the packed stored size of every plane (chunk by chunk) and the new position."""
+    from ._planes import encode_chunk
+
+    extents: list[list[int]] = []
+    sizes: list[int] = []
+    for start in range(0, len(view), block_bytes):
+        stored, plane_sizes = encode_chunk(view[start:start + block_bytes], itemsize)
+        header = _bin_header(len(stored))
+        runs.write(header, pos)
+        runs.write(stored, pos + len(header))
+        pos += len(header)
+        extents.append([pos, len(stored)])
+        pos += len(stored)
+        sizes.extend(plane_sizes)
+    return extents, np.asarray(sizes, "<u4").tobytes(), pos
 
 
 def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
@@ -223,6 +272,10 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
     return extents, checksum, packed, pos, objects
 
 
+#: Chunks of a compressed tensor one thread decodes at a time (the rest go to the I/O threads).
+_DECODE_GROUP = 4
+
+
 class MsgpackLocation(NamedTuple):
     """Where a tensor's bytes are in a ckpt msgpack file (TensorInfo.extra of MsgpackReader)."""
 
@@ -264,7 +317,7 @@ class MsgpackReader(BlockSlicing, FileReader):
         index = unpack(raw, path, "the index")
         if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{path}: the index is not a ckpt msgpack index")
-        check_version(index.get("version"), VERSION, "msgpack", path)
+        check_version(index.get("version"), COMPRESSED_VERSION, "msgpack", path)
         if index["version"] != version:
             raise CorruptCheckpointError(f"{path}: the header says format version {version}, the index "
                                          f"{index['version']}")
@@ -272,18 +325,53 @@ class MsgpackReader(BlockSlicing, FileReader):
         if not isinstance(metadata, dict) or not isinstance(tensors, dict):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
         self._metadata = check_metadata(metadata, path)
-        self._tensors, objects = _parse_entries(tensors, path, start, index_offset)
+        compressed = _compressed_table(index, path) if version >= COMPRESSED_VERSION else {}
+        self._tensors, objects = _parse_entries(tensors, path, start, index_offset, compressed)
         if count is not None and count != objects:
             raise CorruptCheckpointError(f"{path}: the file's array header counts {count} objects, its "
                                          f"index describes {objects}: the file is damaged")
         self._blocks, self._block_bytes = parse_table(index, self._tensors, path) if version >= 3 else ({}, 0)
+        self._planes = _parse_planes(compressed, self._tensors, self._block_bytes, path)
         self.version = version
         self._start = start
         self._index_offset = index_offset
 
     def data_extents(self, key: str) -> list[tuple[int, int]] | None:
         info = self.info(key)
-        return None if dtypes.is_string(info.dtype) else [(o, n) for o, n in info.extra.extents]
+        if dtypes.is_string(info.dtype) or key in self._planes:  # compressed: not the C-order bytes
+            return None
+        return [(o, n) for o, n in info.extra.extents]
+
+    def _read_box(self, info: TensorInfo, offset: tuple[int, ...], out: np.ndarray) -> None:
+        sizes, crcs = self._planes.get(info.key), self._blocks.get(info.key)
+        if sizes is None or crcs is None or out.shape == info.shape or out.size == 0:
+            super()._read_box(info, offset, out)
+            return
+        block_bytes = self._block_bytes
+
+        def fetch(start: int, view: memoryview) -> None:  # whole chunks, decoded
+            first = start // block_bytes
+            self._decode(info, sizes, first, first + -(-len(view) // block_bytes), view)
+
+        self.bytes_read += read_part(self, [], info.key, info.dtype, info.shape, crcs, block_bytes, offset,
+                                     tuple(out.shape), out, fetch)
+
+    def _decode(self, info: TensorInfo, sizes: np.ndarray, first: int, last: int, out: memoryview) -> None:
+        """Decode chunks ``[first, last)`` of a compressed tensor into ``out``, back to back."""
+        from ._planes import decode_chunk
+
+        extents, block_bytes, itemsize = info.extra.extents, self._block_bytes, info.dtype.itemsize
+        stored = bytearray(max(n for _, n in extents[first:last]))
+        pos = 0
+        for chunk in range(first, last):
+            offset, n = extents[chunk]
+            what = f"tensor {info.key!r}"
+            view = memoryview(stored)[:n]
+            self._source.read_into(view, offset, what)
+            length = min(block_bytes, info.nbytes - chunk * block_bytes)
+            decode_chunk(view, sizes[chunk].tolist(), itemsize, out[pos:pos + length],
+                         f"{self.path}: {what}, chunk {chunk}")
+            pos += length
 
     def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
         crcs = self._blocks.get(key)
@@ -294,7 +382,7 @@ class MsgpackReader(BlockSlicing, FileReader):
         byte_view = _io.byte_view
         for info, out in pairs:  # a hot loop (10,000s of small tensors): few calls per tensor
             extents = info.extra.extents
-            if len(extents) > 1 or info.dtype.kind == "O":  # split or strings
+            if len(extents) > 1 or info.dtype.kind == "O" or info.key in self._planes:  # split, strings, compressed
                 self._read_into(info, out)
             else:
                 spans.append((extents[0][0], byte_view(out)))
@@ -320,6 +408,21 @@ class MsgpackReader(BlockSlicing, FileReader):
             for i, item in enumerate(items):
                 flat[i] = item
             return
+        sizes = self._planes.get(info.key)
+        if sizes is not None:
+            view = _io.byte_view(out)
+            groups = range(0, len(sizes), _DECODE_GROUP)  # groups of chunks decoded on the I/O threads
+            block_bytes = self._block_bytes * _DECODE_GROUP
+            futures = [_io.workers().submit(self._decode, info, sizes, first, min(first + _DECODE_GROUP, len(sizes)),
+                                            view[first * self._block_bytes:first * self._block_bytes + block_bytes])
+                       for first in groups[1:]]
+            self._decode(info, sizes, 0, min(_DECODE_GROUP, len(sizes)), view[:block_bytes])
+            for future in futures:  # (every one waited for: none writes into ``out`` after a raise)
+                future.exception()
+            for future in futures:
+                future.result()
+            self._check_crc(info, _io.crc32c(view), expected)
+            return
         view, pos, crc = _io.byte_view(out), 0, 0
         for offset, n in extents:  # a tensor split across several bin objects
             piece = view[pos:pos + n]
@@ -338,8 +441,11 @@ class MsgpackReader(BlockSlicing, FileReader):
             extents, expected = info.extra
             crc = 0
             try:
-                for offset, n in extents:
-                    crc = _io.checksum_range(self._source, offset, n, f"tensor {key!r}", crc)
+                if key in self._planes:
+                    crc = self._decoded_crc(info, self._planes[key])
+                else:
+                    for offset, n in extents:
+                        crc = _io.checksum_range(self._source, offset, n, f"tensor {key!r}", crc)
                 self._check_crc(info, crc, expected)
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
@@ -347,6 +453,16 @@ class MsgpackReader(BlockSlicing, FileReader):
                 progress(info.nbytes)
         return problems + table_problems(self.path, self._blocks, self._tensors, self._block_bytes) + \
             self._framing_problems()
+
+    def _decoded_crc(self, info: TensorInfo, sizes: np.ndarray) -> int:
+        """The crc32c of a compressed tensor's bytes, decoded one chunk at a time (``verify``)."""
+        buf = memoryview(bytearray(min(self._block_bytes, info.nbytes)))
+        crc = 0
+        for chunk in range(len(sizes)):
+            piece = buf[:min(self._block_bytes, info.nbytes - chunk * self._block_bytes)]
+            self._decode(info, sizes, chunk, chunk + 1, piece)
+            crc = _io.crc32c(piece, crc)
+        return crc
 
     def _framing_problems(self) -> list[str]:
         """Payload objects must sit back to back between header and index, each numeric extent
@@ -377,7 +493,7 @@ def _parse_head(head: bytes, path: str) -> tuple[int, int, int | None]:
         version, start, count = head[-1], DATA_START, int.from_bytes(head[1:5], "big")
     else:
         raise CorruptCheckpointError(f"{path}: not a ckpt msgpack checkpoint (bad header)")
-    check_version(version, VERSION, "msgpack", path)
+    check_version(version, COMPRESSED_VERSION, "msgpack", path)
     if (version == 1) != (count is None):
         raise CorruptCheckpointError(f"{path}: the header says format version {version}, but the file "
                                      f"{'has' if count is not None else 'lacks'} the array header of "
@@ -395,18 +511,57 @@ def _dtype_name(dtype: np.dtype) -> str:
     return name
 
 
-def _parse_entries(tensors: dict[Any, Any], path: str, start: int,
-                   data_end: int) -> tuple[dict[str, TensorInfo], int]:
+def _parse_entries(tensors: dict[Any, Any], path: str, start: int, data_end: int,
+                   compressed: Mapping[Any, Any]) -> tuple[dict[str, TensorInfo], int]:
     """Validate every index entry against the file before any data is read; return them and
     the number of msgpack objects the file holds (header, payloads, padding, index, footer).
 
-    An index as ckpt writes it is checked on all entries at once; anything else entry by entry.
+    An index as ckpt writes it is checked on all entries at once; anything else entry by entry
+    (so are indexes with compressed tensors, whose stored sizes ``_parse_planes`` checks).
     """
-    return _parse_plain_entries(tensors, start, data_end) or _check_entries(tensors, path, start, data_end)
+    return (None if compressed else _parse_plain_entries(tensors, start, data_end)) or \
+        _check_entries(tensors, path, start, data_end, compressed)
 
 
-def _check_entries(tensors: dict[Any, Any], path: str, start: int,
-                   data_end: int) -> tuple[dict[str, TensorInfo], int]:
+def _compressed_table(index: dict[str, Any], path: str) -> dict[Any, Any]:
+    """The "compressed" map of a version 4 index ({} when it compresses nothing)."""
+    codec, table = index.get("compression"), index.get("compressed", {})
+    if codec is None and not table:
+        return {}
+    if codec != CODEC:
+        raise UnsupportedCheckpointError(f"{path}: compressed with {codec!r}; this ckpt reads {CODEC!r}")
+    if type(table) is not dict:
+        raise CorruptCheckpointError(f"{path}: the index's \"compressed\" field is not a map")
+    return table
+
+
+def _parse_planes(table: Mapping[Any, Any], tensors: dict[str, TensorInfo], block_bytes: int,
+                  path: str) -> dict[str, np.ndarray]:
+    """The stored size of each byte plane of each chunk of the compressed tensors, as a
+    (chunks, itemsize) array per key, checked against the tensors' sizes and extents."""
+    out: dict[str, np.ndarray] = {}
+    for key, raw in table.items():
+        info = tensors.get(key)
+        if info is None or info.dtype.kind == "O" or not info.nbytes or block_bytes % info.dtype.itemsize:
+            raise CorruptCheckpointError(f"{path}: plane sizes for {key!r}, which is not a compressible tensor "
+                                         "in the index")
+        itemsize, extents = info.dtype.itemsize, info.extra.extents
+        chunks = -(-info.nbytes // block_bytes)
+        if type(raw) is not bytes or len(raw) != 4 * chunks * itemsize or len(extents) != chunks:
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: its compressed layout should be {chunks} "
+                                         f"chunks of {itemsize} planes")
+        sizes = np.frombuffer(raw, "<u4").reshape(chunks, itemsize)
+        lengths = np.minimum(block_bytes, info.nbytes - np.arange(chunks) * block_bytes) // itemsize
+        stored = np.array([n for _, n in extents])
+        if (sizes > lengths[:, None]).any() or (sizes == 0).any() or (sizes.sum(axis=1) != stored).any():
+            raise CorruptCheckpointError(f"{path}: tensor {key!r}: its plane sizes do not match its chunks' "
+                                         "stored bytes: the index is damaged")
+        out[key] = sizes
+    return out
+
+
+def _check_entries(tensors: dict[Any, Any], path: str, start: int, data_end: int,
+                   compressed: Mapping[Any, Any]) -> tuple[dict[str, TensorInfo], int]:
     """``_parse_entries`` one entry at a time, naming the first problem found."""
     out: dict[str, TensorInfo] = {}
     last_end = start
@@ -443,6 +598,8 @@ def _check_entries(tensors: dict[Any, Any], path: str, start: int,
             if _io.expected_nbytes(_BYTE, shape) > nbytes:  # every item takes at least one byte
                 raise CorruptCheckpointError(f"{path}: tensor {key!r}: {list(shape)} strings cannot fit in "
                                              f"{nbytes} bytes")
+        elif key in compressed:  # the stored bytes are checked by _parse_planes
+            nbytes = _io.expected_nbytes(dtype, shape)
         elif nbytes != _io.expected_nbytes(dtype, shape):
             raise CorruptCheckpointError(
                 f"{path}: tensor {key!r}: {_dtype_name(dtype)} {list(shape)} needs "

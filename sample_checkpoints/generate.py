@@ -10,6 +10,8 @@ Writes, in both formats where it says so:
   tensors, NaN payloads and infinities, with the values of ``every_dtype``;
 * blocks.h5, blocks.msgpack: the tensors of ``block_tensors``, written with checksum blocks of
   SMALL_BLOCK bytes instead of 1 MiB, so that small files pin the block checksum layout;
+* compressed.msgpack: ``block_tensors`` again, compressed (``compression="zstd"``, msgpack format
+  version 4) with SMALL_BLOCK-byte chunks, so small files pin the byte-plane layout;
 * sharded.msgpack/: the same tensors as a sharded checkpoint of 2 shard files (each tensor split
   by rows) and its commit record (version 2);
 * steps/: a Saver's directory: softmax regression on 7x7 pooled digits saved every 100 steps
@@ -196,6 +198,12 @@ def write_blocks_file(path: str) -> None:
     write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK}, block_bytes=SMALL_BLOCK)
 
 
+def write_compressed_file(path: str) -> None:
+    """compressed.msgpack: ``block_tensors`` compressed, in SMALL_BLOCK-byte chunks."""
+    write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK}, block_bytes=SMALL_BLOCK,
+               compression="zstd")
+
+
 def write_sharded(directory: str) -> None:
     """sharded.msgpack/: ``block_tensors`` in 2 shard files, as ``ckpt convert --shards 2`` writes them
     (with a fixed save id, so the names repeat)."""
@@ -207,14 +215,15 @@ def write_sharded(directory: str) -> None:
         save_id="5a3d0c1e2b4f6789")
 
 
-def write_file(path: str, tensors: list[tuple[str, np.ndarray]], metadata: dict, block_bytes: int | None = None) -> None:
+def write_file(path: str, tensors: list[tuple[str, np.ndarray]], metadata: dict, block_bytes: int | None = None,
+               compression: str | None = None) -> None:
     """Write one checkpoint file (no state file: these files stand alone); ``block_bytes``: its
     checksum block size, where not the format's default."""
     fmt = base.format_for_path(path)
     if block_bytes is not None:
         fmt = type(fmt)(block_bytes=block_bytes)
     with replace_atomically(path) as tmp:
-        fmt.write(tmp, tensors, metadata)
+        fmt.write(tmp, tensors, metadata, compression=compression)
 
 
 def pooled(x: np.ndarray) -> np.ndarray:
@@ -262,6 +271,7 @@ def main(out: str) -> None:
         write_file(os.path.join(out, "mlp" + ext), tensors, metadata)
         write_file(os.path.join(out, "dtypes" + ext), dtypes, {"description": "every dtype ckpt supports"})
         write_blocks_file(os.path.join(out, "blocks" + ext))
+    write_compressed_file(os.path.join(out, "compressed.msgpack"))
     write_steps(os.path.join(out, "steps"), x_train, y_train)
     write_sharded(os.path.join(out, "sharded.msgpack"))
     print(f"MLP test accuracy on {TEST} generated digits: {test_acc:.4f}; files in {out}")

@@ -48,3 +48,21 @@ def test_formats_md_plain_msgpack_recipe_runs(tmp_path):
     assert scope["footer"][0] == b"ckpt-idx" and set(scope["index"]["tensors"]) == {"a", "big"}
     assert scope["payloads"][0] == np.array([1, 2], np.int32).tobytes()
     assert scope["payloads"][-1] == big.tobytes() and not any(scope["payloads"][1])  # padding
+
+
+def test_formats_md_compressed_tensor_recipe_decodes(tmp_path):
+    import msgpack
+    import numpy as np
+
+    import ckpt
+
+    path = tmp_path / "z.msgpack"
+    values = (np.random.default_rng(0).standard_normal(300_000) * 0.02).astype(np.float32)  # two chunks
+    ckpt.save_file({"w": values}, path, compression="zstd")
+    (recipe,) = [b for b in python_blocks("docs/formats.md") if "def tensor_bytes" in b]
+    scope: dict = {}
+    exec(recipe, scope)
+    data = path.read_bytes()
+    *_, index, _ = msgpack.unpackb(data, raw=False)
+    assert index["version"] == 4 and "w" in index["compressed"]
+    assert scope["tensor_bytes"](data, index, "w", 4) == values.tobytes()

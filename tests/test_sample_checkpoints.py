@@ -156,6 +156,26 @@ def test_block_checksum_golden_files(ext):
 SHARDED = ["COMMIT", "5a3d0c1e2b4f6789.00000-of-00002.msgpack", "5a3d0c1e2b4f6789.00001-of-00002.msgpack"]
 
 
+def test_compressed_golden_file():
+    """compressed.msgpack (msgpack version 4, 4 KiB chunks) reads back exactly, slices decode only
+    the chunks they touch, and its layout is the one docs/formats.md specifies."""
+    path = os.path.join(SAMPLES, "compressed.msgpack")
+    expected = generate.block_tensors()
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.metadata == {"block_bytes": generate.SMALL_BLOCK}
+        for key, value in expected.items():
+            assert_bit_exact(value, reader.get_tensor(key))
+        assert_bit_exact(expected["blocks/float32"][45:55, 10:20], reader.get_slice("blocks/float32", np.s_[45:55, 10:20]))
+        assert_bit_exact(expected["blocks/bfloat16"][-1], reader.get_slice("blocks/bfloat16", np.s_[-1]))
+    *_, index, _ = msgpack.unpackb(pathlib.Path(path).read_bytes(), raw=False)
+    assert index["version"] == 4 and index["compression"] == "zstd"
+    assert sorted(index["compressed"]) == ["blocks/bfloat16", "blocks/float32", "blocks/int64"]
+    sizes = np.frombuffer(index["compressed"]["blocks/float32"], "<u4").reshape(-1, 4)  # 5 chunks of 1024 floats
+    assert sizes.shape == (5, 4) and (sizes <= 1024).all()
+    assert [n for _, n in index["tensors"]["blocks/float32"][2]] == sizes.sum(axis=1).tolist()
+    assert CliRunner().invoke(main, ["verify", path]).exit_code == 0
+
+
 def test_sharded_golden_checkpoint(tmp_path):
     """sharded.msgpack/ pins the commit record (version 2: one msgpack object) and the shard files."""
     path = os.path.join(SAMPLES, "sharded.msgpack")
@@ -205,7 +225,8 @@ def test_generate_is_deterministic(tmp_path):
         (tmp_path / out).mkdir()
         subprocess.run([sys.executable, os.path.join(SAMPLES, "generate.py"), "--out", str(tmp_path / out)],
                        check=True, capture_output=True, timeout=120)
-    names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "blocks.h5", "blocks.msgpack", "steps/checkpoint",
+    names = ["mlp.h5", "mlp.msgpack", "dtypes.h5", "dtypes.msgpack", "blocks.h5", "blocks.msgpack", "compressed.msgpack",
+             "steps/checkpoint",
              *(f"steps/model-{s}.msgpack" for s in (300, 400, 500)), *(f"sharded.msgpack/{n}" for n in SHARDED)]
     _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
     assert (mismatch, errors) == ([], [])

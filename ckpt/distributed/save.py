@@ -49,7 +49,7 @@ from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
-from ..formats.base import format_for_path  # the registry: importing it registers the built-ins
+from ..formats.base import format_for_path, write_with  # the registry: importing it registers the built-ins
 from ..gcpause import gc_paused
 from ckpt.saving.retention import Retention, kept_paths, read_local_owner, read_owner
 from ckpt.saving.staging import peek
@@ -77,6 +77,8 @@ class Job:
     retention: Retention
     storage_options: Mapping[str, Any] | None = None
     metrics: Mapping[str, float] | None = None
+    #: the shard files' compression (``Saver(compression=)``), checked against the format by the Saver
+    compression: str | None = None
 
 
 def _sharded() -> Any:
@@ -188,7 +190,7 @@ def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, ste
             report = {"error": f"rank {rank}: {type(exc).__name__}: {exc}", "file": None, "blocks": []}
         else:
             report = _write_mine(files, fmt, save_id, rank, size, items, writers, sharded,
-                                 background=values is not None)
+                                 background=values is not None, compression=job.compression)
         try:
             reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         except CollectiveTimeoutError as exc:  # rank 0 may have got every report, this one included
@@ -417,7 +419,8 @@ def _unlink(path: str) -> None:
 
 
 def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
-                writers: dict[str, int], sharded: Any, background: bool = False) -> dict[str, Any]:
+                writers: dict[str, int], sharded: Any, background: bool = False,
+                compression: str | None = None) -> dict[str, Any]:
     """Write this rank's blocks to its own file in ``files`` (the checkpoint's directory, or the
     save's data prefix in an object store: the same Store calls either way), read its index back
     for the blocks' checksums; return the report rank 0 commits from."""
@@ -434,7 +437,7 @@ def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, item
 
     def write(blob: WritableBlob) -> None:
         with gc_paused() if not background else nullcontext():
-            fmt.write_blob(blob, [(block.key, block) for block in mine], {})
+            write_with(fmt, blob, [(block.key, block) for block in mine], {}, compression)
 
     def check(written: ReadableBlob) -> None:  # the file's own record of each block: sizes and checksums
         with fmt.open(written.name, written) as reader:

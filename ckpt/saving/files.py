@@ -33,7 +33,7 @@ __all__ = ["save_file", "load_file"]
 
 
 def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
-              metadata: Mapping[str, Any] | None = None) -> str:
+              metadata: Mapping[str, Any] | None = None, compression: str | None = None) -> str:
     """Write ``{key: array}`` to one checkpoint file, atomically and checksummed.
 
     Args:
@@ -42,6 +42,8 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         path: the file; its extension picks the format (.h5/.hdf5, .msgpack, .safetensors).
             Missing directories are created.
         metadata: a JSON-like dict stored with the tensors.
+        compression: "zstd" stores numeric tensors as losslessly compressed byte planes
+            (.msgpack only; docs/formats.md). Reading them needs nothing beyond ckpt.
 
     Returns:
         The path written.
@@ -52,10 +54,12 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         InvalidMetadataError: metadata that is not JSON-like (a ValueError too).
         TypeError: a value of a dtype no checkpoint holds.
         CheckpointWriteError: the file could not be written; a previous file is untouched.
+        UnsupportedCheckpointError: a compression the file's format does not offer (.h5 offers none).
     """
     path, fmt = save_target(path)
     if not isinstance(fmt, base.WritableFormat):  # save_target returns writable formats only
         raise TypeError(f"{path}: format {fmt.name} cannot write")
+    base.check_compression(fmt, compression, path)
     if not isinstance(tensors, Mapping):
         raise TypeError(f"{path}: tensors must be a dict of key -> array, got {type(tensors).__name__}")
     base.validate_keys(tensors, path)
@@ -67,7 +71,8 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
             raise type(exc)(f"{path}: tensor {key!r}: {exc}") from None
     normalized = base.normalize_metadata(metadata, path)
     with replace_atomically(path) as tmp, LocalSink(tmp) as blob:
-        fmt.write_blob(blob, arrays, normalized)  # (not ``write``: the keys and metadata are checked above)
+        # (not ``write``: the keys and metadata are checked above)
+        base.write_with(fmt, blob, arrays, normalized, compression)
     return path
 
 

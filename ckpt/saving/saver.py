@@ -168,10 +168,14 @@ class Saver:
         storage_options: for object-store URLs ("s3://bucket/run/model.msgpack"), options for
             the store's fsspec filesystem; credentials and endpoints otherwise come from the
             store's usual configuration (for S3 the AWS_* variables and profiles).
+        compression: "zstd" stores the numeric tensors of .msgpack checkpoints as losslessly
+            compressed byte planes (docs/formats.md); a save to an .h5 file then raises
+            UnsupportedCheckpointError. None (the default) compresses nothing.
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
-            key, nothing to save, a negative staging_bytes, or keep_best without best_metric.
+            key, nothing to save, a negative staging_bytes, keep_best without best_metric, or an
+            unknown compression.
         TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
 
@@ -180,8 +184,12 @@ class Saver:
                  staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
                  storage_options: Mapping[str, Any] | None = None, keep_best: int | None = None,
                  best_metric: str | None = None, best_mode: str = "min", save_interval_steps: int | None = None,
-                 save_interval_seconds: float | None = None) -> None:
+                 save_interval_seconds: float | None = None, compression: str | None = None) -> None:
         self._vars = _key_map(var_list)
+        offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
+        if compression is not None and compression not in offered:
+            raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
+        self._compression = compression
         self._storage_options = storage_options
         self._background = BackgroundSaves(staging_bytes)
         if not timeout > 0:
@@ -236,6 +244,7 @@ class Saver:
         if global_step is not None:
             step = operator.index(global_step)
             name = f"{name[:len(name) - len(ext)]}-{step}{name[len(name) - len(ext):]}"
+        _formats.check_compression(fmt, self._compression, name)  # before anything is written
         return name, fmt
 
     @overload
@@ -383,7 +392,7 @@ class Saver:
         # lazy: only Savers given a comm load the distributed save (start-up of `import ckpt`)
         from ckpt.distributed.save import Job, save_sharded
 
-        job = Job(self._vars, self._retention, self._storage_options, metrics)
+        job = Job(self._vars, self._retention, self._storage_options, metrics, self._compression)
         return save_sharded(job, comm, self._timeout, path, fmt, step, metadata, values, failure)
 
     def _saved_sharded(self, path: str, kept: list[str]) -> str:
@@ -428,7 +437,7 @@ class Saver:
         def write(blob: WritableBlob) -> None:
             # the GC switch is process-wide: a background save leaves it to the training loop
             with gc_paused() if not background else nullcontext():
-                fmt.write_blob(blob, tensors, metadata)
+                _formats.write_with(fmt, blob, tensors, metadata, self._compression)
 
         try:
             state = store.commit(name, write, self._retention.change(store, path, step, metrics), step, metrics)

@@ -227,21 +227,18 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
             "tensors": entries}
 
 
-def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
+def _read_commit(directory: str, blob: ReadableBlob | None = None) -> tuple[bytes, str | RemoteDirectory]:
     """The bytes of a sharded checkpoint's ``COMMIT`` and where its shard files are: the
     directory, or for a URL the data prefix its (object store) commit record names, as a
-    ``RemoteDirectory`` holding the storage options in force now (shard files open later)."""
+    ``RemoteDirectory`` over the store that read the record (shard files open later, with the
+    same storage options). ``blob``: an object-store record already opened (the registry sniffed
+    it: it knows its store), read and closed here; a local one is read from the directory."""
     path = os.path.join(directory, COMMIT)
     try:
         if is_url(directory):
-            from ckpt.storage.remote import RemoteFile  # lazy: object-store code loads only for URLs
-
-            with closing(open_blob(directory)) as blob:
-                assert isinstance(blob, RemoteFile)
-                raw = bytearray(blob.size)
-                blob.read_into(memoryview(raw), 0, "the sharded commit record")
-                prefix = blob.data_url.rpartition("/")[0]
-                return bytes(raw), type(blob.directory)(prefix, store=blob.directory.store)
+            return _read_remote_commit(open_blob(directory) if blob is None else blob)
+        if blob is not None:
+            blob.close()
         with open(path, "rb") as f:
             return f.read(), directory
     except FileNotFoundError:
@@ -251,6 +248,17 @@ def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
         if isinstance(exc, CheckpointError):
             raise
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _read_remote_commit(blob: ReadableBlob) -> tuple[bytes, RemoteDirectory]:
+    """``_read_commit`` of an object-store checkpoint whose commit record ``blob`` is."""
+    from ckpt.storage.remote import RemoteFile  # lazy: object-store code loads only for URLs
+
+    with closing(blob):
+        assert isinstance(blob, RemoteFile)
+        raw = _io.pread(blob, 0, blob.size, "the sharded commit record")
+        prefix = blob.data_url.rpartition("/")[0]
+        return raw, type(blob.directory)(prefix, store=blob.directory.store)
 
 
 def read_commit(directory: str) -> bytes:
@@ -429,13 +437,13 @@ class ShardedReader(BaseReader):
     format_name = "ckpt-sharded"
     partial_reads = True  # read_box_into reads only the checksum blocks a box overlaps
 
-    def __init__(self, path: str, commit: bytes | None = None) -> None:
+    def __init__(self, path: str, commit: bytes | None = None, blob: ReadableBlob | None = None) -> None:
         if not is_url(path) and os.path.basename(path) == COMMIT and os.path.isfile(path):
             path = os.path.dirname(path)  # the commit record itself, opened by its content
         self.path = path
         if commit is not None and is_url(path):
             raise ValueError(f"{path}: a commit record is given only for local checkpoints (read_commit)")
-        raw, self._where = (commit, path) if commit is not None else _read_commit(path)
+        raw, self._where = (commit, path) if commit is not None else _read_commit(path, blob)
         record = _parse_commit(raw, os.path.join(path, COMMIT))
         self._metadata = check_metadata(record.get("metadata", {}), os.path.join(path, COMMIT))
         step = record.get("step")

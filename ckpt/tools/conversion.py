@@ -262,7 +262,8 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
         record = sharded.write_shards(store.under(data), specs, read, metadata, shards, ext=fmt.extensions[0])
         raw = sharded.commit_bytes(record)
         store.store.put(store.join(commit), raw, create_only=True)
-        with sharded.ShardedReader(store.join(commit)) as written:
+        # read back through this store (its options): the reader opens the shard files with it too
+        with sharded.ShardedReader(store.join(commit), blob=store.under(data).open(sharded.COMMIT)) as written:
             _check_sharded(written, reader, plan, metadata, dst)
     except BaseException:
         store._delete_data(store.join(commit), quietly=True)  # the whole prefix

@@ -46,7 +46,7 @@ from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckp
 
 from . import _io
 from ._blocks import BLOCK_BYTES, block_crcs, read_part
-from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
+from .base import (BaseReader, LazySource, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
                    dtype_or_raise, format_for_path, open_blob, key_problem, normalize_metadata,
                    validate_keys)
 from ._codec import packb, unpack
@@ -136,7 +136,7 @@ def write_commit(directory: str, record: Mapping[str, Any],
             f.write(commit_bytes(record))
 
 
-class LazyBlock:
+class LazyBlock(LazySource):
     """A block of a tensor handed to a format writer: ``read(key, offset, shape)`` is called
     when the writer writes it (once)."""
 

@@ -38,6 +38,7 @@ from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.saving.stores import store_of
 from ckpt.storage.atomic import fsync_directory, require_directory
 from ckpt.formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys
+from ckpt.lazy import LazySource
 from ckpt.saving.reader import CheckpointReader
 from ckpt.storage import ReadableBlob, WritableBlob
 from ckpt.errors import (
@@ -143,7 +144,7 @@ def scope_renames(keys: list[str], renames: Mapping[str, str], path: str = "chec
     return plan
 
 
-class _Source:
+class _Source(LazySource):
     """A tensor of SRC that the writer reads only when it writes it (bounded memory).
 
     Numeric tensors are read into one buffer shared by all sources (``scratch``): a writer is

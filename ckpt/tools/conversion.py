@@ -261,7 +261,7 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
     specs, read = _block_reader(reader, plan)
     try:
         record = sharded.write_shards(store.under(data), specs, read, metadata, shards, ext=fmt.extensions[0])
-        raw = sharded.commit_bytes(record)
+        raw = record.to_bytes()
         store.store.put(store.join(commit), raw, create_only=True)
         # read back through this store (its options): the reader opens the shard files with it too
         with sharded.ShardedReader(store.join(commit), blob=store.under(data).open(sharded.COMMIT)) as written:

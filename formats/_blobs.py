@@ -15,14 +15,15 @@ Example:
 
 from __future__ import annotations
 
-from ckpt.storage.urls import is_url
+from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.storage import ReadableBlob
 
 from ._io import LocalFile
 
 
-def open_blob(path: str) -> ReadableBlob:
-    """The readable blob behind a checkpoint path: a local file, or an object for a URL.
+def open_blob(path: str, storage_options: StorageOptions | None = None) -> ReadableBlob:
+    """The readable blob behind a checkpoint path: a local file, or an object for a URL, read
+    through a store opened with ``storage_options`` (unused for a local file).
 
     The one place a format's path becomes bytes: formats never ask whether a path is a URL.
     """
@@ -30,5 +31,5 @@ def open_blob(path: str) -> ReadableBlob:
         # lazy: object-store code loads only for URLs (start-up cost of local reads)
         from ckpt.storage.remote import RemoteFile
 
-        return RemoteFile(path)
+        return RemoteFile(path, storage_options=storage_options)
     return LocalFile(path)

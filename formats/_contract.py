@@ -132,8 +132,9 @@ class WritableFormat(Format):
         Each tensor is an ndarray or a lazy source with ``dtype``, ``shape`` and
         ``__array__()``; writers read a lazy source only when they write its bytes
         (``materialize``), one at a time, so converting a file needs memory for one tensor.
-        A lazy source may also stream (``source_chunks``): writers that can write a tensor in
-        pieces take its bytes chunk by chunk, and memory holds a chunk.
+        A lazy source that subclasses ``base.LazySource`` may also stream (``chunks()``, read
+        with ``source_chunks``): writers that can write a tensor in pieces take its bytes chunk
+        by chunk, and memory holds a chunk.
         """
 
     @final

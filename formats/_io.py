@@ -9,7 +9,6 @@ Tensors move as ``memoryview``s of the arrays that hold them: nothing here copie
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -57,16 +56,15 @@ class Runs:
     reading a lazy source, so a conversion holds one tensor at a time, and at the end.
 
     ``lent=True`` says ``data`` is a view of an array the writer's caller handed in, alive and
-    unchanged until the blob is finished: a blob that offers ``lend_pieces`` (an S3 upload sent
-    as one PUT) keeps a reference to it instead of a copy. A run goes to ``lend_pieces`` when
-    every piece in it was lent or is an immutable ``bytes`` object.
+    unchanged until the blob is finished: it goes to ``blob.lend_pieces``, and a blob that can
+    (an S3 upload sent as one PUT) keeps a reference to it instead of a copy. A run goes to
+    ``lend_pieces`` when every piece in it was lent or is an immutable ``bytes`` object.
     """
 
-    __slots__ = ("_end", "_lend", "_lendable", "_run", "_start", "blob")
+    __slots__ = ("_end", "_lendable", "_run", "_start", "blob")
 
     def __init__(self, blob: WritableBlob) -> None:
         self.blob = blob
-        self._lend: Callable[[Sequence[Bytes], int], None] | None = getattr(blob, "lend_pieces", None)
         self._run: list[Bytes] = []
         self._start = self._end = 0
         self._lendable = True  # every piece of the pending run was lent or is bytes
@@ -80,8 +78,8 @@ class Runs:
             self.flush()
             run = self._run
         if n >= BIG:
-            if lent and self._lend is not None:
-                self._lend([data], offset)
+            if lent:
+                self.blob.lend_pieces([data], offset)
             else:
                 self.blob.write_at(data, offset)
         elif n:
@@ -97,8 +95,8 @@ class Runs:
         if self._run:
             run, self._run = self._run, []
             lendable, self._lendable = self._lendable, True
-            if lendable and self._lend is not None:
-                self._lend(run, self._start)
+            if lendable:
+                self.blob.lend_pieces(run, self._start)
             else:
                 self.blob.write_pieces(run, self._start)
 

@@ -14,6 +14,7 @@ import threading
 
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import ReadableBlob
+from ckpt.storage.urls import StorageOptions
 
 from . import _io
 from ._blobs import open_blob
@@ -110,11 +111,15 @@ def format_for_path(path: str | os.PathLike[str]) -> Format | None:
     return None
 
 
-def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None) -> Reader:
+def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None,
+                storage_options: StorageOptions | None = None) -> Reader:
     """Open a checkpoint, recognising its format from its path or its first bytes.
 
     ``blob``, if given, is ``path``'s bytes already opened (a Store reading back what it has not
     committed yet): they are sniffed and read instead of opening ``path``; the reader owns them.
+    Otherwise ``path`` is opened with ``storage_options`` (for an object-store URL: its fsspec
+    filesystem's options), and the format is handed that blob: what it opens next to it (a
+    sharded checkpoint's shard files) goes through the same store.
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
@@ -126,7 +131,7 @@ def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None) 
             if blob is not None:
                 blob.close()
             return _checked(fmt, fmt.open(path))
-    source = _open_to_sniff(path) if blob is None else blob
+    source = _open_to_sniff(path, storage_options) if blob is None else blob
     try:
         head = _io.pread(source, 0, min(source.size, SNIFF_BYTES), "the first bytes")
         reader = _first_to_open(path, source, head)
@@ -141,10 +146,10 @@ def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None) 
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
 
 
-def _open_to_sniff(path: str) -> ReadableBlob:
-    """``open_blob(path)``, an OSError turned into the CheckpointError it means."""
+def _open_to_sniff(path: str, storage_options: StorageOptions | None) -> ReadableBlob:
+    """``open_blob(path, storage_options)``, an OSError turned into the CheckpointError it means."""
     try:
-        return open_blob(path)
+        return open_blob(path, storage_options)
     except CheckpointError:
         raise
     except FileNotFoundError:

@@ -1,4 +1,5 @@
-"""What writers share: reading the tensors handed to them (``materialize``, ``source_chunks``),
+"""What writers share: reading the tensors handed to them (``materialize``, ``source_chunks``, and
+``LazySource``, the base of sources that stream),
 and ``stage``, running a writer that needs a local file (libhdf5) for any blob.
 
 Example:
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.lazy import LazySource
 from ckpt.storage import WritableBlob
 
 from . import _io
@@ -54,15 +56,12 @@ def stage(write: Callable[[str, Sequence[tuple[str, Any]], Mapping[str, Any]], N
 
 
 def source_chunks(source: Any) -> Iterator[memoryview] | None:
-    """A lazy numeric source's C-order bytes in pieces, or None when it does not stream.
-
-    A streaming source has ``chunks()``, yielding flat byte buffers in order, each valid until
-    the next is asked for; the writer checks that they add up to ``dtype`` x ``shape``.
-    """
-    if isinstance(source, np.ndarray) or dtypes.is_string(np.dtype(source.dtype)):
+    """A lazy numeric source's C-order bytes in pieces, or None when it does not stream
+    (it is not a :class:`LazySource`, or its ``chunks()`` says None)."""
+    if not isinstance(source, LazySource) or dtypes.is_string(np.dtype(source.dtype)):
         return None
-    chunks = getattr(source, "chunks", None)
-    return None if chunks is None else (memoryview(c).cast("B") for c in chunks())
+    chunks = source.chunks()
+    return None if chunks is None else (memoryview(c).cast("B") for c in chunks)
 
 
 def materialize(source: Any) -> np.ndarray:

@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+from ckpt.lazy import LazySource
+
 from ._blobs import open_blob
 from ._contract import Declined, Format, WritableFormat, check_compression, decline, write_with
 from ._readers import BaseReader, FileReader, Reader, TensorInfo
@@ -58,6 +60,7 @@ __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "Writab
            "write_with", "register_format",
            "unregister_format", "Declined", "decline",
            "get_format", "formats", "format_for_path", "open_reader", "validate_keys",
-           "key_problem", "normalize_metadata", "materialize", "source_chunks", "check_tensors", "open_blob",
+           "key_problem", "normalize_metadata", "materialize", "source_chunks", "LazySource", "check_tensors",
+           "open_blob",
            "SNIFF_BYTES", "keys_plainly_valid", "all_lists", "all_exactly", "plain_extents", "unique_pairs",
            "check_version", "dtype_or_raise", "MAX_ELEMENTS", "check_shape", "check_metadata", "stage"]

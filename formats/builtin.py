@@ -136,8 +136,7 @@ class CkptShardedFormat(Format):
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
         from . import ckpt_sharded
 
-        _unused(blob)
-        return ckpt_sharded.ShardedReader(path)
+        return ckpt_sharded.ShardedReader(path, blob=blob)  # an object's record: its store opens the shards
 
 
 class SafetensorsFormat(WritableFormat):

@@ -11,7 +11,7 @@ checkpoint. docs/formats.md specifies the bytes.
 
     COMMIT  one msgpack array of three elements (version 2; version 1 was the three as a stream):
             header  {"format": "ckpt-commit", "version": 2}
-            record  {"format", "version", "step", "metadata", "block_bytes", "ranks",
+            record  {"format", "version", "step", "metadata", "block_bytes", "ranks",  (CommitRecord)
                      "files": [[name, size], ...],
                      "tensors": {key: [dtype, global shape, files, offsets, shapes, nbytes, crcs]}}
             footer  [b"ckpt-cmt", record offset (uint64), record length (uint64), crc32c (uint32)]
@@ -42,33 +42,26 @@ from ckpt.storage.atomic import replace_atomically
 from ckpt.storage.commits import SHARDED_COMMIT
 from ckpt.storage.urls import is_url
 from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError,
-                         UnsupportedCheckpointError, checksum_error)
+                         UnsupportedCheckpointError)
 
 from . import _io
 from ._blocks import BLOCK_BYTES, block_crcs, read_part
-from .base import (BaseReader, TensorInfo, WritableFormat, check_metadata, check_shape, check_version,
+from .base import (BaseReader, LazySource, TensorInfo, WritableFormat, check_metadata, check_shape,
                    dtype_or_raise, format_for_path, open_blob, key_problem, normalize_metadata,
                    validate_keys)
-from ._codec import packb, unpack
-from .msgpack import _FOOTER, FOOTER_SIZE, _dtype_name
+from ._commitrecord import HEADER, CommitRecord, TensorEntry
+from .msgpack import _dtype_name
 
 if TYPE_CHECKING:
     from ckpt.storage.remote import RemoteDirectory
     from ckpt.storage import ReadableBlob, Store, WritableBlob
 
 __all__ = ["COMMIT", "ShardedReader", "is_sharded", "is_shard_file", "shard_file_name",
-           "stored_crcs", "LazyBlock", "commit_bytes", "write_commit", "write_single_process", "write_shards",
-           "referenced_files", "read_commit",
-           "BLOCK_BYTES"]
+           "stored_crcs", "LazyBlock", "CommitRecord", "TensorEntry", "write_commit", "write_single_process",
+           "write_shards", "referenced_files", "read_commit", "BLOCK_BYTES", "HEADER"]
 
 #: The commit record's file name inside a sharded checkpoint directory (the stores' name for it).
 COMMIT = SHARDED_COMMIT
-FORMAT_NAME = "ckpt-commit"
-VERSION = 2
-_HEADER_PREFIX = b"\x82\xa6format\xab" + FORMAT_NAME.encode() + b"\xa7version"  # plain msgpack
-#: A fixarray of 3 (header, record, footer) and the header map: one object for msgpack.unpackb.
-HEADER = b"\x93" + _HEADER_PREFIX + bytes([VERSION])
-FOOTER_MAGIC = b"ckpt-cmt"
 _SHARD_FILE = re.compile(r"^[0-9a-f]{16}\.[0-9]{5}-of-[0-9]{5}\.[A-Za-z0-9]+$")
 
 
@@ -111,15 +104,7 @@ def stored_crcs(reader: Any, key: str) -> list[int] | None:
     return [int(c) for c in crcs]
 
 
-def commit_bytes(record: Mapping[str, Any]) -> bytes:
-    """The bytes of a ``COMMIT`` holding ``record``."""
-    body = packb({"format": FORMAT_NAME, "version": VERSION, **record})
-    footer = _FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, len(HEADER), 0xCF, len(body), 0xCE,
-                          _io.crc32c(body))
-    return HEADER + body + footer
-
-
-def write_commit(directory: str, record: Mapping[str, Any],
+def write_commit(directory: str, record: CommitRecord,
                  before_rename: Callable[[str], object] | None = None) -> None:
     """Write ``COMMIT`` atomically (temporary file, fsync, rename, fsync the directory);
     ``before_rename(temporary file)`` runs once it is complete, just before the rename (a
@@ -133,10 +118,10 @@ def write_commit(directory: str, record: Mapping[str, Any],
     with replace_atomically(os.path.join(directory, COMMIT), before_rename=hook) as tmp:
         written.append(tmp)
         with open(tmp, "wb") as f:
-            f.write(commit_bytes(record))
+            f.write(record.to_bytes())
 
 
-class LazyBlock:
+class LazyBlock(LazySource):
     """A block of a tensor handed to a format writer: ``read(key, offset, shape)`` is called
     when the writer writes it (once)."""
 
@@ -179,7 +164,7 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
 def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
                  metadata: Mapping[str, Any], parts: int, step: int | None = None,
-                 ext: str = ".msgpack", save_id: str | None = None) -> dict[str, Any]:
+                 ext: str = ".msgpack", save_id: str | None = None) -> CommitRecord:
     """Write the shard files of ``write_single_process`` into the Store ``files`` (a local
     directory, an object-store data prefix), each read back for its stored checksums; return
     the commit record naming them (the caller commits it: ``write_commit``, or an object
@@ -191,9 +176,9 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
     metadata = normalize_metadata(metadata, files.location)
     save_id = save_id or os.urandom(8).hex()
     per_file: list[list[LazyBlock]] = [[] for _ in range(parts)]
-    entries: dict[str, list[Any]] = {}
+    entries: dict[str, TensorEntry] = {}
     for key, dtype, shape in specs:
-        entries[key] = [_dtype_name(dtype), list(shape), [], [], [], [], None if dtypes.is_string(dtype) else []]
+        entries[key] = TensorEntry(_dtype_name(dtype), list(shape), crcs=None if dtypes.is_string(dtype) else [])
         if not shape:
             per_file[0].append(LazyBlock(read, key, dtype, (), ()))
             continue
@@ -211,37 +196,29 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
             with closing(fmt.open(data.name, data)) as reader:
                 for b in items:
                     entry = entries[b.key]
-                    entry[2].append(len(written))
-                    entry[3].extend(b.offset)
-                    entry[4].extend(b.shape)
-                    entry[5].append(reader.tensors[b.key].nbytes)
-                    if entry[6] is not None:
-                        entry[6].extend(stored_crcs(reader, b.key) or [])
+                    entry.add(len(written), b.offset, b.shape, reader.tensors[b.key].nbytes,
+                              None if entry.crcs is None else stored_crcs(reader, b.key))
 
         def write(blob: WritableBlob, items: list[LazyBlock] = items) -> None:
             fmt.write_blob(blob, [(b.key, b) for b in items], {})
 
         size = files.write_file(name, write, check)
         written.append([name, size])
-    return {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": parts, "files": written,
-            "tensors": entries}
+    return CommitRecord(step, metadata, BLOCK_BYTES, parts, written, entries)
 
 
-def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
+def _read_commit(directory: str, blob: ReadableBlob | None = None) -> tuple[bytes, str | RemoteDirectory]:
     """The bytes of a sharded checkpoint's ``COMMIT`` and where its shard files are: the
     directory, or for a URL the data prefix its (object store) commit record names, as a
-    ``RemoteDirectory`` holding the storage options in force now (shard files open later)."""
+    ``RemoteDirectory`` over the store that read the record (shard files open later, with the
+    same storage options). ``blob``: an object-store record already opened (the registry sniffed
+    it: it knows its store), read and closed here; a local one is read from the directory."""
     path = os.path.join(directory, COMMIT)
     try:
         if is_url(directory):
-            from ckpt.storage.remote import RemoteFile  # lazy: object-store code loads only for URLs
-
-            with closing(open_blob(directory)) as blob:
-                assert isinstance(blob, RemoteFile)
-                raw = bytearray(blob.size)
-                blob.read_into(memoryview(raw), 0, "the sharded commit record")
-                prefix = blob.data_url.rpartition("/")[0]
-                return bytes(raw), type(blob.directory)(prefix, store=blob.directory.store)
+            return _read_remote_commit(open_blob(directory) if blob is None else blob)
+        if blob is not None:
+            blob.close()
         with open(path, "rb") as f:
             return f.read(), directory
     except FileNotFoundError:
@@ -253,6 +230,17 @@ def _read_commit(directory: str) -> tuple[bytes, str | RemoteDirectory]:
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
+def _read_remote_commit(blob: ReadableBlob) -> tuple[bytes, RemoteDirectory]:
+    """``_read_commit`` of an object-store checkpoint whose commit record ``blob`` is."""
+    from ckpt.storage.remote import RemoteFile  # lazy: object-store code loads only for URLs
+
+    with closing(blob):
+        assert isinstance(blob, RemoteFile)
+        raw = _io.pread(blob, 0, blob.size, "the sharded commit record")
+        prefix = blob.data_url.rpartition("/")[0]
+        return raw, type(blob.directory)(prefix, store=blob.directory.store)
+
+
 def read_commit(directory: str) -> bytes:
     """The bytes of a local sharded checkpoint's ``COMMIT``, as ``ShardedReader(directory, commit=)``
     takes them (a collective restore: rank 0 reads them, every rank opens that version)."""
@@ -261,45 +249,13 @@ def read_commit(directory: str) -> bytes:
     return _read_commit(directory)[0]
 
 
-def _read_record(directory: str) -> dict[str, Any]:
-    return _parse_commit(_read_commit(directory)[0], os.path.join(directory, COMMIT))
-
-
-def _parse_commit(raw: bytes, path: str) -> dict[str, Any]:
-    if raw.startswith(HEADER[:-1]):  # version 2 and later: one array
-        start = len(HEADER)
-    elif raw.startswith(_HEADER_PREFIX):  # version 1: three objects as a stream
-        start = len(_HEADER_PREFIX) + 1
-    else:
-        raise CorruptCheckpointError(f"{path}: not a ckpt commit record (bad header)")
-    if len(raw) < start + FOOTER_SIZE:
-        raise CorruptCheckpointError(f"{path}: the commit record is truncated")
-    version = raw[start - 1]
-    check_version(version, VERSION, "commit record", path)
-    if (version == 1) != (start == len(_HEADER_PREFIX) + 1):
-        raise CorruptCheckpointError(f"{path}: the header says version {version}, but the record "
-                                     f"{'lacks' if version > 1 else 'has'} the array around it")
-    fields = _FOOTER.unpack(raw[-FOOTER_SIZE:])
-    if fields[:4] != (0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF) or fields[4] != start or \
-            fields[4] + fields[6] + FOOTER_SIZE != len(raw):
-        raise CorruptCheckpointError(f"{path}: the footer is damaged or the file is truncated")
-    body = raw[start:len(raw) - FOOTER_SIZE]
-    if _io.crc32c(body) != fields[8]:
-        raise checksum_error(path, "the commit record")
-    record = unpack(body, path, "the commit record")
-    if not isinstance(record, dict) or record.get("format") != FORMAT_NAME:
-        raise CorruptCheckpointError(f"{path}: not a ckpt commit record")
-    if record.get("version") != version:
-        raise CorruptCheckpointError(f"{path}: the header says version {version}, the record "
-                                     f"{record.get('version')!r}")
-    return record
+def _read_record(directory: str) -> CommitRecord:
+    return CommitRecord.from_bytes(_read_commit(directory)[0], os.path.join(directory, COMMIT))
 
 
 def referenced_files(directory: str) -> set[str]:
     """The shard files a committed checkpoint's record lists (without checking the tensors)."""
-    files = _read_record(directory).get("files")
-    if not isinstance(files, list):
-        raise _bad(directory, "the record lacks its files")
+    files = _read_record(directory).files
     return {f[0] for f in files if isinstance(f, list) and f and isinstance(f[0], str)}
 
 
@@ -352,14 +308,11 @@ def _ints(values: Any, path: str, key: str, what: str) -> np.ndarray:
     return out.astype(np.int64, copy=False)
 
 
-def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], dict[str, TensorInfo], int]:
-    """Validate the record: files, entries, checksum counts, and that blocks tile every tensor."""
-    files, tensors, block_bytes = record.get("files"), record.get("tensors"), record.get("block_bytes")
-    if type(block_bytes) is not int or block_bytes < 1 or not isinstance(files, list) or \
-            not isinstance(tensors, dict):
-        raise _bad(path, "the record lacks its files, tensors or block size")
+def _parse(record: CommitRecord, path: str) -> tuple[list[tuple[str, int]], dict[str, TensorInfo], int]:
+    """Validate the record's values: files, entries, checksum counts, and that blocks tile every tensor."""
+    block_bytes = record.block_bytes
     parsed_files = []
-    for entry in files:
+    for entry in record.files:
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and
                 is_shard_file(entry[0]) and type(entry[1]) is int and entry[1] >= 0):
             raise _bad(path, f"malformed file entry {str(entry)[:80]}")
@@ -367,21 +320,19 @@ def _parse(record: dict[str, Any], path: str) -> tuple[list[tuple[str, int]], di
     owners = [name for name, _ in parsed_files]
     out: dict[str, TensorInfo] = {}
     cache: dict[bytes, str | None] = {}
-    for key, entry in tensors.items():
+    for key, entry in record.tensors.items():
         problem = key_problem(key)
         if problem:
             raise _bad(path, f"invalid tensor key {key!r}: {problem}")
-        if not isinstance(entry, list) or len(entry) != 7:
-            raise _bad(path, f"tensor {key!r}: malformed entry")
-        dtype = dtype_or_raise(entry[0], path, key)
-        shape = check_shape(entry[1], path, key)
+        dtype = dtype_or_raise(entry.dtype, path, key)
+        shape = check_shape(entry.shape, path, key)
         ndim = len(shape)
-        where = _ints(entry[2], path, key, "file indices")
+        where = _ints(entry.files, path, key, "file indices")
         count = len(where)
-        offsets = _ints(entry[3], path, key, "offsets")
-        shapes = _ints(entry[4], path, key, "shapes")
-        nbytes = _ints(entry[5], path, key, "sizes")
-        crcs = entry[6]
+        offsets = _ints(entry.offsets, path, key, "offsets")
+        shapes = _ints(entry.shapes, path, key, "shapes")
+        nbytes = _ints(entry.nbytes, path, key, "sizes")
+        crcs = entry.crcs
         if len(offsets) != count * ndim or len(shapes) != count * ndim or len(nbytes) != count or \
                 (count and where.max() >= len(parsed_files)):
             raise _bad(path, f"tensor {key!r}: its block arrays do not match")
@@ -429,21 +380,21 @@ class ShardedReader(BaseReader):
     format_name = "ckpt-sharded"
     partial_reads = True  # read_box_into reads only the checksum blocks a box overlaps
 
-    def __init__(self, path: str, commit: bytes | None = None) -> None:
+    def __init__(self, path: str, commit: bytes | None = None, blob: ReadableBlob | None = None) -> None:
         if not is_url(path) and os.path.basename(path) == COMMIT and os.path.isfile(path):
             path = os.path.dirname(path)  # the commit record itself, opened by its content
         self.path = path
         if commit is not None and is_url(path):
             raise ValueError(f"{path}: a commit record is given only for local checkpoints (read_commit)")
-        raw, self._where = (commit, path) if commit is not None else _read_commit(path)
-        record = _parse_commit(raw, os.path.join(path, COMMIT))
-        self._metadata = check_metadata(record.get("metadata", {}), os.path.join(path, COMMIT))
-        step = record.get("step")
+        raw, self._where = (commit, path) if commit is not None else _read_commit(path, blob)
+        record = CommitRecord.from_bytes(raw, os.path.join(path, COMMIT))
+        self._metadata = check_metadata(record.metadata, os.path.join(path, COMMIT))
+        step = record.step
         if step is not None and type(step) is not int:
             raise _bad(path, f"invalid step {step!r}")
         self.step: int | None = step
         self.files, self._tensors, self.block_bytes = _parse(record, path)
-        self.ranks = record.get("ranks")
+        self.ranks = record.ranks
         self._open: dict[int, Any] = {}
         self.bytes_read = 0
 

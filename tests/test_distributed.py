@@ -790,3 +790,27 @@ def test_list_checkpoints_shows_a_committed_sharded_checkpoint_the_state_file_do
     assert sorted(rows) == ["m-1.h5", "m-2.h5"] and rows["m-2.h5"].latest
     assert rows["m-1.h5"].note == "not in the 'checkpoint' state file"
     assert rows["m-1.h5"].size == sum(p.stat().st_size for p in pathlib.Path(first).iterdir())
+
+
+def test_both_sharded_writers_build_the_one_commit_record_the_reader_parses(tmp_path):
+    """A Saver(comm=) save and a sharded conversion build a CommitRecord (named fields, no
+    positional indices); its bytes are what they commit, and the reader parses them back."""
+    from ckpt.formats.ckpt_sharded import COMMIT, HEADER, CommitRecord
+
+    w = np.arange(12.0).reshape(4, 3)
+    saved = ckpt.Saver([ckpt.Variable(w, name="w")], comm=distributed.local()).save(str(tmp_path / "a.msgpack"))
+    src = str(tmp_path / "src.h5")
+    ckpt.save_file({"w": w, "s": np.array("text")}, src)
+    converted = ckpt.convert(src, tmp_path / "b.msgpack", shards=2).path
+    for path, blocks in [(saved, 1), (converted, 2)]:
+        raw = (pathlib.Path(path) / COMMIT).read_bytes()
+        record = CommitRecord.from_bytes(raw, path)
+        assert record.to_bytes() == raw
+        entry = record.tensors["w"]
+        assert entry.dtype == "float64" and list(entry.shape) == [4, 3] and entry.files == list(range(blocks))
+        assert sum(entry.nbytes) == w.nbytes and len(entry.crcs) == blocks
+        assert [name for name, _ in record.files] == sorted(name for name, _ in record.files)
+    assert CommitRecord.from_bytes((pathlib.Path(converted) / COMMIT).read_bytes(), converted).tensors["s"].crcs is None
+    with pytest.raises(ckpt.CorruptCheckpointError, match="COMMIT: the commit record fails its checksum"):
+        at = len(HEADER) + 5  # a byte of the record's body
+        CommitRecord.from_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:], f"{converted}/COMMIT")

@@ -19,7 +19,7 @@ import ckpt
 import ckpt.storage.local
 import ckpt.storage.state
 from ckpt.checksums import crc32c_combine
-from ckpt.formats import _io
+from ckpt.formats import _io, base
 from ckpt.storage import ReadableBlob
 from ckpt.storage.localfile import LocalFile
 
@@ -154,6 +154,53 @@ def test_writers_lend_only_the_callers_own_arrays(tmp_path, monkeypatch, ext):
     ckpt.convert(source, path, overwrite=True)  # lazy sources: read into ckpt's own buffers, never lent
     assert all(isinstance(p, bytes) for p in _Lending.lent)
     assert pathlib.Path(path).read_bytes() == pathlib.Path(plain).read_bytes()
+
+
+class _InMemory(ckpt.storage.WritableBlob):
+    """A third-party blob: the protocol's methods over a bytearray, no lend_pieces of its own."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.calls: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def write_at(self, data, offset):
+        self.calls.append("write_at")
+        data = bytes(memoryview(data).cast("B"))
+        self.data[len(self.data):offset] = bytes(max(0, offset - len(self.data)))
+        self.data[offset:offset + len(data)] = data
+
+    def write_pieces(self, pieces, offset):
+        self.calls.append("write_pieces")
+        for piece in pieces:
+            self.write_at(piece, offset)
+            offset += len(memoryview(piece).cast("B"))
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("ext", [".h5", ".msgpack", ".safetensors"])
+def test_a_blob_inherits_lend_pieces_from_the_protocol_and_writes_what_is_lent(tmp_path, ext):
+    # lend_pieces is declared on WritableBlob with a default (write_pieces): writers call it, never probe for it
+    blob = _InMemory()
+    blob.lend_pieces([b"ab", memoryview(b"cd")], 2)
+    assert bytes(blob.data) == b"\0\0abcd" and blob.calls[0] == "write_pieces"
+    rng = np.random.default_rng(3)
+    tensors = [(f"t/{i}", rng.standard_normal(17).astype(np.float32)) for i in range(20)]
+    tensors.append(("big", rng.standard_normal(_io.BIG // 4 + 3).astype(np.float32)))
+    fmt = base.format_for_path("x" + ext)
+    blob = _InMemory()
+    fmt.write_blob(blob, tensors, {})
+    fmt.write(str(tmp_path / f"m{ext}"), tensors, {})
+    assert bytes(blob.data) == (tmp_path / f"m{ext}").read_bytes()
 
 
 FIFO_CHILD = """

@@ -315,6 +315,23 @@ def test_convert_to_s3_in_shards(s3_bucket, tmp_path, ext):
     assert _all_keys(s3_bucket) == keys and _uploads(s3_bucket) == []
 
 
+def test_a_sharded_conversion_to_s3_reads_back_with_the_storage_options_it_was_given(s3_bucket, tmp_path,
+                                                                                     monkeypatch):
+    """The read-back of the written shards goes through the same options as the writes (the
+    endpoint comes only from storage_options here)."""
+    import os
+
+    options = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # without the options, nothing reaches the test server
+    source = str(tmp_path / "src.h5")
+    tensors = {"w": np.arange(12, dtype=np.float32).reshape(4, 3)}
+    ckpt.save_file(tensors, source)
+    dst = f"{s3_bucket}/run/m.msgpack"
+    assert ckpt.convert(source, dst, shards=2, storage_options=options).shards == 2
+    with ckpt.load_checkpoint(dst, storage_options=options) as reader:
+        assert np.array_equal(reader.get_tensor("w"), tensors["w"]) and reader.verify() == []
+
+
 def test_a_sharded_conversion_to_s3_that_does_not_read_back_commits_nothing(s3_bucket, tmp_path, monkeypatch):
     from ckpt.tools import conversion
 

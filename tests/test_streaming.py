@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ckpt
+from ckpt.lazy import LazySource
 from ckpt.tools import chunks as _chunks
 
 MiB = 1 << 20
@@ -108,7 +109,7 @@ def test_memory_is_bounded_by_chunks_not_by_the_tensor(tmp_path, monkeypatch, ex
     assert ckpt.compare(a, b).tensor("x").values.unequal == 1
 
 
-class Chunked:
+class Chunked(LazySource):
     """A lazy source that streams its bytes in pieces of ``step`` bytes (cut anywhere)."""
 
     def __init__(self, value: np.ndarray, step: int, extra: bytes = b"") -> None:
@@ -138,6 +139,24 @@ def test_a_streamed_source_writes_the_same_file_as_its_array(tmp_path, ext):
     fmt.write(str(tmp_path / f"chunks{ext}"), [(k, Chunked(v, 999)) for k, v in values.items()], {"m": 1})
     assert (tmp_path / f"array{ext}").read_bytes() == (tmp_path / f"chunks{ext}").read_bytes()
     assert ckpt.verify(tmp_path / f"chunks{ext}").ok
+
+
+@pytest.mark.parametrize("ext", [".msgpack", ".safetensors", ".h5"])
+def test_an_h5py_dataset_is_a_lazy_source_whose_chunks_attribute_is_not_a_stream(tmp_path, ext):
+    """Any object with dtype, shape and __array__ may be handed to a writer; only a LazySource
+    streams (an h5py dataset's ``chunks`` is its chunk shape, a tuple, not a method)."""
+    import h5py
+
+    from ckpt.formats import base
+
+    value = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f.create_dataset("w", data=value, chunks=(5, 100))
+    fmt = base.format_for_path("x" + ext)
+    with h5py.File(tmp_path / "src.h5", "r") as f:
+        assert f["w"].chunks == (5, 100)
+        fmt.write(str(tmp_path / f"out{ext}"), [("w", f["w"])], {})
+    assert np.array_equal(ckpt.load_file(tmp_path / f"out{ext}")["w"], value)
 
 
 @pytest.mark.parametrize("ext", [".msgpack", ".safetensors", ".h5"])

@@ -29,7 +29,7 @@ from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpoint
 from ..formats import ckpt_sharded as sharded
 from ckpt.saving.reader import open_checkpoint
 from ckpt.saving.restore import RestoreResult, restore_from
-from ckpt.saving.locations import resolve_checkpoint, using
+from ckpt.saving.locations import resolve_checkpoint
 from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.runtime.variables import Variable
 from .comm import Communicator, decode, encode
@@ -45,8 +45,7 @@ def restore_collective(path: str | os.PathLike[str], variables: Mapping[str, Var
     where = os.fspath(path)
     if comm.rank == 0:
         try:
-            with using(where, storage_options):
-                message: dict[str, Any] = {"path": resolve_checkpoint(where)}
+            message: dict[str, Any] = {"path": resolve_checkpoint(where, storage_options)}
             if not is_url(message["path"]) and sharded.is_sharded(message["path"]):
                 message["commit"] = sharded.read_commit(message["path"])  # the version every rank opens
         except (CheckpointError, OSError) as exc:

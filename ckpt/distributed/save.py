@@ -287,12 +287,12 @@ def _prepare_remote(job: Job, path: str) -> tuple[bool, str]:
     return state is not None and any(e.path == name for e in state.all_entries()), store.new_data(name)
 
 
-def _commit_remote(job: Job, path: str, data: str, record: dict[str, Any],
+def _commit_remote(job: Job, path: str, data: str, record: Any,
                    reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0, once every rank uploaded its shard file under the prefix ``data``: upload the
     sharded COMMIT there, then the checkpoint's commit record (create-only), then record it in
     the state file (retention included); on a failure, delete this save's objects."""
-    from ..formats.ckpt_sharded import COMMIT, commit_bytes
+    from ..formats.ckpt_sharded import COMMIT
 
     store = _remote_store(job, path)
     failed = [r["error"] for r in reports if r["error"]]
@@ -300,11 +300,11 @@ def _commit_remote(job: Job, path: str, data: str, record: dict[str, Any],
         if failed:
             raise CheckpointWriteError(f"{path}: the sharded save failed; nothing was committed and the previous "
                                        "checkpoint is still the latest:\n  " + "\n  ".join(failed))
-        name, body = os.path.basename(path), commit_bytes(record)
+        name, body = os.path.basename(path), record.to_bytes()
         store.store.put(store.join(f"{data}/{COMMIT}"), body, create_only=True)
         # pending first: a kill after the commit hides nothing
-        store.intend(name, record["step"], f"{data}/{COMMIT}", job.metrics)
-        store.publish_bytes(name, f"{data}/{COMMIT}", body, record["step"])
+        store.intend(name, record.step, f"{data}/{COMMIT}", job.metrics)
+        store.publish_bytes(name, f"{data}/{COMMIT}", body, record.step)
     except CheckpointError as exc:
         urls = [store.join(f"{data}/{r['file'][0]}") for r in reports if r["file"] is not None]
         try:
@@ -313,7 +313,7 @@ def _commit_remote(job: Job, path: str, data: str, record: dict[str, Any],
             pass  # the store is failing: the next save's clean_orphans takes them
         return {"kind": "write", "error": str(exc)}
     try:
-        state = store.record(os.path.basename(path), job.retention.change(store, path, record["step"], job.metrics))
+        state = store.record(os.path.basename(path), job.retention.change(store, path, record.step, job.metrics))
     except CheckpointError as exc:
         return {"kind": "write", "error": str(exc)}
     return {"error": None, "kept": kept_paths(path, state)}
@@ -452,29 +452,22 @@ def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, item
 
 
 def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int | None,
-                 metadata: dict[str, Any]) -> dict[str, Any]:
-    """The commit record (docs/formats.md) from the agreed plan and every rank's report."""
-    from ..formats.ckpt_sharded import BLOCK_BYTES
+                 metadata: dict[str, Any]) -> Any:
+    """The commit record (a ``ckpt_sharded.CommitRecord``, docs/formats.md) from the agreed plan
+    and every rank's report."""
+    from ..formats.ckpt_sharded import BLOCK_BYTES, CommitRecord, TensorEntry
 
     files: list[list[Any]] = []
-    tensors: dict[str, list[Any]] = {spec[0]: [spec[1], spec[2], [], [], [], [], []] for spec in lay.keys}
+    tensors = {key: TensorEntry(dtype, shape, crcs=None if dtypes.is_string(dtypes.as_dtype(dtype)) else [])
+               for key, dtype, shape, *_ in lay.keys}
     for report in reports:
         if report["file"] is None:
             continue
         index = len(files)
         files.append(report["file"])
         for key, offset, shape, nbytes, crcs in report["blocks"]:
-            entry = tensors[key]
-            entry[2].append(index)
-            entry[3].extend(offset)
-            entry[4].extend(shape)
-            entry[5].append(nbytes)
-            entry[6].extend(crcs or [])
-    for entry in tensors.values():
-        if dtypes.is_string(dtypes.as_dtype(entry[0])):
-            entry[6] = None  # strings are read whole: no block checksums
-    return {"step": step, "metadata": metadata, "block_bytes": BLOCK_BYTES, "ranks": len(lay.offsets),
-            "files": files, "tensors": tensors}
+            tensors[key].add(index, offset, shape, nbytes, crcs)
+    return CommitRecord(step, metadata, BLOCK_BYTES, len(lay.offsets), files, tensors)
 
 
 def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: list[dict[str, Any]],

@@ -3,8 +3,8 @@ object-store URL (internal; the public names are ``ckpt.latest_checkpoint`` and 
 
 A directory of checkpoints is a :class:`ckpt.storage.Store` (``ckpt.saving.stores.open_store``
 picks ``LocalStore`` or ``_remote.RemoteDirectory``); what differs between the two beyond the
-Store methods is decided here once: how a location resolves to a checkpoint, and which storage
-options are in force. ``reader.py``, ``listing.py`` and the collective restore ask here instead of
+Store methods is decided here once: how a location resolves to a checkpoint (storage options
+are passed in, for the store of a URL). ``reader.py``, ``listing.py`` and the collective restore ask here instead of
 branching on URLs themselves.
 
 Example:
@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 from collections.abc import Mapping
 
@@ -28,7 +27,7 @@ from ckpt.saving.retention import BEST_MODES, best_entries
 from ckpt.saving.stores import REGISTRY, open_store
 from ckpt.storage.state import STATE_FILE
 
-__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "save_target", "using"]
+__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "save_target"]
 
 
 def latest_checkpoint(directory: str | os.PathLike[str],
@@ -78,17 +77,18 @@ def best_checkpoint(directory: str | os.PathLike[str], metric: str, mode: str = 
     return None
 
 
-def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
+def resolve_checkpoint(path: str | os.PathLike[str], storage_options: _urls.StorageOptions | None = None) -> str:
     """A checkpoint file as is; a directory -> its latest checkpoint, or itself when a format reads
     whole directories (a Hugging Face model directory without a state file). A URL ending in a
-    checkpoint extension is a checkpoint (no request spent on looking for a state file).
+    checkpoint extension is a checkpoint (no request spent on looking for a state file); other
+    URLs are looked up in their store, opened with ``storage_options``.
 
     Raises:
         CheckpointNotFoundError: nothing at ``path``, or a directory without checkpoints.
     """
     path = os.fspath(path)
     if _urls.is_url(path):
-        return _resolve_url(path)
+        return _resolve_url(path, storage_options)
     if os.path.isdir(path):
         latest = open_store(path).latest()
         if latest is None and REGISTRY.claims(path):  # a Hugging Face model directory, say
@@ -153,18 +153,15 @@ def save_target(path: str | os.PathLike[str], default: Format | None = None) -> 
     return name + default.extensions[0], default
 
 
-def _resolve_url(url: str) -> str:
+def _resolve_url(url: str, storage_options: _urls.StorageOptions | None) -> str:
     """``resolve_checkpoint`` of a URL."""
-    # lazy: object-store code loads only for URLs (start-up cost of local reads)
-    from ckpt.storage.remote import directory
-
     if format_for_path(url) is not None:
         return url
-    found = directory(url, REGISTRY).latest()
+    found = open_store(url, storage_options).latest()
     if found is not None:
         return found
     parent, name = _urls.split(url)
-    if name and directory(parent).exists(name):
+    if name and open_store(parent, storage_options).exists(name):
         return url  # a checkpoint object without a known extension
     raise CheckpointNotFoundError(f"{url}: no checkpoint in this directory (no '{STATE_FILE}' state file "
                                   "naming an existing checkpoint)")
@@ -181,20 +178,3 @@ def _why_none(directory: str) -> str:
     what = "is not a checkpoint file" if os.path.lexists(missing) else "does not exist"  # a FIFO, say
     earlier = f"; nor do the {len(entries) - 1} earlier ones it lists" if len(entries) > 1 else ""
     return f": its '{STATE_FILE}' state file names {missing}, which {what}{earlier}"
-
-
-def using(location: str | os.PathLike[str],
-          storage_options: _urls.StorageOptions | None) -> AbstractContextManager[None]:
-    """The context in which ``storage_options`` apply to every object opened for ``location``
-    (nothing to do for a local path, or without options).
-
-    Raises:
-        TypeError: ``storage_options`` is not a mapping.
-    """
-    _urls.check_options(storage_options)
-    if storage_options is None or not _urls.is_url(location):
-        return nullcontext()
-    # lazy: object-store code loads only for URLs (start-up cost of local reads)
-    from ckpt.storage.remote import using as remote_using
-
-    return remote_using(storage_options)

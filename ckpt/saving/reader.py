@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.saving import locations as _locations
-from ckpt.storage.urls import StorageOptions, is_url
+from ckpt.storage.urls import StorageOptions, check_options, is_url
 from ckpt.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ckpt.formats.base import Reader, open_reader  # the registry; importing it registers the built-ins
 
@@ -36,15 +36,15 @@ def open_checkpoint(path: str | os.PathLike[str], storage_options: StorageOption
     A directory's latest checkpoint can be deleted by another process's ``max_to_keep``
     between looking it up and opening it; then the lookup is repeated. Object-store URLs
     are opened with ``storage_options`` (see ``ckpt.storage.remote``).
-    """
-    if storage_options is not None:
-        with _locations.using(path, storage_options):
-            return open_checkpoint(path)
 
+    Raises:
+        TypeError: ``storage_options`` is not a mapping.
+    """
+    check_options(storage_options)
     is_dir = os.path.isdir(path)
     for attempt in range(5):
         try:
-            return open_reader(_locations.resolve_checkpoint(path))
+            return open_reader(_locations.resolve_checkpoint(path, storage_options), storage_options=storage_options)
         except FileNotFoundError as exc:  # also from a format's own open(), after the sniffing one
             if not is_dir or attempt == 4:
                 if isinstance(exc, CheckpointError):

@@ -104,10 +104,10 @@ class WritableBlob(Protocol):
     and keep the head small (a header reserved by a first small write), because an object store
     holds the part with the head in memory until the end.
 
-    A blob may also offer ``lend_pieces(pieces, offset)`` (not part of this Protocol): the same
-    as ``write_pieces``, but the caller promises the pieces stay alive and unchanged until the
-    blob is finished, so the blob may keep references instead of copies (an S3 upload sent as
-    one PUT does). ``formats._io.Runs`` lends what a writer marks ``lent``, where it can.
+    ``lend_pieces`` is an optional ability declared here with a default (``write_pieces``):
+    a blob that can keep references to its caller's buffers instead of copies (an S3 upload
+    sent as one PUT) overrides it; implementations subclass this class to inherit the default.
+    ``formats._io.Runs`` lends what a writer marks ``lent``.
 
     A writer (``WritableFormat.write_blob``) is handed a blob by a :class:`Store` and never
     closes it: the Store finishes it (the file is renamed into place, the upload completed and
@@ -139,6 +139,12 @@ class WritableBlob(Protocol):
 
     def write_pieces(self, pieces: Sequence[Bytes], offset: int) -> None:
         """Write ``pieces`` back to back from ``offset`` without joining them into one copy."""
+
+    def lend_pieces(self, pieces: Sequence[Bytes], offset: int) -> None:
+        """``write_pieces``, the caller promising that ``pieces`` stay alive and unchanged until
+        the blob is finished, so the blob may keep references instead of copies. The default
+        writes them now (a local file has nothing to gain from holding them)."""
+        self.write_pieces(pieces, offset)
 
     def close(self) -> None:
         """Finish the blob: everything written is in the storage once this returns."""

@@ -39,10 +39,9 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from contextlib import AbstractContextManager, closing, contextmanager
-from contextvars import ContextVar
+from contextlib import closing
 from typing import Any, TypeVar
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ckpt.checksums import crc32c
 from ckpt.storage import urls as _urls
@@ -476,30 +475,6 @@ class RemoteDirectory:
                                    "to update it")
 
 
-
-_options: ContextVar[_urls.StorageOptions | None] = ContextVar("ckpt_storage_options", default=None)
-
-
-@contextmanager
-def _setting(var: ContextVar[T], value: T) -> Iterator[None]:
-    """Give ``var`` the value ``value`` inside the block."""
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
-
-
-def using(storage_options: _urls.StorageOptions | None) -> AbstractContextManager[None]:
-    """Use ``storage_options`` for every URL opened inside the block (the public API's keyword)."""
-    return _setting(_options, storage_options)
-
-
-def directory(url: str, catalog: Catalog = FILES_ONLY) -> RemoteDirectory:
-    """The RemoteDirectory of ``url`` with the storage options in force."""
-    return RemoteDirectory(url, _options.get(), catalog=catalog)
-
-
 class RemoteFile:
     """A committed checkpoint's data object opened for ranged reads: the
     :class:`ckpt.storage.ReadableBlob` formats read an object-store checkpoint through. The
@@ -508,12 +483,18 @@ class RemoteFile:
 
     ``size``: the object is a data object of this many bytes (a sharded checkpoint's shard file,
     which its record lists): no commit record is looked for, and its head and tail are fetched
-    side by side (a store answering with another size is a CorruptCheckpointError)."""
+    side by side (a store answering with another size is a CorruptCheckpointError).
 
-    def __init__(self, url: str, parent: RemoteDirectory | None = None, size: int | None = None) -> None:
+    ``parent``: the directory it is in, whose store reads it; without one, a directory of the
+    URL's parent opened with ``storage_options``. ``directory`` is that RemoteDirectory: formats
+    open sibling objects (a sharded checkpoint's shard files) through its store, so they are read
+    with the same options."""
+
+    def __init__(self, url: str, parent: RemoteDirectory | None = None, size: int | None = None,
+                 storage_options: _urls.StorageOptions | None = None) -> None:
         self.url = url
         parent_url, name = _urls.split(url)
-        self.directory = parent if parent is not None else directory(parent_url)
+        self.directory = parent if parent is not None else RemoteDirectory(parent_url, storage_options)
         if size is None:
             self.data_url, self.size, self._cache = self.directory.locate(name)
         else:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from ckpt.checksums import crc32c
 from ckpt.storage.faults import translating
 from ckpt.storage.objstore import ObjectStore
-from ckpt.storage.uploads import OPEN_HEAD, OPEN_TAIL
+from ckpt.storage.uploads import OPEN_HEAD, OPEN_TAIL, Upload
 
 __all__ = ["S3Upload"]
 
@@ -139,7 +139,7 @@ def _sends_own_checksum(client: Any) -> bool:
         str(getattr(meta, "endpoint_url", "")).startswith("http://")
 
 
-class S3Upload:
+class S3Upload(Upload):
     """A new S3 object written as a :class:`ckpt.storage.WritableBlob` (the blob of saves to
     s3://): one PUT when it is small enough, else a multipart upload streamed while it is
     written; no local copy, bounded memory either way.

@@ -50,7 +50,7 @@ class UploadTarget(Protocol):
         """Copy the local file ``local`` to ``url``, whole or not at all."""
 
 
-class StagedUpload:
+class StagedUpload(Upload):
     """A new object written to a local temporary file first, uploaded whole on ``finish()``
     (stores without streamed uploads: memory://, gs://, other fsspec filesystems)."""
 

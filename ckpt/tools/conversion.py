@@ -38,6 +38,7 @@ from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.saving.stores import store_of
 from ckpt.storage.atomic import fsync_directory, require_directory
 from ckpt.formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys
+from ckpt.lazy import LazySource
 from ckpt.saving.reader import CheckpointReader
 from ckpt.storage import ReadableBlob, WritableBlob
 from ckpt.errors import (
@@ -143,7 +144,7 @@ def scope_renames(keys: list[str], renames: Mapping[str, str], path: str = "chec
     return plan
 
 
-class _Source:
+class _Source(LazySource):
     """A tensor of SRC that the writer reads only when it writes it (bounded memory).
 
     Numeric tensors are read into one buffer shared by all sources (``scratch``): a writer is
@@ -260,9 +261,10 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
     specs, read = _block_reader(reader, plan)
     try:
         record = sharded.write_shards(store.under(data), specs, read, metadata, shards, ext=fmt.extensions[0])
-        raw = sharded.commit_bytes(record)
+        raw = record.to_bytes()
         store.store.put(store.join(commit), raw, create_only=True)
-        with sharded.ShardedReader(store.join(commit)) as written:
+        # read back through this store (its options): the reader opens the shard files with it too
+        with sharded.ShardedReader(store.join(commit), blob=store.under(data).open(sharded.COMMIT)) as written:
             _check_sharded(written, reader, plan, metadata, dst)
     except BaseException:
         store._delete_data(store.join(commit), quietly=True)  # the whole prefix

@@ -63,7 +63,7 @@ def _agree(fast, slow):
 def test_fast_paths_take_plain_indexes(msgpack_index, hdf5_index):
     tensors, start, end = msgpack_index
     fast = msgpack._parse_plain_entries(tensors, start, end)
-    assert fast is not None and fast == msgpack._check_entries(tensors, "f", start, end)
+    assert fast is not None and fast == msgpack._check_entries(tensors, "f", start, end, {})
     entries, userblock, size = hdf5_index
     fast = hdf5._parse_plain_entries(entries, userblock, size)
     assert fast is not None and fast == hdf5._check_entries(entries, "f", userblock, size)
@@ -79,7 +79,7 @@ def test_fast_paths_take_every_numeric_dtype(tmp_path, name):
     raw = (tmp_path / "m.msgpack").read_bytes()[end:-msgpack.FOOTER_SIZE]
     index = _codec.unpack(raw, "m", "the index")["tensors"]
     fast = msgpack._parse_plain_entries(index, start, end)
-    assert fast is not None and fast == msgpack._check_entries(index, "f", start, end)
+    assert fast is not None and fast == msgpack._check_entries(index, "f", start, end, {})
     assert fast[0]["a/x"].dtype == dtypes.as_dtype(name)
     builtin.Hdf5Format().write(str(tmp_path / "h.h5"), tensors, {})
     data = (tmp_path / "h.h5").read_bytes()
@@ -113,7 +113,7 @@ def test_msgpack_fast_path_agrees_with_the_entry_loop(msgpack_index, data):
             else:
                 entry[{"dtype": 0, "shape": 1, "extents": 2, "crc": 3}.get(where, 3)] = value
     _agree(msgpack._parse_plain_entries(tensors, start, end),
-           _outcome(msgpack._check_entries, tensors, "f", start, end))
+           _outcome(msgpack._check_entries, tensors, "f", start, end, {}))
 
 
 @settings(max_examples=300, deadline=None)

@@ -18,6 +18,7 @@ import pytest
 import ckpt
 import ckpt.storage.local
 import ckpt.storage.state
+import ckpt.saving.files
 from ckpt.checksums import crc32c_combine
 from ckpt.formats import _io, base
 from ckpt.storage import ReadableBlob
@@ -88,6 +89,7 @@ def test_writers_keep_the_writable_blob_order_an_object_store_can_stream(tmp_pat
     # the head (before the end of the first write) may be filled at any time; past it, writes go front to back
     monkeypatch.setattr(ckpt.storage.local, "LocalSink", _Recording)  # the class the store writes through
     monkeypatch.setattr(_io, "LocalSink", _Recording)
+    monkeypatch.setattr(ckpt.saving.files, "LocalSink", _Recording)  # save_file's
     _Recording.writes = []
     rng = np.random.default_rng(1)
     tensors = {f"small/{i}": rng.standard_normal(17).astype(np.float32) for i in range(700)}
@@ -140,6 +142,7 @@ def test_writers_lend_only_the_callers_own_arrays(tmp_path, monkeypatch, ext):
     ckpt.save_file(tensors, plain)
     monkeypatch.setattr(ckpt.storage.local, "LocalSink", _Lending)
     monkeypatch.setattr(_io, "LocalSink", _Lending)
+    monkeypatch.setattr(ckpt.saving.files, "LocalSink", _Lending)  # save_file's
     _Lending.lent = []
     path = str(tmp_path / f"m{ext}")
     ckpt.save_file(tensors, path)

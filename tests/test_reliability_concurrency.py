@@ -157,8 +157,8 @@ def test_restore_retries_when_the_latest_is_deleted_between_resolving_and_openin
     real_resolve = _locations.resolve_checkpoint
     deleted = []
 
-    def racing_resolve(path):
-        resolved = real_resolve(path)
+    def racing_resolve(path, *args, **kwargs):
+        resolved = real_resolve(path, *args, **kwargs)
         if not deleted:  # the other process deletes it right now
             deleted.append(resolved)
             os.unlink(resolved)

@@ -69,6 +69,7 @@ _LAZY = {
     "RestoreResult": ".saving.restore",
     "init_from_checkpoint": ".saving.restore",
     "Saver": ".saving.saver",
+    "PreemptionGuard": ".saving.preemption",
     "deferred_init": ".runtime.scopes",
     "device": ".runtime.scopes",
     "name_scope": ".runtime.scopes",
@@ -140,6 +141,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .saving.restore import RestoreResult as RestoreResult
     from .saving.restore import init_from_checkpoint as init_from_checkpoint
     from .saving.saver import Saver as Saver
+    from .saving.preemption import PreemptionGuard as PreemptionGuard
     from .runtime.scopes import deferred_init as deferred_init
     from .runtime.scopes import device as device
     from .runtime.scopes import name_scope as name_scope

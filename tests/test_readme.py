@@ -36,6 +36,7 @@ print(_json.dumps({
     "best": best,
     "steps": [r.step for r in ckpt.list_checkpoints("train_run")],
     "w": w.numpy().tolist(),
+    "preempted": (step, guard.requested, guard.signal == signal.SIGTERM, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL),
 }))
 '''
 
@@ -64,9 +65,9 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["loaded"] == ["embedding/table", "step"] and facts["step"] == 1000
     assert facts["torch_kernel"] and facts["torch_bias"]
     assert facts["best"] == "train_run/model-200.h5" and facts["w"] == [4.0] * 4  # restored latest: step 400
-    assert facts["steps"] == [200, 300, 400, 500, 600]
-    assert facts["listed"][:3] == [["model-200.h5", {"val_loss": 0.4, "acc": 0.6}],
-                               ["model-300.h5", {"val_loss": 0.6, "acc": 0.4}],
+    assert facts["steps"] == [300, 400, 500, 600, 800]  # 800: saved when the guard saw the SIGTERM
+    assert facts["preempted"] == [800, True, True, True]
+    assert facts["listed"][:2] == [["model-300.h5", {"val_loss": 0.6, "acc": 0.4}],
                                ["model-400.h5", {"val_loss": 0.7, "acc": 1 - 0.7}]]
     assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train_run",
                                             "weights"]

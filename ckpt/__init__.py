@@ -51,6 +51,7 @@ _LAZY = {
     "compare_values": ".tools.comparison",
     "Conversion": ".tools.conversion",
     "convert": ".tools.conversion",
+    "average_checkpoints": ".tools.averaging",
     "scope_renames": ".tools.conversion",
     "writable_format": ".tools.conversion",
     "load_file": ".saving.files",
@@ -118,6 +119,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .tools.comparison import compare_values as compare_values
     from .tools.conversion import Conversion as Conversion
     from .tools.conversion import convert as convert
+    from .tools.averaging import average_checkpoints as average_checkpoints
     from .tools.conversion import scope_renames as scope_renames
     from .tools.conversion import writable_format as writable_format
     from .saving.files import load_file as load_file

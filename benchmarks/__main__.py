@@ -14,9 +14,11 @@ parser.add_argument("--small-count", type=int, default=10000, help="case (b): nu
 parser.add_argument("--reps", type=int, default=5, help="repetitions per system (median reported)")
 parser.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs directory (CPU cost); '' to skip")
 parser.add_argument("--disk", default=tempfile.gettempdir(), help="a directory on disk; '' to skip")
-parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sharded,hdf5child,one,cli,s3,compress",
+parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sharded,hdf5child,one,cli,s3,compress,"
+                                       "average",
                     help="comma-separated: a b c d e async checksum import plan sharded hdf5child one cli stats s3 "
-                         "compress (docs/benchmarks.md)")
+                         "compress average (docs/benchmarks.md)")
+parser.add_argument("--average-mib", type=int, default=512, help="case average: size of each of the 3 inputs")
 parser.add_argument("--cli-gib", type=float, default=1.0, help="case cli: size of the 8-tensor checkpoint")
 parser.add_argument("--s3-model-mib", type=int, default=256, help="case s3: model saved and restored")
 parser.add_argument("--s3-big-mib", type=int, default=1024, help="case s3: checkpoint of the one-tensor read")

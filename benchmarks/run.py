@@ -221,6 +221,15 @@ def main(args: Any) -> None:
     if "import" in cases:
         print(f"**import ckpt**: {1000 * import_seconds(args.reps):.0f} ms (fresh interpreter, start-up "
               "subtracted)\n")
+    if "average" in cases and args.tmpfs:  # CPU cost: on tmpfs
+        from .averaging import average_case
+
+        directory = os.path.join(args.tmpfs, f"ckpt-bench-avg-{os.getpid()}")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            print(average_case("tmpfs", directory, args.average_mib, args.reps) + "\n")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     if not cases & {"a", "b", "c", "d", "e", "async", "checksum", "one", "cli", "stats"}:
         return
     model, variables = make_model(big_count, big_bytes)

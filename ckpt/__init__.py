@@ -57,6 +57,7 @@ _LAZY = {
     "compare_values": ".tools.comparison",
     "Conversion": ".tools.conversion",
     "convert": ".tools.conversion",
+    "average_checkpoints": ".tools.averaging",
     "scope_renames": ".tools.conversion",
     "writable_format": ".tools.conversion",
     "load_file": ".saving.files",
@@ -75,6 +76,7 @@ _LAZY = {
     "RestoreResult": ".saving.restore",
     "init_from_checkpoint": ".saving.restore",
     "Saver": ".saving.saver",
+    "PreemptionGuard": ".saving.preemption",
     "deferred_init": ".runtime.scopes",
     "device": ".runtime.scopes",
     "name_scope": ".runtime.scopes",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .tools.comparison import compare_values as compare_values
     from .tools.conversion import Conversion as Conversion
     from .tools.conversion import convert as convert
+    from .tools.averaging import average_checkpoints as average_checkpoints
     from .tools.conversion import scope_renames as scope_renames
     from .tools.conversion import writable_format as writable_format
     from .saving.files import load_file as load_file
@@ -146,6 +149,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .saving.restore import RestoreResult as RestoreResult
     from .saving.restore import init_from_checkpoint as init_from_checkpoint
     from .saving.saver import Saver as Saver
+    from .saving.preemption import PreemptionGuard as PreemptionGuard
     from .runtime.scopes import deferred_init as deferred_init
     from .runtime.scopes import device as device
     from .runtime.scopes import name_scope as name_scope

@@ -22,6 +22,7 @@ from .errors import error_json, error_lines
 #: formats) is imported only when that command runs: `ckpt --help` and `--version` import neither.
 #: tests/test_cli.py checks the help lines against the commands' own.
 COMMANDS = {
+    "average": ("average_cmd", "Average checkpoints into one: the weighted mean of their float tensors."),
     "convert": ("convert_cmd", "Convert a checkpoint between formats; extract or rename keys."),
     "diff": ("diff_cmd", "Compare two checkpoints: keys, dtypes, shapes, values and metadata."),
     "inspect": ("inspect_cmd", "Show a checkpoint's tensors, values or statistics."),

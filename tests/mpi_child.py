@@ -7,7 +7,7 @@ Modes: save ROOT STEP N:KIND:EXT... (one launch of max N processes: the first N 
 ROOT/n<N> through a sub-communicator, for each N) | restore M:KIND... -- DIR... (likewise: the
 first M ranks restore every DIR) | kill DIR PHASE | scenarios ROOT (async saves, async saves
 beside training's collectives on COMM_WORLD, ranks that disagree, a blocking save failing on one
-rank: see SCENARIOS) | timeout DIR.
+rank: see SCENARIOS) | preempt DIR | timeout DIR.
 DIR and ROOT may be object-store URLs (s3://...; the store's settings come from the environment).
 """
 
@@ -269,6 +269,19 @@ def main() -> None:
             comm.barrier(30)
             results[name] = scenario(comm, directory)
         report(comm, results)
+    elif MODE == "preempt":  # rank 1 alone is signalled at step 3; every rank must save step 3
+        directory, = ARGS
+        w = ckpt.Variable(np.zeros((4, 3), np.float32), name="w", shard=ckpt.Shard((4 * comm.size, 3), (4 * comm.rank, 0)))
+        saver = ckpt.Saver([w], comm=comm, timeout=30)
+        with ckpt.PreemptionGuard(comm=comm, timeout=30) as guard:
+            for step in range(1, 100):
+                w.assign_add(np.ones((4, 3), np.float32))
+                if comm.rank == 1 and step == 3:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                if guard.requested:
+                    saver.save(os.path.join(directory, "model.msgpack"), global_step=step, blocking=False)
+                    break
+        report(comm, {"step": step, "signal": guard.signal})
     elif MODE == "timeout":
         directory, = ARGS
         spare = distributed.mpi()  # (every rank) for the dup the last rank never joins

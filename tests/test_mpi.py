@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -240,6 +241,17 @@ def test_a_missing_rank_times_out(tmp_path):
         assert "duplicating the communicator (Idup) did not complete within 1 s" in report["dup"]["error"]
     assert results[2] == {"absent": True}
     assert ckpt.latest_checkpoint(str(tmp_path)) is None
+
+
+def test_a_preemption_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """PreemptionGuard(comm=): rank 1 alone gets SIGUSR1 at step 3; every rank sees it at step 3's
+    check and takes part in the asynchronous save, committed before the guard lets go."""
+    results = mpirun(3, "preempt", str(tmp_path / "out"), str(tmp_path))
+    assert [r["step"] for r in results] == [3, 3, 3]
+    assert [r["signal"] for r in results] == [None, int(signal.SIGUSR1), None]
+    latest = ckpt.latest_checkpoint(str(tmp_path))
+    assert latest is not None and latest.endswith("model-3.msgpack")
+    np.testing.assert_array_equal(ckpt.load_variable(latest, "w"), np.full((12, 3), 3, np.float32))
 
 
 

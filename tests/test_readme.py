@@ -39,7 +39,9 @@ print(_json.dumps({
     "w": w.numpy().tolist(),
     "train": [k for k, _ in ckpt.list_variables("train")],
     "train_latest": ckpt.latest_checkpoint("train"),
-    "resumed": [int(step), json.loads(rng_state.numpy()) == rng.bit_generator.state],
+    "resumed": [int(global_step), json.loads(rng_state.numpy()) == rng.bit_generator.state],
+    "averaged": [averaged, ckpt.load_variable(averaged, "train/w").tolist()],
+    "preempted": (step, guard.requested, guard.signal == signal.SIGTERM, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL),
 }))
 '''
 
@@ -68,9 +70,10 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["loaded"] == ["embedding/table", "step"] and facts["step"] == 1000
     assert facts["torch_kernel"] and facts["torch_bias"]
     assert facts["best"] == "train_run/model-200.h5" and facts["w"] == [4.0] * 4  # restored latest: step 400
-    assert facts["steps"] == [200, 300, 400, 500, 600]
-    assert facts["listed"][:3] == [["model-200.h5", {"val_loss": 0.4, "acc": 0.6}],
-                               ["model-300.h5", {"val_loss": 0.6, "acc": 0.4}],
+    assert facts["steps"] == [300, 400, 500, 600, 800]  # 800: saved when the guard saw the SIGTERM
+    assert facts["preempted"] == [800, True, True, True]
+    assert facts["averaged"] == ["weights/averaged.h5", [4.0] * 4]
+    assert facts["listed"][:2] == [["model-300.h5", {"val_loss": 0.6, "acc": 0.4}],
                                ["model-400.h5", {"val_loss": 0.7, "acc": 1 - 0.7}]]
     assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train",
                                             "train_run", "weights"]

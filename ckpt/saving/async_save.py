@@ -32,10 +32,46 @@ import numpy as np
 from ckpt.storage.workers import one_thread
 from ckpt.saving.staging import StagingArena
 
-__all__ = ["SaveFuture", "BackgroundSaves"]
+__all__ = ["SaveFuture", "BackgroundSaves", "wait_for_saves_in_flight"]
 
 _unseen_lock = threading.Lock()
 _unseen: dict[int, SaveFuture] = {}  # failed saves whose error nobody has seen yet
+_in_flight: set[threading.Thread] = set()  # every Saver's save threads still running (under _unseen_lock)
+
+
+def wait_for_saves_in_flight() -> None:
+    """Wait until every background save of this process (every Saver's) has finished.
+
+    Their errors are left to their Savers and futures (or to the report at exit)."""
+    while True:
+        with _unseen_lock:
+            threads = [t for t in _in_flight if t is not threading.current_thread()]
+        if not threads:
+            return
+        for thread in threads:
+            thread.join()
+        with _unseen_lock:
+            _in_flight.difference_update(threads)
+
+
+def _start(thread: threading.Thread, run: Callable[[], None]) -> threading.Thread | None:
+    """Start ``thread`` as a save in flight; at interpreter shutdown (no new threads) run the
+    save in this thread instead and return None."""
+    with _unseen_lock:
+        _in_flight.add(thread)
+    try:
+        thread.start()
+    except RuntimeError:
+        with _unseen_lock:
+            _in_flight.discard(thread)
+        run()
+        return None
+    return thread
+
+
+def _finished() -> None:
+    with _unseen_lock:
+        _in_flight.discard(threading.current_thread())
 
 
 class SaveFuture(concurrent.futures.Future[str]):
@@ -158,15 +194,12 @@ class BackgroundSaves:
                 else:
                     gate.close()
                     future.set_result(result)
+                finally:
+                    _finished()
 
             # never a daemon (even when called from one): interpreter exit waits for the commit
             thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}", daemon=False)
-            try:
-                thread.start()
-            except RuntimeError:  # no new threads (at interpreter shutdown): save in this thread
-                run()
-                thread = None  # type: ignore[assignment]
-            self._thread, self._future = thread, future
+            self._thread, self._future = _start(thread, run), future
             _wait_uninterrupted(gate)
             return future
 
@@ -180,15 +213,12 @@ class BackgroundSaves:
                 collective()
             except Exception:
                 pass  # every rank's save failed with this rank's error, which its caller has
+            finally:
+                _finished()
 
         with self._lock:
             thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}", daemon=False)
-            try:
-                thread.start()
-            except RuntimeError:  # no new threads (at interpreter shutdown): in this thread
-                run()
-                thread = None  # type: ignore[assignment]
-            self._thread, self._future = thread, None
+            self._thread, self._future = _start(thread, run), None
 
 
 def _wait_uninterrupted(gate: Any) -> None:

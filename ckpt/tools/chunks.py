@@ -35,8 +35,8 @@ from ckpt.errors import checksum_error
 from ckpt.formats.base import Reader
 from ckpt.saving.reader import CheckpointReader
 
-__all__ = ["CHUNK_BYTES", "OneThread", "chunk_elements", "paired_chunks", "reusing_buffers", "stored_crc32c",
-           "tensor_chunks"]
+__all__ = ["CHUNK_BYTES", "OneThread", "aligned_chunks", "chunk_elements", "paired_chunks", "reusing_buffers",
+           "stored_crc32c", "tensor_chunks"]
 
 #: Bytes of a tensor in one chunk (a multiple of the I/O pool's 4 MiB pieces).
 CHUNK_BYTES = 8 << 20
@@ -266,3 +266,30 @@ def paired_chunks(ra: CheckpointReader, rb: CheckpointReader, key: str,
         raise ValueError(f"tensor {key!r} has {ia.size} elements in {ra.path}, {ib.size} in {rb.path}")
     elements = chunk_elements(ia.dtype.itemsize, ib.dtype.itemsize)
     yield from _aligned(tensor_chunks(ra, key, elements), tensor_chunks(rb, key_b, elements))
+
+
+def aligned_chunks(readers: list[CheckpointReader], key: str) -> Iterator[list[np.ndarray]]:
+    """Yield lists of matching flat chunks (the same elements) of tensor ``key`` of every reader.
+
+    Each stream moves on only once its chunk is used up (chunks are reused buffers); every
+    tensor is read to its end, so each one's checksum is checked. The sizes must be equal.
+    """
+    sizes = {r.tensors[key].size for r in readers}
+    if len(sizes) != 1:
+        raise ValueError(f"tensor {key!r} has different sizes in {', '.join(r.path for r in readers)}")
+    elements = chunk_elements(*(r.tensors[key].dtype.itemsize for r in readers))
+    streams = [tensor_chunks(r, key, elements) for r in readers]
+    current: list[np.ndarray | None] = [np.empty(0) for _ in readers]
+    used = [0] * len(readers)
+    while True:
+        for i, stream in enumerate(streams):
+            chunk = current[i]
+            if chunk is not None and used[i] == chunk.size:
+                current[i], used[i] = next(stream, None), 0
+        if any(c is None for c in current):
+            if not all(c is None for c in current):
+                raise AssertionError("tensors of equal sizes streamed different numbers of elements")
+            return
+        n = min(c.size - u for c, u in zip(current, used) if c is not None)
+        yield [c[u:u + n] for c, u in zip(current, used) if c is not None]
+        used = [u + n for u in used]

@@ -83,6 +83,7 @@ class _Tally:
         self.max_rel: float | None = 0.0
         self.sum_d2 = self.sum_a2 = 0.0  # sums of |a - b|^2 and of |a|^2 (finite a), float64
         self.strings = False
+        self.seen_unequal_bytes = False
         self._scratch: dict[tuple[str, str], np.ndarray] = {}
         self._helper: _Tally | None = None  # what the second thread adds up (its own buffers)
 
@@ -142,6 +143,12 @@ def _sum_squares(x: np.ndarray) -> float:
         return total
     finite = x[np.isfinite(x)]  # an Inf or NaN, or an overflow (which stays infinite)
     return _dot(finite)
+
+
+def _norm_squared(piece: np.ndarray) -> float:
+    """The sum of |a|^2 over a piece's finite values, in float64."""
+    x = _as_number(piece)
+    return _sum_squares(np.abs(x) if x.dtype.kind == "c" else x)
 
 
 def _fast_dtype(a: np.dtype[Any], b: np.dtype[Any]) -> bool:
@@ -218,12 +225,15 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
         tally.strings = True
         return
     fast = _fast_dtype(ra.dtype, rb.dtype)
-    if not fast and ra.dtype == rb.dtype and ra.dtype.kind in "biu" and ra.dtype.isbuiltin == 1 and ra.size:
-        # bit-identical integers are equal values: one comparison (floats find it as fast below)
+    if not tally.seen_unequal_bytes and ra.dtype == rb.dtype and ra.dtype.kind in "biufc" and \
+            ra.dtype.isbuiltin == 1 and ra.size:
+        # bit-identical bytes are equal values (NaNs included): one comparison, and A's norm. Once a
+        # tensor's chunk differs its later ones are likely to (a training step moves every value)
         if np.array_equal(_words(ra), _words(rb)):
             for i in range(0, ra.size, CHUNK):
-                tally.sum_a2 += _sum_squares(_as_number(ra[i:i + CHUNK]))
+                tally.sum_a2 += _norm_squared(ra[i:i + CHUNK])
             return
+        tally.seen_unequal_bytes = True
     starts = range(0, ra.size, CHUNK)
     if len(starts) < 4:
         _add_pieces(tally, ra, rb, starts, fast, atol, rtol)

@@ -151,6 +151,10 @@ _WRAPPER = ("import sys\nfrom ckpt.cli import main\ntry:\n    main(sys.argv[1:],
             "    sys.stderr.write('\\nVmHWM ' + hwm[0].split()[1] + '\\n')\n")
 
 
+#: Rows whose target is the whole process's speed (issue 29: the command line as people run it).
+_BY_PROCESS = ("diff (every value differs)",)
+
+
 def _process(args: list[str]) -> tuple[float, int]:
     """Wall seconds and peak resident bytes of one ``ckpt`` process (exit status 0 or 1)."""
     start = time.perf_counter()
@@ -179,6 +183,11 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
     h5, mp = os.path.join(directory, "cli.h5"), os.path.join(directory, "cli.msgpack")
     ckpt.Saver(variables, max_to_keep=None, format="hdf5").save(h5)
     ckpt.Saver(variables, max_to_keep=None, format="msgpack").save(mp)
+    step = os.path.join(directory, "cli-step.h5")  # the next training step: every value differs
+    if not only or "diff (every value differs)" in only:
+        for var in variables.values():
+            var._value += np.float32(1e-3)
+        ckpt.Saver(variables, max_to_keep=None, format="hdf5").save(step)
     del model, variables
     out_mp, out_st, copy = (os.path.join(directory, n) for n in ("out.msgpack", "out.safetensors", "copy.bin"))
 
@@ -193,6 +202,8 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
         "convert msgpack -> safetensors": (["convert", mp, out_st], lambda: ckpt.convert(mp, out_st),
                                            lambda: _raw_copy(mp, copy), "raw read + write", 0.7),
         "diff": (["diff", h5, mp], lambda: ckpt.compare(h5, mp), lambda: _raw_read(h5, mp), "raw read of both", 0.5),
+        "diff (every value differs)": (["diff", h5, step], lambda: ckpt.compare(h5, step),
+                                       lambda: _raw_read(h5, step), "raw read of both", 0.35),
         "inspect --stats": (["inspect", h5, "--stats"], lambda: ckpt.tensor_stats(h5), lambda: _raw_read(h5),
                             "raw read", 0.5),
     }
@@ -216,14 +227,18 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
             lib.append(timed(call))
         clean()
         r, p, i, c = (statistics.median(x) for x in (ref, proc, inproc, lib))
+        judged = r / p if name in _BY_PROCESS else r / i
         rows.append(fmt_row([name, f"{p:.3f}", f"{i:.3f}", f"{c:.3f}", f"{r:.3f} ({ref_label})", f"{r / p:.2f}x",
-                             f"{r / i:.2f}x", f"{r / c:.2f}x", f"≥ {target}x", _verdict(r / i >= target),
-                             f"{peak / MiB:.0f}"]))
-    rows += ["", "(the verdict uses the in-process speed: a process adds Python's start and imports, "
-             "reported below; the library call is ckpt.convert / compare / tensor_stats doing the same work)", ""]
+                             f"{r / i:.2f}x", f"{r / c:.2f}x", f"≥ {target}x" + (" (process)" if name in _BY_PROCESS
+                                                                               else ""),
+                             _verdict(judged >= target), f"{peak / MiB:.0f}"]))
+    rows += ["", "(the verdict uses the in-process speed, or the process's where the target says so: a process "
+             "adds Python's start and imports, reported below; the library call is ckpt.convert / compare / "
+             "tensor_stats doing the same work)", ""]
     if only:
-        for path in (h5, mp):
-            os.remove(path)
+        for path in (h5, mp, step):
+            if os.path.exists(path):
+                os.remove(path)
         return "\n".join(rows)
     small = os.path.join(directory, "small.h5")
     ckpt.Saver({"w": ckpt.Variable(np.arange(10.0))}, max_to_keep=None).save(small)
@@ -241,6 +256,6 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
         else:
             bound, text = numpy, f"< import numpy ({numpy:.3f}): numpy is not imported"
         rows.append(fmt_row([what, f"{seconds:.3f}", text, _verdict(seconds <= bound)]))
-    for path in (h5, mp, small):
+    for path in (h5, mp, step, small):
         os.remove(path)
     return "\n".join(rows)

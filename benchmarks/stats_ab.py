@@ -38,16 +38,18 @@ from .round2 import _raw_read
 from .run import fmt_row, make_model
 
 
-def _load_before(revision: str, directory: str) -> Any:
-    source = subprocess.run(["git", "show", f"{revision}:ckpt/tools/stats.py"], check=True, capture_output=True,
+def _load_module(revision: str, source_path: str, directory: str) -> Any:
+    """A module of ckpt as it was at ``revision``, loaded as a sibling of today's (same helpers)."""
+    source = subprocess.run(["git", "show", f"{revision}:{source_path}"], check=True, capture_output=True,
                             text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
-    path = os.path.join(directory, "stats_before.py")
+    name = os.path.splitext(os.path.basename(source_path))[0] + "_before"
+    path = os.path.join(directory, name + ".py")
     with open(path, "w") as f:
         f.write(source)
-    spec = importlib.util.spec_from_file_location("ckpt._stats_before", path)
+    spec = importlib.util.spec_from_file_location(f"ckpt._{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["ckpt._stats_before"] = module  # its relative imports resolve inside today's ckpt
+    sys.modules[f"ckpt._{name}"] = module  # its relative imports resolve inside today's ckpt
     spec.loader.exec_module(module)
     return module
 
@@ -85,7 +87,7 @@ def main() -> None:
     parser.add_argument("--tmpfs", default="/dev/shm", help="directory for the checkpoint")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.tmpfs) as directory:
-        before = _load_before(args.before, directory)
+        before = _load_module(args.before, "ckpt/tools/stats.py", directory)
         model, variables = make_model(8, int(args.gib * (1 << 30)) // 8, seed=4)
         path = ckpt.Saver(variables, max_to_keep=None, format="hdf5").save(os.path.join(directory, "ab.h5"))
         del model, variables

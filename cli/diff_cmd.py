@@ -33,7 +33,7 @@ def _values_differ(vd: ckpt.ValueDiff) -> str:
 def _numbers(vd: ckpt.ValueDiff) -> str:
     if vd.max_abs is None:
         return ""
-    return f" (max abs diff {vd.max_abs:.6g}, max rel diff {vd.max_rel:.6g})"
+    return f" (max abs diff {vd.max_abs:.6g}, max rel diff {vd.max_rel:.6g}, rel L2 change {vd.rel_l2:.6g})"
 
 
 def diff_lines(result: ckpt.Comparison) -> Iterator[str]:
@@ -107,7 +107,8 @@ def diff(ctx: click.Context, a: str, b: str, atol: float, rtol: float, as_json: 
 
     \b
     Lines: "- key" only in A, "+ key" only in B, "! key" a changed dtype or shape or values
-    outside the tolerance, "~ key" values that differ within the tolerance; then
+    outside the tolerance, "~ key" values that differ within the tolerance (with the largest
+    |a-b| and |a-b|/|b|, and the relative L2 change ||a-b||/||a||: how far the tensor moved); then
     "- metadata", "+ metadata" and "! metadata" lines for metadata keys that differ.
     Exit status: 0 the same (within tolerance), 1 different, 2 trouble (as diff(1)).
 

@@ -372,12 +372,12 @@ def test_diff_reports_every_kind_of_difference(tmp_path):
     assert result.stdout.splitlines() == [
         f"--- {a}",
         f"+++ {b}",
-        "! dtype: (float32) [3] -> (float64) [3]; 1 of 3 values differs (max abs diff 1, max rel diff 1)",
+        "! dtype: (float32) [3] -> (float64) [3]; 1 of 3 values differs (max abs diff 1, max rel diff 1, rel L2 change inf)",
         "- gone (float64) [2]",
         "+ new (float64) [2]",
         "! s (string) [1]: 1 of 1 value differs",
         "! shape: (float64) [3] -> (float64) [4]",
-        "! vals (float64) [3]: 2 of 3 values differ (max abs diff 4, max rel diff inf)",
+        "! vals (float64) [3]: 2 of 3 values differ (max abs diff 4, max rel diff inf, rel L2 change 0.879664)",
         "# different: 1 only in A, 1 only in B, 2 changed dtype or shape, 2 differ, 1 identical",
     ]
 
@@ -390,7 +390,7 @@ def test_diff_tolerances(tmp_path):
     result = run("diff", a, b, "--atol", "0.01", "--rtol", "0.01")
     assert result.exit_code == 0
     assert result.stdout.splitlines()[2:] == [
-        "~ w (float64) [3]: 2 of 3 values differ, within tolerance (max abs diff 0.5, max rel diff 0.00497512)",
+        "~ w (float64) [3]: 2 of 3 values differ, within tolerance (max abs diff 0.5, max rel diff 0.00497512, rel L2 change 0.00499976)",
         "# same: 1 within tolerance"]
 
 
@@ -924,7 +924,7 @@ def test_diff_json(tmp_path):
     assert by_key["gone"] == {"key": "gone", "change": "only in A", "a": {"dtype": "float64", "shape": [2]}}
     assert by_key["enc/kernel"]["change"] == "differ"
     assert by_key["enc/kernel"]["values"] == {"count": 6, "unequal": 5, "outside": 5, "max_abs": 5.0,
-                                              "max_rel": "Infinity"}
+                                              "max_rel": "Infinity", "rel_l2": 1.0}
     assert by_key["step"] == {"key": "step", "change": "metadata", "a": 1, "b": 2}
     assert json.loads(run("diff", a, a, "--json").stdout)["same"] is True
 

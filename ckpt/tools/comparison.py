@@ -16,12 +16,13 @@ Example:
     >>> result.same, result.only_in_a, result.differ
     (False, ['v'], ['w'])
     >>> result.tensor("w").values
-    ValueDiff(count=2, unequal=1, outside=1, max_abs=0.5, max_rel=0.2)
+    ValueDiff(count=2, unequal=1, outside=1, max_abs=0.5, max_rel=0.2, rel_l2=0.2236...)
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.tools.chunks import paired_chunks, reusing_buffers
+from ckpt.tools.chunks import OneThread, paired_chunks, reusing_buffers
 from ckpt.tools.jsonview import jsonable
 from ckpt.tools.sources import Checkpoint, Keys, opened, select_keys
 from ckpt.storage.urls import StorageOptions
@@ -39,6 +40,8 @@ __all__ = ["ValueDiff", "TensorChange", "MetadataChange", "Comparison", "compare
 
 #: Elements compared per vectorized step: bounds the temporaries for huge tensors.
 CHUNK = 1 << 16
+DOT = 8192  # elements of one BLAS dot product (OpenBLAS threads only longer ones)
+_second = OneThread("ckpt-compare")  # takes half of each chunk's pieces (numpy and BLAS release the GIL)
 #: What can happen to a key, in the order the counts are reported.
 CHANGES = ("only in A", "only in B", "changed dtype or shape", "differ", "within tolerance", "identical",
            "metadata")
@@ -49,13 +52,22 @@ DIFFERENT = ("only in A", "only in B", "changed dtype or shape", "differ", "meta
 @dataclass(frozen=True)
 class ValueDiff:
     """How two same-shape tensors differ: elements compared, not exactly equal, outside the
-    tolerance, and the largest absolute and relative differences (None for strings)."""
+    tolerance, the largest absolute and relative differences, and the relative L2 change
+    ``||a - b|| / ||a||`` (None for strings).
+
+    ``max_rel`` is ``|a - b| / |b|`` (rtol's measure, B the reference), so a value that moved
+    off or onto zero makes it large or infinite; ``rel_l2`` says how far a tensor moved as a
+    whole (0 when equal, infinite when A is all zeros and B is not; NaN when both norms pass
+    float64's range). Equal NaNs count as equal (a difference of 0), a NaN against a number as
+    an infinite difference; ``||a||`` sums A's finite values.
+    """
 
     count: int
     unequal: int
     outside: int
     max_abs: float | None
     max_rel: float | None
+    rel_l2: float | None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view (an infinite difference as the string "Infinity")."""
@@ -63,15 +75,47 @@ class ValueDiff:
 
 
 class _Tally:
-    """A ValueDiff built chunk by chunk."""
+    """A ValueDiff built chunk by chunk, with the scratch buffers its pieces reuse."""
 
     def __init__(self) -> None:
         self.count = self.unequal = self.outside = 0
         self.max_abs: float | None = 0.0
         self.max_rel: float | None = 0.0
+        self.sum_d2 = self.sum_a2 = 0.0  # sums of |a - b|^2 and of |a|^2 (finite a), float64
+        self.strings = False
+        self.seen_unequal_bytes = False
+        self._scratch: dict[tuple[str, str], np.ndarray] = {}
+        self._helper: _Tally | None = None  # what the second thread adds up (its own buffers)
+
+    def helper(self) -> _Tally:
+        """The tally the second thread fills, merged into this one's result."""
+        if self._helper is None:
+            self._helper = _Tally()
+        return self._helper
+
+    def scratch(self, name: str, dtype: np.dtype[Any], n: int) -> np.ndarray:
+        """A reused buffer of ``n`` elements (fresh memory costs a page fault per 4 KiB)."""
+        buffer = self._scratch.get((name, dtype.str))
+        if buffer is None or buffer.size < n:
+            buffer = self._scratch[(name, dtype.str)] = np.empty(max(n, CHUNK), dtype)
+        return buffer[:n]
 
     def result(self) -> ValueDiff:
-        return ValueDiff(self.count, self.unequal, self.outside, self.max_abs, self.max_rel)
+        if self._helper is not None:  # merged in a fixed order: the sums do not depend on timing
+            other, self._helper = self._helper, None
+            self.unequal += other.unequal
+            self.outside += other.outside
+            self.max_abs = max(self.max_abs or 0.0, other.max_abs or 0.0)
+            self.max_rel = max(self.max_rel or 0.0, other.max_rel or 0.0)
+            self.sum_d2 += other.sum_d2
+            self.sum_a2 += other.sum_a2
+        if self.strings:
+            return ValueDiff(self.count, self.unequal, self.outside, None, None, None)
+        if self.sum_d2 == 0:
+            rel_l2 = 0.0
+        else:
+            rel_l2 = math.inf if self.sum_a2 == 0 else math.sqrt(self.sum_d2) / math.sqrt(self.sum_a2)
+        return ValueDiff(self.count, self.unequal, self.outside, self.max_abs, self.max_rel, rel_l2)
 
 
 def _words(flat: np.ndarray) -> np.ndarray:
@@ -84,36 +128,132 @@ def _as_number(raw: np.ndarray) -> np.ndarray:
     return raw.astype(np.complex128 if raw.dtype.kind == "c" else np.float64)
 
 
+def _dot(x: np.ndarray) -> float:
+    """x · x in float64 (x float64), in BLAS calls of DOT elements: OpenBLAS spreads longer ones
+    over threads, whose hand-offs cost more than the sum on a busy machine."""
+    if x.size <= DOT:
+        return float(np.dot(x, x))
+    return sum(float(np.dot(x[i:i + DOT], x[i:i + DOT])) for i in range(0, x.size, DOT))
+
+
+def _sum_squares(x: np.ndarray) -> float:
+    """The sum of squares of a float64 array's finite values."""
+    total = _dot(x)
+    if math.isfinite(total):
+        return total
+    finite = x[np.isfinite(x)]  # an Inf or NaN, or an overflow (which stays infinite)
+    return _dot(finite)
+
+
+def _norm_squared(piece: np.ndarray) -> float:
+    """The sum of |a|^2 over a piece's finite values, in float64."""
+    x = _as_number(piece)
+    return _sum_squares(np.abs(x) if x.dtype.kind == "c" else x)
+
+
+def _fast_dtype(a: np.dtype[Any], b: np.dtype[Any]) -> bool:
+    """Whether chunks of these dtypes take the fast path (one builtin float dtype)."""
+    return a == b and a.kind == "f" and a.isbuiltin == 1 and a.itemsize <= 8
+
+
+def _add_exact(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> None:
+    """One piece in float64 (or complex128), NaNs and Infs included."""
+    xa, xb = _as_number(pa), _as_number(pb)
+    both_nan = np.isnan(xa) & np.isnan(xb)
+    neq = ((pa != pb) if pa.dtype == pb.dtype else (xa != xb)) & ~both_nan
+    d = np.where(neq, np.abs(xa - xb), 0.0)
+    d[np.isnan(d)] = np.inf  # NaN against a number (or inf - inf of opposite signs)
+    ref = np.abs(xb)
+    rel = np.where(d == 0, 0.0, d / ref)
+    rel[np.isnan(rel)] = np.inf
+    close = ~neq | (np.isfinite(d) & (d <= atol + rtol * ref))
+    tally.unequal += int(np.count_nonzero(neq))
+    tally.outside += int(np.count_nonzero(~close))
+    if d.size:
+        tally.max_abs = max(tally.max_abs or 0.0, float(d.max()))
+        tally.max_rel = max(tally.max_rel or 0.0, float(rel.max()))
+        tally.sum_d2 += _dot(d)  # infinite where a NaN met a number
+        tally.sum_a2 += _sum_squares(np.abs(xa) if xa.dtype.kind == "c" else xa)
+
+
+def _add_fast(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> bool:
+    """One piece of two same-dtype float chunks with no NaN or Inf: _add_exact's float64
+    arithmetic in a few passes over reused buffers instead of its dozen over fresh ones. False,
+    doing nothing, where the piece holds a NaN or Inf (or an overflowing difference): the caller
+    takes the exact path."""
+    n = pa.size
+    f64 = np.dtype(np.float64)
+    xa, xb = pa, pb
+    if pa.dtype != f64:  # float16 or float32 -> float64: exact
+        xa, xb = tally.scratch("a", f64, n), tally.scratch("b", f64, n)
+        np.copyto(xa, pa)
+        np.copyto(xb, pb)
+    d = tally.scratch("d", f64, n)
+    np.subtract(xa, xb, out=d)
+    np.abs(d, out=d)
+    top = float(d.max())
+    if not math.isfinite(top):
+        return False
+    tally.sum_a2 += _dot(xa)
+    if top == 0:
+        return True
+    flags = tally.scratch("flags", np.dtype(np.bool_), n)
+    tally.unequal += int(np.count_nonzero(np.not_equal(d, 0, out=flags)))
+    ref = tally.scratch("ref", f64, n)
+    np.abs(xb, out=ref)
+    if atol or rtol:
+        bound = tally.scratch("bound", f64, n)
+        np.multiply(ref, rtol, out=bound)
+        bound += atol
+        tally.outside += int(np.count_nonzero(np.greater(d, bound, out=flags)))
+    else:
+        tally.outside += int(np.count_nonzero(flags))
+    tally.sum_d2 += _dot(d)
+    np.divide(d, ref, out=ref)  # 0 / 0 = NaN where both are zero (a difference of 0): fmax skips it
+    tally.max_abs = max(tally.max_abs or 0.0, top)
+    tally.max_rel = max(tally.max_rel or 0.0, float(np.fmax.reduce(ref)))
+    return True
+
+
 def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol: float, step: int = CHUNK) -> None:
-    """Compare two flat chunks of one length into ``tally``, ``step`` elements at a time."""
+    """Compare two flat chunks of one length into ``tally``, in pieces of ``step`` elements."""
     tally.count += ra.size
     if dtypes.is_string(ra.dtype) or dtypes.is_string(rb.dtype):
         n = int(np.count_nonzero(ra != rb))
         tally.unequal += n
         tally.outside += n
-        tally.max_abs = tally.max_rel = None
+        tally.strings = True
         return
-    if ra.dtype == rb.dtype and ra.dtype.kind in "biufc" and ra.dtype.isbuiltin == 1 and ra.size:
-        # bit-identical bytes are equal values (NaNs included): the common case costs one comparison
+    fast = _fast_dtype(ra.dtype, rb.dtype)
+    if not tally.seen_unequal_bytes and ra.dtype == rb.dtype and ra.dtype.kind in "biufc" and \
+            ra.dtype.isbuiltin == 1 and ra.size:
+        # bit-identical bytes are equal values (NaNs included): one comparison, and A's norm. Once a
+        # tensor's chunk differs its later ones are likely to (a training step moves every value)
         if np.array_equal(_words(ra), _words(rb)):
+            for i in range(0, ra.size, step):
+                tally.sum_a2 += _norm_squared(ra[i:i + step])
             return
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for i in range(0, ra.size, step):
+        tally.seen_unequal_bytes = True
+    starts = range(0, ra.size, step)
+    if len(starts) < 4:
+        _add_pieces(tally, ra, rb, starts, step, fast, atol, rtol)
+        return
+    half = starts[len(starts) // 2:]
+    job = _second.get().submit(_add_pieces, tally.helper(), ra, rb, half, step, fast, atol, rtol)
+    try:
+        _add_pieces(tally, ra, rb, starts[:len(starts) // 2], step, fast, atol, rtol)
+    finally:
+        job.result()  # the chunks are reused buffers: the second thread must be done with them
+
+
+def _add_pieces(tally: _Tally, ra: np.ndarray, rb: np.ndarray, starts: range, step: int, fast: bool,
+                atol: float, rtol: float) -> None:
+    """The pieces of two chunks that begin at ``starts``, into ``tally`` (on either thread)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):  # per thread
+        for i in starts:
             pa, pb = ra[i:i + step], rb[i:i + step]
-            xa, xb = _as_number(pa), _as_number(pb)
-            both_nan = np.isnan(xa) & np.isnan(xb)
-            neq = ((pa != pb) if pa.dtype == pb.dtype else (xa != xb)) & ~both_nan
-            d = np.where(neq, np.abs(xa - xb), 0.0)
-            d[np.isnan(d)] = np.inf  # NaN against a number (or inf - inf of opposite signs)
-            ref = np.abs(xb)
-            rel = np.where(d == 0, 0.0, d / ref)
-            rel[np.isnan(rel)] = np.inf
-            close = ~neq | (np.isfinite(d) & (d <= atol + rtol * ref))
-            tally.unequal += int(np.count_nonzero(neq))
-            tally.outside += int(np.count_nonzero(~close))
-            if d.size:
-                tally.max_abs = max(tally.max_abs or 0.0, float(d.max()))
-                tally.max_rel = max(tally.max_rel or 0.0, float(rel.max()))
+            if not fast or not _add_fast(tally, pa, pb, atol, rtol):
+                _add_exact(tally, pa, pb, atol, rtol)
 
 
 def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0, *,
@@ -124,7 +264,7 @@ def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
     Example:
         >>> import numpy as np
         >>> compare_values(np.array([1.0, 2.0, np.nan]), np.array([1.0, 2.5, np.nan]), atol=0.1)
-        ValueDiff(count=3, unequal=1, outside=1, max_abs=0.5, max_rel=0.2)
+        ValueDiff(count=3, unequal=1, outside=1, max_abs=0.5, max_rel=0.2, rel_l2=0.2236...)
     """
     if a.shape != b.shape:
         raise ValueError(f"cannot compare values of shapes {list(a.shape)} and {list(b.shape)}")

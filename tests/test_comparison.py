@@ -1,0 +1,113 @@
+"""ckpt.compare_values / ckpt.compare: the values measured, checked against a plain float64 oracle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ckpt
+from ckpt.tools.comparison import CHUNK, compare_values
+
+
+def oracle(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> dict[str, float]:
+    """What ValueDiff means, element by element in float64 (no chunks, no fast paths)."""
+    xa, xb = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    with np.errstate(all="ignore"):
+        neq = (xa != xb) & ~(np.isnan(xa) & np.isnan(xb))
+        d = np.where(neq, np.abs(xa - xb), 0.0)
+        d[np.isnan(d)] = np.inf
+        rel = np.where(d == 0, 0.0, d / np.abs(xb))
+        rel[np.isnan(rel)] = np.inf
+        close = ~neq | (np.isfinite(d) & (d <= atol + rtol * np.abs(xb)))
+    norm_d = math.sqrt(math.fsum((d * d).tolist()))
+    norm_a = math.sqrt(math.fsum((xa[np.isfinite(xa)] ** 2).tolist()))
+    rel_l2 = 0.0 if norm_d == 0 else math.inf if norm_a == 0 else norm_d / norm_a
+    return {"unequal": int(neq.sum()), "outside": int((~close).sum()), "max_abs": float(d.max(initial=0.0)),
+            "max_rel": float(rel.max(initial=0.0)), "rel_l2": rel_l2}
+
+
+def noisy_pair(rng: np.random.Generator, n: int, dtype: type, special: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A and B = A plus a small step, with zeros, subnormals and (``special``) NaNs and Infs sprinkled in."""
+    a = rng.standard_normal(n).astype(dtype)
+    b = (a + rng.standard_normal(n) * 1e-3).astype(dtype)
+    idx = rng.choice(n, 64, replace=False)
+    tiny = np.finfo(dtype).smallest_subnormal
+    b[idx[:8]] = 0.0  # moved onto zero: an infinite relative difference
+    a[idx[8:16]] = b[idx[8:16]] = 0.0
+    b[idx[16:24]] = tiny * 3
+    a[idx[24:32]] = b[idx[24:32]]  # equal values
+    big = np.finfo(dtype).max if dtype != np.float64 else 1e150  # float64: squares stay finite
+    a[idx[32:34]] = big
+    b[idx[32:34]] = -big  # a difference beyond float16's and float32's range
+    if special:
+        a[idx[40:44]] = b[idx[40:44]] = np.nan  # equal NaNs
+        a[idx[44:46]] = np.nan
+        b[idx[46:48]] = np.inf
+        a[idx[48:50]] = b[idx[48:50]] = -np.inf
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("atol, rtol", [(0.0, 0.0), (1e-3, 0.0), (1e-4, 1e-2)])
+def test_values_agree_with_a_float64_oracle(dtype, special, atol, rtol):
+    rng = np.random.default_rng(29)
+    a, b = noisy_pair(rng, 5 * CHUNK + 123, dtype, special)  # pieces on both threads, an odd end
+    vd = compare_values(a, b, atol=atol, rtol=rtol)
+    want = oracle(a, b, atol, rtol)
+    assert vd.count == a.size
+    assert (vd.unequal, vd.outside, vd.max_abs, vd.max_rel) == (
+        want["unequal"], want["outside"], want["max_abs"], want["max_rel"])
+    assert vd.rel_l2 == pytest.approx(want["rel_l2"], rel=1e-12)
+
+
+def test_values_of_a_step_that_moves_every_value():
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal(6 * CHUNK).astype(np.float32)
+    b = a + np.float32(1e-3)
+    vd = compare_values(a, b)
+    want = oracle(a, b, 0.0, 0.0)
+    assert vd.unequal == vd.outside == a.size
+    assert (vd.max_abs, vd.max_rel) == (want["max_abs"], want["max_rel"])
+    assert vd.rel_l2 == pytest.approx(want["rel_l2"], rel=1e-12)
+    assert vd.rel_l2 == pytest.approx(1e-3, rel=1e-2)  # each value moved 1e-3, values of std 1
+
+
+def test_relative_l2_change():
+    assert compare_values(np.array([3.0, 4.0]), np.array([3.0, 4.0])).rel_l2 == 0.0
+    assert compare_values(np.array([3.0, 4.0]), np.array([3.0, 4.5])).rel_l2 == pytest.approx(0.1)
+    assert compare_values(np.zeros(3), np.zeros(3)).rel_l2 == 0.0
+    assert compare_values(np.zeros(3), np.array([0.0, 1.0, 0.0])).rel_l2 == math.inf  # from nothing
+    assert compare_values(np.array([1.0, np.nan]), np.array([1.0, np.nan])).rel_l2 == 0.0
+    assert compare_values(np.array([1.0, np.nan]), np.array([1.0, 2.0])).rel_l2 == math.inf
+    assert compare_values(np.array([1 + 1j]), np.array([1 - 1j])).rel_l2 == pytest.approx(2 / math.sqrt(2))
+    assert compare_values(np.array([3, 4], np.int32), np.array([3, 5], np.int32)).rel_l2 == pytest.approx(0.2)
+    assert compare_values(np.array([b"x"], object), np.array([b"y"], object)).rel_l2 is None
+
+
+def test_compare_reports_relative_l2_per_tensor(tmp_path):
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.msgpack")
+    ckpt.Saver({"w": ckpt.Variable(np.array([3.0, 4.0], np.float32))}).save(a)
+    ckpt.Saver({"w": ckpt.Variable(np.array([3.0, 4.5], np.float32))}).save(b)
+    values = ckpt.compare(a, b).tensor("w").values
+    assert values is not None and values.rel_l2 == pytest.approx(0.1)
+    assert values.to_json()["rel_l2"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("changed", [slice(-1000, None), slice(0, 1000)])
+def test_relative_l2_over_chunks_that_agree_and_chunks_that_differ(tmp_path, changed):
+    """A 12 MiB tensor streams in two chunks: the norm of A counts the chunk that agrees bit for bit too."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(3 << 20).astype(np.float32)
+    b = a.copy()
+    b[changed] += np.float32(0.5)
+    pa, pb = str(tmp_path / "a.msgpack"), str(tmp_path / "b.h5")
+    ckpt.Saver({"w": ckpt.Variable(a)}).save(pa)
+    ckpt.Saver({"w": ckpt.Variable(b)}).save(pb)
+    values = ckpt.compare(pa, pb).tensor("w").values
+    want = oracle(a, b, 0.0, 0.0)
+    assert values is not None and (values.unequal, values.max_abs, values.max_rel) == (
+        want["unequal"], want["max_abs"], want["max_rel"])
+    assert values.rel_l2 == pytest.approx(want["rel_l2"], rel=1e-12)

@@ -230,8 +230,9 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
         # bit-identical bytes are equal values (NaNs included): one comparison, and A's norm. Once a
         # tensor's chunk differs its later ones are likely to (a training step moves every value)
         if np.array_equal(_words(ra), _words(rb)):
-            for i in range(0, ra.size, step):
-                tally.sum_a2 += _norm_squared(ra[i:i + step])
+            with np.errstate(over="ignore", invalid="ignore"):  # squares past float64's range: an inf norm
+                for i in range(0, ra.size, step):
+                    tally.sum_a2 += _norm_squared(ra[i:i + step])
             return
         tally.seen_unequal_bytes = True
     starts = range(0, ra.size, step)

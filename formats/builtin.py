@@ -111,6 +111,24 @@ class MsgpackFormat(WritableFormat):
                               msgpack.MAX_BIN if self.max_bin is None else self.max_bin, compression)
 
 
+class IncrementalFormat(Format):
+    """ckpt's incremental checkpoints: an index file whose tensors are chunks in the directory's
+    chunk store (``formats/incremental.py``); written by a Saver with ``incremental=True``."""
+
+    name = "ckpt-incremental"
+    extensions: tuple[str, ...] = ()
+
+    def sniff(self, head: bytes) -> bool:
+        from . import incremental
+
+        return incremental.is_incremental(head)
+
+    def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
+        from . import incremental
+
+        return incremental.IncrementalReader(path, blob)
+
+
 class CkptShardedFormat(Format):
     """ckpt's sharded checkpoints: directories with a commit record (``formats/ckpt_sharded.py``).
 
@@ -295,5 +313,6 @@ class KerasFormat(Format):
 
 
 #: In the order they are asked; keras is registered before hdf5 (``ckpt.formats``).
-FORMATS: tuple[Format, ...] = (Hdf5Format(), MsgpackFormat(), CkptShardedFormat(), SafetensorsFormat(),
-                               TorchFormat(), FlaxFormat(), TensorFlowFormat(), ShardedFormat(), OrbaxFormat())
+FORMATS: tuple[Format, ...] = (Hdf5Format(), MsgpackFormat(), IncrementalFormat(), CkptShardedFormat(),
+                               SafetensorsFormat(), TorchFormat(), FlaxFormat(), TensorFlowFormat(), ShardedFormat(),
+                               OrbaxFormat())

@@ -57,7 +57,7 @@ def test_built_in_formats_are_format_classes_whose_modules_load_on_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          cwd=OUTSIDE_CHECKOUT)
     names, loaded = map(eval, out.stdout.splitlines())  # two lists of names
-    assert names == sorted(["hdf5", "msgpack", "ckpt-sharded", "safetensors", "pytorch", "flax", "tensorflow",
+    assert names == sorted(["hdf5", "msgpack", "ckpt-sharded", "ckpt-incremental", "safetensors", "pytorch", "flax", "tensorflow",
                             "sharded", "orbax", "keras"])
     assert loaded == ["ckpt.formats.base", "ckpt.formats.builtin"]
 

@@ -28,6 +28,7 @@ from typing import Any, Literal, overload
 from ckpt.storage import urls as _urls
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
+from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
 from ckpt.saving.retention import BEST_MODES, Retention, check_metrics, kept_paths, read_owner
 from ckpt.storage.local import LocalStore
 from ckpt.saving.stores import REGISTRY, store_of
@@ -38,13 +39,14 @@ from ckpt.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
     StorageError,
+    UnsupportedCheckpointError,
     UninitializedVariableError,
 )
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.module import Module
 from ckpt.saving.locations import best_checkpoint
 from ckpt.saving.restore import RestoreResult, restore_variables
-from ckpt.storage.state import CheckpointState
+from ckpt.storage.state import CheckpointState, state_lock
 from ckpt.storage import Store, WritableBlob
 from ckpt.runtime.variables import Variable, global_variables
 
@@ -109,6 +111,20 @@ def _best_policy(keep_best: int | None, best_metric: str | None, best_mode: str)
     return keep_best or None, best_metric, best_mode
 
 
+def _incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int,
+                        comm: Any) -> tuple[int | None, int] | None:
+    """(full_every, chunk_bytes) of an incremental Saver, checked; None when not incremental."""
+    for name, value in (("full_every", full_every), ("chunk_bytes", chunk_bytes)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive int{' or None' if name == 'full_every' else ''}, "
+                             f"got {value!r}")
+    if not incremental:
+        return None
+    if comm is not None:
+        raise UnsupportedCheckpointError("incremental=True is not supported with comm= (sharded saves) yet")
+    return full_every, chunk_bytes
+
+
 def _tree_pairs(tree: Mapping[Any, Any], prefix: str) -> list[tuple[Any, Any]]:
     """A dict's (key, value) pairs with its Modules and nested dicts expanded, as TF2's
     ``Checkpoint(model=..., optimizer=...)``: ``{"model": m}`` gives "model/<attribute path>"."""
@@ -171,11 +187,20 @@ class Saver:
         compression: "zstd" stores the numeric tensors of .msgpack checkpoints as losslessly
             compressed byte planes (docs/formats.md); a save to an .h5 file then raises
             UnsupportedCheckpointError. None (the default) compresses nothing.
+        incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
+            once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
+            the store lacks (docs/incremental.md). Local, blocking saves only for now: with
+            ``comm=``, an object-store URL, ``blocking=False``, ``compression=`` or an .h5 path
+            it raises UnsupportedCheckpointError.
+        full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
+            a self-contained checkpoint; None (the default): every save is incremental.
+        chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
-            key, nothing to save, a negative staging_bytes, keep_best without best_metric, or an
-            unknown compression.
+            key, nothing to save, a negative staging_bytes, keep_best without best_metric, an
+            unknown compression, or a full_every or chunk_bytes that is not a positive int.
+        UnsupportedCheckpointError: ``incremental`` with ``comm``.
         TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
 
@@ -184,8 +209,12 @@ class Saver:
                  staging_bytes: int | None = None, comm: Any = None, timeout: float = 300.0,
                  storage_options: Mapping[str, Any] | None = None, keep_best: int | None = None,
                  best_metric: str | None = None, best_mode: str = "min", save_interval_steps: int | None = None,
-                 save_interval_seconds: float | None = None, compression: str | None = None) -> None:
+                 save_interval_seconds: float | None = None, compression: str | None = None,
+                 incremental: bool = False, full_every: int | None = None,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         self._vars = _key_map(var_list)
+        self._incremental = _incremental_policy(incremental, full_every, chunk_bytes, comm)
+        self._saves = 0  # saves made, for full_every
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
             raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
@@ -221,6 +250,8 @@ class Saver:
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
+        #: what the last incremental save wrote, reused and collected (None before one)
+        self.last_incremental: IncrementalStats | None = None
 
     @property
     def var_list(self) -> dict[str, Variable]:
@@ -320,6 +351,8 @@ class Saver:
         meta: dict[str, Any] = _formats.normalize_metadata(metadata, path)
         store = store_of(path, self._storage_options)
         read_owner(store, path)  # found now, not later in the background
+        if self._incremental is not None:
+            return self._save_incremental(store, path, fmt, tensors, meta, step, scores, blocking)
         if not blocking:
             if not _urls.is_url(path):
                 require_directory(path)
@@ -428,6 +461,36 @@ class Saver:
         if failed and problem is None:
             raise CheckpointWriteError(f"{path}: the asynchronous save did not start, it failed on " +
                                        "; ".join(failed) + "; nothing was written")
+
+    def _save_incremental(self, store: Store, path: str, fmt: Any, tensors: list[tuple[str, Any]],
+                          metadata: dict[str, Any], step: int | None, metrics: dict[str, float] | None,
+                          blocking: bool) -> str:
+        """An incremental save (or, every full_every-th, a self-contained one), then chunk collection."""
+        assert self._incremental is not None
+        full_every, chunk_bytes = self._incremental
+        refused = "blocking=False" if not blocking else "an object-store URL" if not isinstance(store, LocalStore) \
+            else "compression=" if self._compression is not None else f"the {fmt.name} format" \
+            if fmt.name != "msgpack" else None
+        if refused is not None:
+            raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
+                                             "save to a local .msgpack path, blocking", path=path)
+        assert isinstance(store, LocalStore)
+        name = os.path.basename(path)
+        full = full_every is not None and self._saves % full_every == 0
+        self._saves += 1
+        if full:
+            self._commit(store, path, fmt, tensors, metadata, step, metrics)
+            with state_lock(store.location):  # what retention dropped may free chunks
+                self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
+            return path
+        try:
+            state, self.last_incremental = commit_incremental(
+                store, name, tensors, metadata, chunk_bytes, self._retention.change(store, path, step, metrics),
+                step, metrics)
+        except StorageError as exc:
+            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+        self._saved_to(path, state)
+        return path
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
                 metrics: dict[str, float] | None, background: bool = False) -> str:

@@ -1,0 +1,162 @@
+"""Incremental saves (Saver(incremental=True)): chunks written once, restored bit-exact, retention
+that keeps every referenced chunk, damaged chunks named."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import ckpt
+from ckpt import dtypes
+from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.formats.base import open_reader
+
+CHUNK = 4096
+CHUNKS = ".ckpt-chunks"
+
+
+def _vars(rng: np.random.Generator) -> dict[str, ckpt.Variable]:
+    return {
+        "big": ckpt.Variable(rng.standard_normal((64, 100)).astype(np.float32), name="big"),  # 6.25 chunks
+        "exact": ckpt.Variable(rng.integers(0, 9, CHUNK // 8, dtype=np.int64), name="exact"),  # one chunk
+        "bf": ckpt.Variable(rng.standard_normal(3000).astype(dtypes.bfloat16), name="bf"),
+        "scalar": ckpt.Variable(np.float64(2.5), name="scalar"),
+        "empty": ckpt.Variable(np.zeros((0, 3), np.int32), name="empty"),
+        "text": ckpt.Variable(np.array([b"a", b"", b"xyz"], dtype=dtypes.string), name="text"),
+    }
+
+
+def _set_first(var: ckpt.Variable, value: float) -> None:
+    """Change only the first element (so only the first chunk)."""
+    new = var.numpy().copy()
+    new[0, 0] = value
+    var.assign(new)
+
+
+def _load(path: str, key: str) -> np.ndarray:
+    with ckpt.load_checkpoint(path) as reader:
+        return reader[key]
+
+
+def _saver(v: dict[str, ckpt.Variable], **kw: object) -> ckpt.Saver:
+    return ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK, **kw)  # type: ignore[arg-type]
+
+
+def test_round_trip_every_kind_of_tensor(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(0))
+    want = {k: x.numpy().copy() for k, x in v.items()}
+    path = _saver(v).save(os.path.join(str(tmp_path), "m.msgpack"), global_step=1)
+    with ckpt.load_checkpoint(path) as got:
+        for key, value in want.items():
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape
+            assert got[key].tobytes() == value.tobytes() if value.dtype.kind != "O" else list(got[key]) == list(value)
+        assert np.array_equal(got.get_slice("big", np.s_[3:5, 10:20]), want["big"][3:5, 10:20])
+    assert ckpt.verify(path).ok
+
+
+def test_a_save_writes_only_changed_chunks_and_restores_each_step(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(1))
+    saver = _saver(v, max_to_keep=None)
+    d = str(tmp_path)
+    saved = {}
+    for step in range(3):
+        v["big"].assign(v["big"].numpy() + np.eye(64, 100, dtype=np.float32)[::-1] * (step == 2))
+        _set_first(v["big"], step)  # the first chunk changes every step
+        saved[step] = v["big"].numpy().copy()
+        saver.save(os.path.join(d, "m.msgpack"), global_step=step)
+        stats = saver.last_incremental
+        assert stats is not None
+        if step == 1:
+            assert (stats.chunks_written, stats.bytes_written) == (1, CHUNK)
+    for step, value in saved.items():
+        assert _load(os.path.join(d, f"m-{step}.msgpack"), "big").tobytes() == value.tobytes()
+
+
+def test_retention_deletes_only_unreferenced_chunks(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(2))
+    saver = _saver(v, max_to_keep=2)
+    d = str(tmp_path)
+    for step in range(5):
+        _set_first(v["big"], step)
+        saver.save(os.path.join(d, "m.msgpack"), global_step=step)
+    assert sorted(n for n in os.listdir(d) if n.endswith(".msgpack")) == ["m-3.msgpack", "m-4.msgpack"]
+    for step in (3, 4):
+        assert ckpt.verify(os.path.join(d, f"m-{step}.msgpack")).ok
+    with open_reader(os.path.join(d, "m-4.msgpack")) as reader:
+        unique = {c for key in reader.tensors for c in reader.chunks_of(key)}  # type: ignore[attr-defined]
+    # every chunk of step 4 plus the one first chunk step 3 has of its own: nothing else is kept
+    assert len(os.listdir(os.path.join(d, CHUNKS))) == len(unique) + 1
+
+
+def test_a_damaged_shared_chunk_is_named_and_other_tensors_still_restore(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(3))
+    saver = _saver(v, max_to_keep=None)
+    d = str(tmp_path)
+    _set_first(v["big"], 1)
+    saver.save(os.path.join(d, "m.msgpack"), global_step=1)
+    _set_first(v["big"], 2)
+    saver.save(os.path.join(d, "m.msgpack"), global_step=2)
+    shared = v["exact"].numpy().tobytes()
+    import hashlib
+
+    chunk = os.path.join(d, CHUNKS, hashlib.sha256(shared).hexdigest())
+    with open(chunk, "r+b") as f:
+        f.write(b"\xff")
+    for step in (1, 2):
+        path = os.path.join(d, f"m-{step}.msgpack")
+        with pytest.raises(CorruptCheckpointError, match="'exact'") as info:
+            _load(path, "exact")
+        assert info.value.key == "exact"
+        problems = ckpt.verify(path).problems
+        assert len(problems) == 1 and chunk in problems[0] and "'exact'" in problems[0]
+        assert _load(path, "big")[0, 0] == step
+    os.remove(chunk)
+    with pytest.raises(CorruptCheckpointError, match="missing"):
+        _load(os.path.join(d, "m-1.msgpack"), "exact")
+
+
+def test_full_every_writes_self_contained_checkpoints(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(4))
+    saver = _saver(v, max_to_keep=None, full_every=2)
+    d = str(tmp_path)
+    formats = []
+    for step in range(4):
+        path = saver.save(os.path.join(d, "m.msgpack"), global_step=step)
+        with open_reader(path) as reader:
+            formats.append(reader.format_name)
+    assert formats == ["msgpack", "ckpt-incremental", "msgpack", "ckpt-incremental"]
+
+
+def test_convert_writes_a_self_contained_file(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(5))
+    d = str(tmp_path)
+    path = _saver(v).save(os.path.join(d, "m.msgpack"))
+    out = os.path.join(d, "out", "plain.h5")
+    os.makedirs(os.path.dirname(out))
+    ckpt.convert(path, out)
+    assert _load(out, "big").tobytes() == v["big"].numpy().tobytes()
+
+
+@pytest.mark.parametrize("where, kw, what", [
+    ("m.h5", {}, "hdf5"),
+    ("m.msgpack", {"blocking": False}, "blocking=False"),
+])
+def test_unsupported_combinations_are_refused(tmp_path: object, where: str, kw: dict[str, object],
+                                              what: str) -> None:
+    v = _vars(np.random.default_rng(6))
+    saver = ckpt.Saver(v, incremental=True)
+    with pytest.raises(UnsupportedCheckpointError, match=what):
+        saver.save(os.path.join(str(tmp_path), where), **kw)  # type: ignore[call-overload]
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_compression_and_comm_are_refused(tmp_path: object) -> None:
+    v = _vars(np.random.default_rng(7))
+    with pytest.raises(UnsupportedCheckpointError, match="compression="):
+        ckpt.Saver(v, incremental=True, compression="zstd").save(os.path.join(str(tmp_path), "m.msgpack"))
+    with pytest.raises(UnsupportedCheckpointError, match="comm="):
+        ckpt.Saver(v, incremental=True, comm=object())
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        ckpt.Saver(v, incremental=True, chunk_bytes=0)

@@ -87,10 +87,13 @@ CHILD = textwrap.dedent("""
     future, step = None, 0
     try:
         with ckpt.PreemptionGuard() as guard:
-            print("ready", flush=True)
-            while not guard.requested:  # training steps until the scheduler's signal
+            while True:  # training steps until the scheduler's signal
                 step += 1
                 w.assign_add(np.ones(2 ** 22, np.float32))
+                if step == 1:
+                    print("ready", flush=True)  # after a step: the signal lands at step 1 or later
+                if guard.requested:
+                    break
                 if step == 100000:
                     sys.exit(5)
             future = saver.save(os.path.join(sys.argv[1], "model.h5"), global_step=step, blocking=False)

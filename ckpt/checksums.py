@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 from typing import Any
 
@@ -31,9 +33,6 @@ def _load_crc32c() -> Any:
     """The crc32c package's compiled function, loaded on first use without running the
     package's ``__init__``: that imports importlib.metadata to look up its own version, 30-60 ms
     of a command's start-up. Any surprise in the package's layout falls back to the import."""
-    import importlib.machinery
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("crc32c")
         for folder in (spec.submodule_search_locations or []) if spec is not None else []:
@@ -48,7 +47,7 @@ def _load_crc32c() -> Any:
                         return module.crc32c
     except (ImportError, AttributeError, OSError):
         pass
-    import crc32c as package
+    import crc32c as package  # the plain import: only if the layout above surprised us
 
     return package.crc32c
 

@@ -28,6 +28,7 @@ from ckpt.errors import CorruptCheckpointError, checksum_error
 
 from . import _io
 from ._readers import FileReader
+from ._slicing import check_box
 from ckpt.checksums import crc32c, gf2_times
 
 __all__ = ["BLOCK_BYTES", "block_crcs", "checksums", "RunningChecksums", "combine", "pack_crcs", "unpack_crcs",
@@ -208,8 +209,6 @@ class BlockSlicing(FileReader):
     def read_box_into(self, key: str, offset: Sequence[int], out: np.ndarray) -> None:
         """Read the block ``[offset, offset + out.shape)`` of tensor ``key`` into ``out``, reading
         and verifying only the checksum blocks that hold it."""
-        from ._slicing import check_box
-
         info = self.info(key)
         check_box(info, offset, out.shape, self.path)
         self._read_box(info, tuple(int(o) for o in offset), out)

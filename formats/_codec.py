@@ -32,7 +32,7 @@ HDF5_VERSION = 2
 
 def packb(obj: Any) -> bytes:
     """msgpack bytes of ``obj`` (bytes as bin, str as str)."""
-    import msgpack
+    import msgpack  # lazy: only files that hold msgpack load the package
 
     packed: bytes = msgpack.packb(obj, use_bin_type=True)
     return packed
@@ -49,7 +49,7 @@ def unpack(raw: bytes, path: str, what: str, max_items: int | None = None) -> An
         CorruptCheckpointError: naming ``path`` and ``what``, for anything msgpack refuses,
             a key given twice, or an extension type.
     """
-    import msgpack
+    import msgpack  # lazy: only files that hold msgpack load the package
 
     n = len(raw)
     try:

@@ -47,7 +47,7 @@ LIBVER = ("v110", "v110")
 
 def _h5_type(dtype: np.dtype) -> Any:
     """The HDF5 file type for a tensor dtype (little-endian; bfloat16 as a custom float)."""
-    from h5py import h5t
+    from h5py import h5t  # lazy: only the libhdf5 path below needs h5py
 
     if dtype == dtypes.bfloat16:
         tid = h5t.IEEE_F32LE.copy()
@@ -128,7 +128,7 @@ def _write_structure(path: str, plans: list[Any], metadata: dict[str, Any],
     """Create the file's groups and datasets with libhdf5 (space allocated, no data); return
     data offsets. Only for files whose attributes _h5struct cannot hold (lengths of more than
     ~8,000 strings); version 2 object headers store them densely."""
-    import h5py
+    import h5py  # lazy: h5py loads only for the files that need libhdf5
     from h5py import h5d, h5p, h5s
 
     lcpl = h5p.create(h5p.LINK_CREATE)

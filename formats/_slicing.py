@@ -11,6 +11,8 @@ import operator
 from typing import Any
 from collections.abc import Sequence
 
+from ckpt.errors import MismatchError
+
 
 def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple[int, ...]]:
     """The (start, stop) per dimension an index of slices (step 1) and ints selects, and the
@@ -47,8 +49,6 @@ def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tupl
 def check_box(info: Any, offset: Sequence[int], shape: Sequence[int], path: str) -> list[tuple[int, int]]:
     """The (start, stop) per dimension of the block ``[offset, offset + shape)`` of a tensor, or
     MismatchError when it does not lie inside the tensor."""
-    from ckpt.errors import MismatchError
-
     bounds = [(int(o), int(o) + int(n)) for o, n in zip(offset, shape)]
     if len(offset) != len(info.shape) or len(shape) != len(info.shape) or \
             any(a < 0 or b > d for (a, b), d in zip(bounds, info.shape)):

@@ -62,13 +62,13 @@ class Hdf5Format(WritableFormat):
         return _h5head.ckpt_head(head) or _h5head.hdf5_signature(head)
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import hdf5
+        from . import hdf5  # lazy: a format module loads on use
 
         return hdf5.open_hdf5(path, blob, declined)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
-        from . import _h5write
+        from . import _h5write  # lazy: a format module loads on use
 
         _h5write.write_hdf5(blob, tensors, metadata, self.block_bytes)
 
@@ -94,18 +94,18 @@ class MsgpackFormat(WritableFormat):
         self.max_bin = max_bin
 
     def sniff(self, head: bytes) -> bool:
-        from . import msgpack
+        from . import msgpack  # lazy: a format module loads on use
 
         return msgpack.is_ckpt_msgpack(head)
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import msgpack
+        from . import msgpack  # lazy: a format module loads on use
 
         return msgpack.MsgpackReader(path, blob)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
-        from . import msgpack
+        from . import msgpack  # lazy: a format module loads on use
 
         msgpack.write_msgpack(blob, tensors, metadata, self.block_bytes,
                               msgpack.MAX_BIN if self.max_bin is None else self.max_bin, compression)
@@ -142,17 +142,17 @@ class CkptShardedFormat(Format):
     def claims(self, path: str) -> bool:
         if not os.path.isdir(path):  # (checked first: the module loads only for a directory)
             return False
-        from . import ckpt_sharded
+        from . import ckpt_sharded  # lazy: a format module loads on use
 
         return ckpt_sharded.is_sharded(path)
 
     def sniff(self, head: bytes) -> bool:
-        from . import ckpt_sharded
+        from . import ckpt_sharded  # lazy: a format module loads on use
 
         return head.startswith(ckpt_sharded.HEADER[:-1])  # a commit record: what an object-store URL leads to
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import ckpt_sharded
+        from . import ckpt_sharded  # lazy: a format module loads on use
 
         return ckpt_sharded.ShardedReader(path, blob=blob)  # an object's record: its store opens the shards
 
@@ -168,13 +168,13 @@ class SafetensorsFormat(WritableFormat):
         return len(head) >= 9 and head[5:8] == b"\x00\x00\x00" and head[8:9] == b"{"
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import safetensors
+        from . import safetensors  # lazy: a format module loads on use
 
         return safetensors.SafetensorsReader(path, blob)
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
-        from . import safetensors
+        from . import safetensors  # lazy: a format module loads on use
 
         safetensors.write_safetensors(blob, tensors, metadata)
 
@@ -186,13 +186,13 @@ class TorchFormat(Format):
     extensions = (".pt", ".pth", ".bin")
 
     def sniff(self, head: bytes) -> bool:
-        from . import torch
+        from . import torch  # lazy: a format module loads on use
 
         first = _zip.first_member_name(head)
         return head.startswith(torch.LEGACY_MAGIC) or (first is not None and first.endswith("data.pkl"))
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import torch
+        from . import torch  # lazy: a format module loads on use
 
         return torch.TorchReader(path, blob)
 
@@ -204,7 +204,7 @@ class FlaxFormat(Format):
     extensions = (".msgpack",)
 
     def sniff(self, head: bytes) -> bool:
-        from . import msgpack
+        from . import msgpack  # lazy: a format module loads on use
 
         # a map whose first key is a string; ckpt's own msgpack files start with a map too
         if not head or msgpack.is_ckpt_msgpack(head):
@@ -217,7 +217,7 @@ class FlaxFormat(Format):
             (0xA0 <= head[key_at] <= 0xBF or head[key_at] in (0xD9, 0xDA, 0xDB))
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import flax
+        from . import flax  # lazy: a format module loads on use
 
         return flax.FlaxReader(path, blob)
 
@@ -232,7 +232,7 @@ class TensorFlowFormat(Format):
         # only an index, a data file or a prefix with no file of its own can name a bundle
         if not (path.endswith(".index") or ".data-" in path or not os.path.exists(path)):
             return False
-        from . import tensorflow
+        from . import tensorflow  # lazy: a format module loads on use
 
         return tensorflow.prefix_of(path) is not None
 
@@ -240,7 +240,7 @@ class TensorFlowFormat(Format):
         return False  # an index has no header; claims() recognises it by its footer
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import tensorflow
+        from . import tensorflow  # lazy: a format module loads on use
 
         _unused(blob)
         return tensorflow.open_tensorflow(path)
@@ -254,7 +254,7 @@ class ShardedFormat(Format):
 
     def claims(self, path: str) -> bool:
         if os.path.isdir(path):
-            from . import sharded
+            from . import sharded  # lazy: a format module loads on use
 
             return any(os.path.isfile(os.path.join(path, name)) for name in sharded.HF_FILES)
         return path.endswith(self.extensions) and os.path.isfile(path)
@@ -263,7 +263,7 @@ class ShardedFormat(Format):
         return False  # JSON says nothing about itself; claims() goes by the file name
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import sharded
+        from . import sharded  # lazy: a format module loads on use
 
         _unused(blob)
         return sharded.open_sharded(path)
@@ -278,7 +278,7 @@ class OrbaxFormat(Format):
     def claims(self, path: str) -> bool:
         if not os.path.isdir(path):  # (checked first: the module loads only for a directory)
             return False
-        from . import orbax
+        from . import orbax  # lazy: a format module loads on use
 
         return orbax.is_orbax(path)
 
@@ -286,7 +286,7 @@ class OrbaxFormat(Format):
         return False  # a directory; claims() recognises it
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import orbax
+        from . import orbax  # lazy: a format module loads on use
 
         _unused(blob)
         return orbax.open_orbax(path)
@@ -307,7 +307,7 @@ class KerasFormat(Format):
         return _zip.first_member_name(head) in _KERAS_ZIP_MEMBERS or _h5head.foreign_hdf5(head)
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import keras
+        from . import keras  # lazy: a format module loads on use
 
         return keras.open_keras(path, blob)
 

@@ -57,7 +57,7 @@ class H5pyReader(BaseReader):
 
     def __init__(self, path: str, file: Any = None) -> None:
         """Open ``path``, or read ``file`` (a seekable binary file object) and name it ``path``."""
-        import h5py
+        import h5py  # lazy: only HDF5 files that are not ckpt's load h5py
 
         self.path = path
         if file is None:  # unverified bytes: libhdf5 reads them in a child process first (a crash stays there)
@@ -74,7 +74,7 @@ class H5pyReader(BaseReader):
             raise
 
     def _open(self) -> None:
-        import h5py
+        import h5py  # lazy: only HDF5 files that are not ckpt's load h5py
 
         path, f = self.path, self._h5
         try:
@@ -175,7 +175,7 @@ class H5pyReader(BaseReader):
 
     def _dtype_of(self, key: str, ds: Any) -> np.dtype:
         """The tensor dtype of a dataset; HDF5 types no Variable can hold are refused."""
-        import h5py
+        import h5py  # lazy: only HDF5 files that are not ckpt's load h5py
 
         tag = text_attr(ds.attrs, "ckpt_dtype", self.path, key)
         if tag is None:
@@ -303,6 +303,6 @@ def opaque_error(path: str, key: str) -> UnsupportedCheckpointError:
 
 
 def _all() -> Any:
-    from h5py import h5s
+    from h5py import h5s  # lazy: only HDF5 files that are not ckpt's load h5py
 
     return h5s.ALL

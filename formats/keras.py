@@ -128,7 +128,7 @@ def _keras_reader(inner: H5pyReader, metadata: dict[str, Any], archive: Readable
 
 def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlob | None,
                member: tuple[int, int, int] | None, required: bool) -> KerasReader | None:
-    import h5py
+    import h5py  # lazy: only an HDF5 file loads h5py (a .keras zip may hold none)
 
     h5 = inner.file
     if "ckpt_format" in h5.attrs and not required:
@@ -151,7 +151,7 @@ def _recognise(inner: H5pyReader, metadata: dict[str, Any], archive: ReadableBlo
 def _keras3_layout(inner: H5pyReader) -> bool:
     """Keras 3 keeps every variable at "<path>/vars/<n>" (saving_lib's H5IOStore). A shard of a
     sharded save may hold any subset of them (only optimizer/vars, say), so no group is sure to be there."""
-    import h5py
+    import h5py  # lazy: only an HDF5 file loads h5py (a .keras zip may hold none)
 
     h5 = inner.file
     if isinstance(h5.get("layers"), h5py.Group) or isinstance(h5.get("vars"), h5py.Group):

@@ -213,7 +213,7 @@ def _write_compressed(runs: _io.Runs, view: memoryview, itemsize: int, pos: int,
                       block_bytes: int) -> tuple[list[list[int]], bytes, int]:
     """Write a tensor's bytes as compressed chunks of ``block_bytes``, one bin object each; return
     the extents, the packed stored size of every plane (chunk by chunk) and the new position."""
-    from ._planes import encode_chunk
+    from ._planes import encode_chunk  # lazy: only compressed tensors need zstandard
 
     extents: list[list[int]] = []
     sizes: list[int] = []
@@ -358,7 +358,7 @@ class MsgpackReader(BlockSlicing, FileReader):
 
     def _decode(self, info: TensorInfo, sizes: np.ndarray, first: int, last: int, out: memoryview) -> None:
         """Decode chunks ``[first, last)`` of a compressed tensor into ``out``, back to back."""
-        from ._planes import decode_chunk
+        from ._planes import decode_chunk  # lazy: only compressed tensors need zstandard
 
         extents, block_bytes, itemsize = info.extra.extents, self._block_bytes, info.dtype.itemsize
         stored = bytearray(max(n for _, n in extents[first:last]))

@@ -214,7 +214,7 @@ class _OcdbtStore:
     """The same keys in tensorstore's OCDBT database (manifest.ocdbt and its data files)."""
 
     def __init__(self, root: str) -> None:
-        from ._ocdbt import open_store
+        from ._ocdbt import open_store  # lazy: only OCDBT checkpoints load the database reader
 
         self.root = root
         self._store = open_store(root)

@@ -17,10 +17,6 @@ import ckpt.formats
 
 CKPT = pathlib.Path(ckpt.__file__).parent
 FORMATS = pathlib.Path(ckpt.formats.__file__).parent  # installed as ckpt.formats (formats/ in the checkout)
-#: Core modules that must import at module level, except where a line says why not (start-up cost,
-#: optional dependencies, a format module that loads on use).
-CORE = ["storage/state.py", "tools/listing.py", "tools/conversion.py", "storage/local.py", "saving/locations.py", "saving/stores.py",
-        "saving/reader.py", "tools/comparison.py", "tools/chunks.py", "saving/files.py"]
 
 
 def _function_imports(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -121,16 +117,17 @@ def test_storage_sits_below_the_formats():
     assert upward == []
 
 
-@pytest.mark.parametrize("name", CORE)
-def test_function_local_imports_in_the_core_say_why(name):
-    """A function-local import is there for start-up cost or optional dependencies, and says so on
-    its line or the line above; one that only dodges an import cycle is a bug (issue 12)."""
-    path = CKPT / name
+@pytest.mark.parametrize("name", sorted(_installed_modules()))  # every module: ckpt/, formats/, cli/
+def test_function_local_imports_say_why(name):
+    """A function-local import is there for start-up cost, an optional dependency or a format
+    module that loads on use, and says so on its line or the line above; one that only dodges an
+    import cycle, or is there out of habit, belongs at module level (issue 12, issue 25)."""
+    path = _installed_modules()[name]
     lines = path.read_text(encoding="utf-8").splitlines()
     for lineno, text in _function_imports(path):
         context = lines[lineno - 2] + lines[lineno - 1]
         assert "#" in context and any(w in context for w in ("lazy", "only", "imported")), \
-            f"ckpt/{name}:{lineno}: {text} has no one-line reason"
+            f"{path}:{lineno}: {text} has no one-line reason"
 
 
 @pytest.mark.parametrize("module", ["ckpt.storage.state", "ckpt.storage.local", "ckpt.saving.locations", "ckpt.saving.stores", "ckpt.storage.remote",

@@ -18,7 +18,10 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol, runtime_checkable
+
+import msgpack
 
 from ..errors import CheckpointError, CheckpointWriteError
 
@@ -99,15 +102,11 @@ def local() -> LocalCommunicator:
 
 def encode(obj: Any) -> bytes:
     """msgpack bytes of plain data (what ranks tell each other)."""
-    import msgpack
-
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def decode(raw: bytes, what: str) -> Any:
     """The plain data behind ``encode``'s bytes; CheckpointError if another rank sent garbage."""
-    import msgpack
-
     try:
         return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
     except (ValueError, msgpack.UnpackException) as exc:
@@ -117,8 +116,6 @@ def decode(raw: bytes, what: str) -> Any:
 def duplicate(comm: Communicator, timeout: float) -> Communicator:
     """``comm.dup()``, bounded by ``timeout`` where the implementation's ``dup`` takes one
     (``distributed.mpi()``'s does: MPI's blocking ``Dup`` cannot time out)."""
-    import inspect
-
     try:
         timed = "timeout" in inspect.signature(comm.dup).parameters
     except (TypeError, ValueError):  # no signature to read (a builtin): call it plainly

@@ -26,7 +26,7 @@ __all__ = ["MPICommunicator", "mpi"]
 
 def _mpi() -> Any:
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: an optional dependency, imported only by mpi()
     except ImportError as exc:
         raise ImportError("ckpt.distributed.mpi() needs mpi4py and an MPI library: "
                           "pip install 'ckpt-numpy[mpi]' (mpi4py and the mpich wheel)") from exc

@@ -25,6 +25,7 @@ import os
 from typing import Any
 from collections.abc import Mapping
 
+from .. import errors
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..formats import ckpt_sharded as sharded
 from ckpt.saving.reader import open_checkpoint
@@ -96,7 +97,5 @@ def _saved_again(path: str, commit: bytes | None, exc: Exception) -> CheckpointE
 
 def _error_type(name: str) -> type[CheckpointError]:
     """The CheckpointError class called ``name`` (another rank's error, raised here too)."""
-    from .. import errors
-
     found = getattr(errors, name, None)
     return found if isinstance(found, type) and issubclass(found, CheckpointError) else CheckpointError

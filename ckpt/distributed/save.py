@@ -49,7 +49,10 @@ from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import clean_stale_temporaries, fsync_directory, is_temporary, require_directory
 from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, MismatchError,
                       UninitializedVariableError)
+from ..formats import ckpt_sharded as sharded
 from ..formats.base import format_for_path, write_with  # the registry: importing it registers the built-ins
+from ..formats.ckpt_sharded import BLOCK_BYTES, COMMIT, CommitRecord, TensorEntry
+from ..formats.msgpack import _dtype_name
 from ..gcpause import gc_paused
 from ckpt.saving.retention import Retention, kept_paths, read_local_owner, read_owner
 from ckpt.saving.staging import peek
@@ -81,19 +84,11 @@ class Job:
     compression: str | None = None
 
 
-def _sharded() -> Any:
-    from ..formats import ckpt_sharded as sharded  # importing the formats package registers the built-ins
-
-    return sharded
-
-
 def _local_plan(job: Job, path: str, step: int | None, values: Mapping[str, Any] | None,
                 ) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
     """This rank's plan message, and its (key, variable, value) items; ``values`` (key -> a
     snapshot or None for an uninitialized variable) replaces reading the variables. The plan
     carries the digest of every replicated value: rank 0 refuses values that differ by rank."""
-    from ..formats.msgpack import _dtype_name
-
     specs, items, error = [], [], None
     digests: dict[str, int] = {}
     for key, var in job.variables.items():
@@ -142,7 +137,6 @@ def save_sharded(job: Job, comm: Communicator, timeout: float, path: str, fmt: A
 
 def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
           metadata: dict[str, Any], values: Mapping[str, Any] | None, failure: str | None) -> list[str]:
-    sharded = _sharded()
     rank, size = comm.rank, comm.size
     if failure is None:
         try:
@@ -292,8 +286,6 @@ def _commit_remote(job: Job, path: str, data: str, record: Any,
     """Rank 0, once every rank uploaded its shard file under the prefix ``data``: upload the
     sharded COMMIT there, then the checkpoint's commit record (create-only), then record it in
     the state file (retention included); on a failure, delete this save's objects."""
-    from ..formats.ckpt_sharded import COMMIT
-
     store = _remote_store(job, path)
     failed = [r["error"] for r in reports if r["error"]]
     try:
@@ -344,13 +336,12 @@ def _lock_free(lock: str) -> bool:
 
 def _ours(name: str) -> bool:
     """A name a sharded save creates inside its directory."""
-    return _sharded().is_shard_file(name) or is_temporary(name) or (name.startswith(".") and name.endswith(".saving"))
+    return sharded.is_shard_file(name) or is_temporary(name) or (name.startswith(".") and name.endswith(".saving"))
 
 
 def _clean_inside(path: str, keep: str | None = None) -> None:
     """Remove the files of saves into ``path`` that never committed (or were superseded),
     unless a live save holds them; ``keep`` is the id of the save in progress."""
-    sharded = _sharded()
     names = os.listdir(path)
     live = {n[1:-len(".saving")] for n in names if n.startswith(".") and n.endswith(".saving")
             and not _lock_free(os.path.join(path, n))}
@@ -376,7 +367,6 @@ def remove_leftovers(parent: str) -> list[str]:
     """Delete the directories of sharded saves in ``parent`` that were killed before their
     commit (no commit record, no live save); return their names."""
     removed = []
-    sharded = _sharded()
     for name in os.listdir(parent):
         path = os.path.join(parent, name)
         if not os.path.isdir(path) or os.path.islink(path):
@@ -455,8 +445,6 @@ def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int 
                  metadata: dict[str, Any]) -> Any:
     """The commit record (a ``ckpt_sharded.CommitRecord``, docs/formats.md) from the agreed plan
     and every rank's report."""
-    from ..formats.ckpt_sharded import BLOCK_BYTES, CommitRecord, TensorEntry
-
     files: list[list[Any]] = []
     tensors = {key: TensorEntry(dtype, shape, crcs=None if dtypes.is_string(dtypes.as_dtype(dtype)) else [])
                for key, dtype, shape, *_ in lay.keys}

@@ -70,7 +70,7 @@ class PreemptionGuard:
         if self._comm is None:
             return self._received is not None
         if not self._agreed:
-            from ckpt.distributed.comm import CollectiveTimeoutError
+            from ckpt.distributed.comm import CollectiveTimeoutError  # lazy: only with comm=
 
             flags = self._comm.allgather(b"\x01" if self._received is not None else b"\x00", self._timeout)
             if len(flags) != self._comm.size or any(len(f) != 1 for f in flags):

@@ -385,7 +385,7 @@ class Saver:
             raise
         if self._async_comm is None:
             self._agree_before_dup(path, None)
-            from ckpt.distributed.comm import duplicate
+            from ckpt.distributed.comm import duplicate  # lazy: only a Saver with comm= loads the collectives
 
             try:  # a collective: every rank's first asynchronous save (bounded where dup takes a timeout)
                 self._async_comm = duplicate(self._comm, self._timeout)
@@ -447,7 +447,7 @@ class Saver:
         Communicator whose dup takes no timeout cannot time out in it), every rank says whether it
         got that far: a rank that failed makes every rank raise (itself its own error), a rank that
         never comes makes the others raise after the timeout, instead of waiting in dup for ever."""
-        from ckpt.distributed.comm import decode, encode
+        from ckpt.distributed.comm import decode, encode  # lazy: only with comm=
 
         mine = None if problem is None else f"{type(problem).__name__}: {problem}"
         try:
@@ -534,7 +534,7 @@ class Saver:
         """
         step = operator.index(step)
         if self._comm is not None:
-            from ckpt.distributed.comm import decode, encode
+            from ckpt.distributed.comm import decode, encode  # lazy: only with comm=
 
             mine = encode(self._due(step, now)) if self._comm.rank == 0 else None
             return bool(decode(self._comm.broadcast(mine, 0, self._timeout), "should_save"))
@@ -617,7 +617,7 @@ class Saver:
         if best:
             path = self._best_in(path)
         if self._comm is not None:
-            from ckpt.distributed.restore import restore_collective
+            from ckpt.distributed.restore import restore_collective  # lazy: only with comm=
 
             result = restore_collective(path, self._vars, self._comm, self._timeout, strict, allow_cast,
                                         self._storage_options)

@@ -8,6 +8,7 @@ media upload with ``ifGenerationMatch=<generation>``, the generation read from t
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from ckpt.storage.faults import translating
 from ckpt.storage.objstore import ObjectStore, missing_object
@@ -42,8 +43,6 @@ class GCSStore(ObjectStore):
     def put_if(self, url: str, data: bytes, version: Any) -> bool:
         """A media upload with ``ifGenerationMatch`` (0: only if there is no object yet);
         gcsfs raises FileExistsError for the 412 a changed generation gets."""
-        from urllib.parse import quote
-
         bucket, key = self.bucket_key(url)
 
         async def post() -> None:

@@ -167,7 +167,7 @@ T = TypeVar("T")
 def sync(loop: Any, func: Callable[..., Awaitable[T]], *args: Any) -> T:
     """fsspec's ``sync(loop, func, *args)``, raising a deadline's TimeoutError (its message
     saying which deadline) as it is: sync() replaces any TimeoutError by a bare one of its own."""
-    from fsspec.asyn import FSTimeoutError, sync as fsspec_sync
+    from fsspec.asyn import FSTimeoutError, sync as fsspec_sync  # lazy: fsspec is an optional dependency
 
     try:
         return fsspec_sync(loop, func, *args)  # type: ignore[no-any-return]

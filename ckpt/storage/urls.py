@@ -124,7 +124,7 @@ def filesystem(url: str, storage_options: StorageOptions | None = None) -> Any:
     options = dict(check_options(storage_options))
     hint = _EXTRAS.get(proto, "fsspec and the package for this protocol")
     try:
-        import fsspec
+        import fsspec  # lazy: an optional dependency (the hint below names its extra)
     except ImportError:
         raise CheckpointError(f"{url}: checkpoints in object stores need fsspec: pip install "
                               f"'{hint}'") from None

@@ -43,7 +43,7 @@ def workers() -> Executor:
         return _inline_executor()
     with _pool_lock:
         if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+            from concurrent.futures import ThreadPoolExecutor  # lazy: no big checksum, no threads
 
             _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ckpt-io")
         return _pool
@@ -66,7 +66,7 @@ def _inline_executor() -> Executor:
     """An Executor whose ``submit`` runs the call at once in the calling thread."""
     global _inline
     if _inline is None:
-        from concurrent.futures import Executor, Future
+        from concurrent.futures import Executor, Future  # lazy: as ThreadPoolExecutor in workers()
 
         class InlineExecutor(Executor):
             def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -117,7 +117,7 @@ def steal(piece: Piece) -> None:
     busy machine the wait for a free core costs more than the copy)."""
     if piece.job.cancel():
         try:
-            from concurrent.futures import Future
+            from concurrent.futures import Future  # lazy: as ThreadPoolExecutor in workers()
 
             piece.job = Future()
             piece.job.set_result(piece.fn(*piece.args))

@@ -39,7 +39,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.tools.histogram import BINS, Bins, Histogram, Scratch, bin_values, exponent_floor
-from ckpt.tools.chunks import OneThread
+from ckpt.tools.chunks import OneThread, reusing_buffers, tensor_chunks
 from ckpt.tools.jsonview import jsonable
 from ckpt.tools.sources import Checkpoint, Keys, opened, select_keys
 from ckpt.storage.urls import StorageOptions
@@ -366,8 +366,6 @@ def array_stats(arr: np.ndarray, *, piece: int = PIECE) -> TensorStats:
 
 def stats_of(reader: Any, key: str) -> TensorStats:
     """The statistics of one tensor of an open CheckpointReader, read in bounded chunks."""
-    from ckpt.tools.chunks import tensor_chunks
-
     info = reader.tensors[key]
     return _stats_of_chunks(_kind(info.dtype), info.size, info.dtype, lambda: tensor_chunks(reader, key))
 
@@ -398,8 +396,6 @@ def tensor_stats(checkpoint: Checkpoint, keys: Keys = None, *, progress: Callabl
         >>> s.min, s.max, s.mean, s.zeros
         (-1.0, 4.0, 1.0, 1)
     """
-    from ckpt.tools.chunks import reusing_buffers
-
     with opened(checkpoint, storage_options) as reader, reusing_buffers():
         out: dict[str, TensorStats] = {}
         for key in select_keys(reader.tensors, keys, reader.path):

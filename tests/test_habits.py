@@ -97,3 +97,33 @@ def test_checkpoints_iterator_empty_directory_times_out(tmp_path):
     assert list(ckpt.checkpoints_iterator(tmp_path, timeout=0)) == []
     with pytest.raises(ValueError, match="non-negative"):
         next(ckpt.checkpoints_iterator(tmp_path, timeout=-1))
+
+
+# -- errors that name the argument -----------------------------------------------------------
+
+def test_restore_of_a_dict_names_the_path_argument(tmp_path):
+    saver, w = _saver()
+    with pytest.raises(TypeError, match=r"restore\(path=...\) takes a checkpoint file or directory .* got a dict"):
+        saver.restore({"w": w})  # type: ignore[arg-type]
+
+
+def test_save_with_a_non_int_step_names_global_step(tmp_path):
+    saver, _ = _saver()
+    with pytest.raises(TypeError, match=r"save\(global_step=...\) takes an int .* got 'abc'"):
+        saver.save(str(tmp_path / "m.h5"), global_step="abc")
+    assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_initializer_without_shape_names_shape():
+    with pytest.raises(ValueError, match=r"variable .w.: an initializer \(Zeros\) needs shape="):
+        ckpt.Variable(ckpt.initializers.Zeros(), name="w")
+    assert ckpt.Variable(lambda: np.ones(2), name="v").shape == (2,)  # a plain callable makes its own shape
+
+
+def test_get_slice_with_a_step_names_file_key_and_index(tmp_path):
+    path = ckpt.save_file({"k": np.arange(8)}, str(tmp_path / "m.msgpack"))
+    with ckpt.load_checkpoint(path) as reader, pytest.raises(IndexError) as info:
+        reader.get_slice("k", np.s_[::4])
+    message = str(info.value)
+    assert message.startswith(f"{path}: get_slice('k', ...): index: slices with step 1 only")
+    assert "dimension 0 has step 4" in message and "[::4]" in message

@@ -96,6 +96,18 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
     return keys
 
 
+def _check_global_step(global_step: Any) -> None:
+    """Refuse a global_step that is not an int, naming the argument (operator.index's own error
+    names nothing)."""
+    if global_step is None:
+        return
+    try:
+        operator.index(global_step)
+    except TypeError:
+        raise TypeError(f"save(global_step=...) takes an int or an int Variable (or None), got "
+                        f"{global_step!r}") from None
+
+
 def _best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) -> tuple[int | None, str | None, str]:
     """The Saver's keep-best arguments, checked."""
     if keep_best is not None and (not isinstance(keep_best, int) or isinstance(keep_best, bool) or keep_best < 0):
@@ -286,11 +298,13 @@ class Saver:
                 cannot be created (missing ones are); the previous checkpoint and the state
                 file are untouched.
             UninitializedVariableError: a variable has no value yet.
+            TypeError: a ``global_step`` that is not an int (nor an int Variable).
             InvalidMetadataError: ``metadata`` that no format stores (a ValueError too);
                 nothing is written.
             InvalidMetricsError: a metric that is not a finite number (NaN, inf, a string);
                 nothing is written.
         """
+        _check_global_step(global_step)
         done = self._save(path, global_step, metadata, blocking, metrics)
         # an asynchronous save counts from its snapshot: should_save must not ask for it again
         self._last_save = (None if global_step is None else operator.index(global_step), time.time())

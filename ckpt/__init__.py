@@ -83,6 +83,9 @@ _LAZY = {
     "Shard": ".runtime.shard",
     "latest_checkpoint": ".saving.locations",
     "best_checkpoint": ".saving.locations",
+    "all_steps": ".saving.locations",
+    "latest_step": ".saving.locations",
+    "checkpoints_iterator": ".saving.locations",
     "TensorStats": ".tools.stats",
     "array_stats": ".tools.stats",
     "tensor_stats": ".tools.stats",
@@ -156,6 +159,9 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .runtime.shard import Shard as Shard
     from .saving.locations import latest_checkpoint as latest_checkpoint
     from .saving.locations import best_checkpoint as best_checkpoint
+    from .saving.locations import all_steps as all_steps
+    from .saving.locations import latest_step as latest_step
+    from .saving.locations import checkpoints_iterator as checkpoints_iterator
     from .tools.stats import TensorStats as TensorStats
     from .tools.stats import array_stats as array_stats
     from .tools.stats import tensor_stats as tensor_stats

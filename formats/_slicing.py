@@ -29,8 +29,9 @@ def box(index: Any, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tupl
         item = items[d] if d < len(items) else slice(None)
         if isinstance(item, slice):
             start, stop, step = item.indices(dim)
-            if step != 1:
-                raise IndexError("only slices with step 1 are supported")
+            if step != 1:  # a block is read, not a strided view: step the block with numpy
+                raise IndexError(f"index: slices with step 1 only (dimension {d} has step {step}); "
+                                 f"read the block, then step it: get_slice(key, np.s_[a:b])[::{step}]")
             stop = max(stop, start)
             out.append((start, stop))
             result.append(stop - start)

@@ -32,8 +32,18 @@ def test_save_file_safetensors_and_python_values(tmp_path):
     path = ckpt.save_file({"a/b": [1.5, 2.5], "n": 3, "big": np.arange(6, dtype=np.int64).reshape(2, 3)},
                           str(tmp_path / "m.safetensors"))
     loaded = ckpt.load_file(path)
-    assert loaded["a/b"].dtype == np.float32 and loaded["n"].dtype == np.int32  # as Variables infer
+    assert loaded["a/b"].dtype == np.float64 and loaded["n"].dtype == np.int64  # numpy's types, as safetensors
     np.testing.assert_array_equal(loaded["big"], np.arange(6).reshape(2, 3))
+
+
+def test_save_file_keeps_python_floats_exact(tmp_path):
+    # float32 would store 0.1 inexactly and 1e300 as inf (with numpy's overflow warning, an error here)
+    path = ckpt.save_file({"lr": 0.1, "big": 1e300, "steps": 2**40, "flag": True}, str(tmp_path / "m.msgpack"))
+    loaded = ckpt.load_file(path)
+    assert loaded["lr"] == 0.1 and loaded["big"] == 1e300 and loaded["steps"] == 2**40
+    assert [loaded[k].dtype for k in ("lr", "big", "steps", "flag")] == [np.float64, np.float64, np.int64, np.bool_]
+    with pytest.raises(TypeError, match=r"m.h5: tensor 'n': integer value .* does not fit in 64 bits"):
+        ckpt.save_file({"n": 2**70}, str(tmp_path / "m.h5"))
 
 
 def test_load_file_reads_foreign_files_and_directories(tmp_path):

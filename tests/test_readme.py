@@ -39,6 +39,7 @@ print(_json.dumps({
     "w": w.numpy().tolist(),
     "train": [k for k, _ in ckpt.list_variables("train")],
     "train_latest": ckpt.latest_checkpoint("train"),
+    "train_steps": [train_steps, resumed_from, evaluated],
     "resumed": [int(global_step), json.loads(rng_state.numpy()) == rng.bit_generator.state],
     "averaged": [averaged, ckpt.load_variable(averaged, "train/w").tolist()],
     "preempted": (step, guard.requested, guard.signal == signal.SIGTERM, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL),
@@ -78,6 +79,7 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train",
                                             "train_run", "weights"]
     assert facts["train_latest"] == "train/model-3.h5" and facts["resumed"] == [3, True]
+    assert facts["train_steps"] == [[[1, 2, 3], 3], "train/model-3.h5", "train/model-3.h5"]
     assert facts["train"] == ["model/layers/0/bias", "model/layers/0/kernel", "model/layers/1/bias",
                               "model/layers/1/kernel", "optimizer/momentum/layers/0/bias",
                               "optimizer/momentum/layers/0/kernel", "optimizer/momentum/layers/1/bias",

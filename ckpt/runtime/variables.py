@@ -104,6 +104,9 @@ class Variable:
         first: np.ndarray | None
         if callable(initial_value) and not isinstance(initial_value, Variable):
             init = _pin_seed(initial_value)
+            if want_shape is None and isinstance(init, Initializer):  # it makes values of a given shape
+                raise ValueError(f"variable {self._name!r}: an initializer ({type(init).__name__}) needs "
+                                f"shape=, e.g. ckpt.Variable(ckpt.initializers.{type(init).__name__}(), shape=(2, 3))")
             if want_shape is None:
                 if scopes.is_deferred():
                     raise ValueError(f"variable {self._name!r}: deferred_init needs a shape for a "

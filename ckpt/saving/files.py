@@ -23,7 +23,8 @@ import numpy as np
 
 from ckpt.storage.atomic import replace_atomically
 from ckpt.storage.localfile import LocalSink
-from ckpt.runtime.casting import infer_array
+from ckpt import dtypes
+from ckpt.runtime.casting import as_array
 from ckpt.formats import base  # the format registry; importing it registers the built-ins
 from ckpt.saving.reader import open_checkpoint, read_in_batches
 from ckpt.saving.locations import save_target
@@ -37,8 +38,9 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
     """Write ``{key: array}`` to one checkpoint file, atomically and checksummed.
 
     Args:
-        tensors: keys ("/"-separated) to numpy arrays (or values numpy can make arrays of:
-            Python floats become float32 and ints int32, as for Variables).
+        tensors: keys ("/"-separated) to numpy arrays (or values numpy can make arrays of, with
+            numpy's types as safetensors users expect: Python floats become float64 and ints
+            int64; only ``ckpt.Variable`` keeps TensorFlow's float32/int32 defaults).
         path: the file; its extension picks the format (.h5/.hdf5, .msgpack, .safetensors).
             Missing directories are created.
         metadata: a JSON-like dict stored with the tensors.
@@ -66,7 +68,7 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
     arrays = []
     for key, value in tensors.items():
         try:
-            arrays.append((key, infer_array(value)))
+            arrays.append((key, _numpy_array(value)))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{path}: tensor {key!r}: {exc}") from None
     normalized = base.normalize_metadata(metadata, path)
@@ -74,6 +76,13 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
         # (not ``write``: the keys and metadata are checked above)
         base.write_with(fmt, blob, arrays, normalized, compression)
     return path
+
+
+def _numpy_array(value: Any) -> np.ndarray:
+    """``value`` as numpy types it (0.1 stays exactly float64's 0.1; 1e300 is no float32 inf)."""
+    arr, _ = as_array(value)
+    dtypes.as_dtype(arr.dtype)  # a TypeError for dtypes no checkpoint holds (datetime, structured...)
+    return arr
 
 
 def load_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

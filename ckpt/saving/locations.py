@@ -17,8 +17,9 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from ckpt.storage import urls as _urls
 from ckpt.errors import CheckpointNotFoundError, UnsupportedCheckpointError
@@ -27,7 +28,8 @@ from ckpt.saving.retention import BEST_MODES, best_entries
 from ckpt.saving.stores import REGISTRY, open_store
 from ckpt.storage.state import STATE_FILE
 
-__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "save_target"]
+__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "save_target", "all_steps",
+           "latest_step", "checkpoint_at_step", "checkpoints_iterator"]
 
 
 def latest_checkpoint(directory: str | os.PathLike[str],
@@ -46,6 +48,108 @@ def latest_checkpoint(directory: str | os.PathLike[str],
         True
     """
     return open_store(os.fspath(directory), storage_options).latest()
+
+
+def _stepped(directory: str | os.PathLike[str], storage_options: Mapping[str, Any] | None) -> dict[int, str]:
+    """{step: path} of the directory's existing checkpoints saved with a step (the newest of a step wins)."""
+    store = open_store(os.fspath(directory), storage_options)
+    state = store.effective_state()
+    found: dict[int, str] = {}
+    for entry in state.all_entries() if state is not None else []:
+        if entry.step is not None and store.exists(entry.path):  # listed but deleted by hand: gone
+            found[entry.step] = store.join(entry.path)
+    return found
+
+
+def all_steps(directory: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> list[int]:
+    """The steps of the directory's existing checkpoints, ascending (orbax's ``all_steps``).
+
+    Checkpoints saved without ``global_step`` have no step and are not listed.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> saver = ckpt.Saver({"v": ckpt.Variable(1.0)})
+        >>> for step in (10, 20):
+        ...     _ = saver.save(os.path.join(d, "model.h5"), global_step=step)
+        >>> ckpt.all_steps(d), ckpt.latest_step(d)
+        ([10, 20], 20)
+    """
+    return sorted(_stepped(directory, storage_options))
+
+
+def latest_step(directory: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> int | None:
+    """The highest step of the directory's existing checkpoints, or None when none has a step."""
+    steps = all_steps(directory, storage_options)
+    return steps[-1] if steps else None
+
+
+def checkpoint_at_step(directory: str | os.PathLike[str], step: Any,
+                       storage_options: Mapping[str, Any] | None = None) -> str:
+    """The path of the directory's checkpoint saved with ``step``.
+
+    Raises:
+        CheckpointNotFoundError: no existing checkpoint of the directory has that step (the
+            message lists the steps it has).
+        TypeError: ``step`` is not an int.
+    """
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step must be an int (the global_step a checkpoint was saved with), got {step!r}")
+    where = os.fspath(directory)
+    found = _stepped(where, storage_options)
+    if step not in found:
+        have = ", ".join(map(str, sorted(found))) or "none"
+        raise CheckpointNotFoundError(f"{where}: no checkpoint of step {step}; steps saved: {have}", path=where)
+    return found[step]
+
+
+def checkpoints_iterator(directory: str | os.PathLike[str], min_interval_secs: float = 0.0,
+                         timeout: float | None = None, timeout_fn: Callable[[], bool] | None = None,
+                         storage_options: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """Yield each new latest checkpoint of ``directory`` as it appears (TF's ``checkpoints_iterator``),
+    for evaluation jobs that follow a training run.
+
+    Args:
+        directory: a local directory or an object-store URL.
+        min_interval_secs: at least this many seconds between two yields (and between polls).
+        timeout: seconds to wait for a new checkpoint; None waits forever.
+        timeout_fn: called when ``timeout`` passes without a new checkpoint: True ends the
+            iteration, False waits again. Without it, a timeout ends the iteration.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> _ = ckpt.Saver({"v": ckpt.Variable(1.0)}).save(os.path.join(d, "model.h5"), global_step=1)
+        >>> [os.path.basename(p) for p in ckpt.checkpoints_iterator(d, timeout=0)]
+        ['model-1.h5']
+    """
+    if min_interval_secs < 0 or (timeout is not None and timeout < 0):
+        raise ValueError(f"min_interval_secs and timeout must be non-negative, got {min_interval_secs!r}, {timeout!r}")
+    last: str | None = None
+    while True:
+        found = _wait_for_new(directory, last, min_interval_secs, timeout, storage_options)
+        if found is None:
+            if timeout_fn is None or timeout_fn():
+                return
+            continue
+        start = time.monotonic()
+        yield found
+        last = found
+        time.sleep(max(0.0, min_interval_secs - (time.monotonic() - start)))
+
+
+def _wait_for_new(directory: str | os.PathLike[str], last: str | None, interval: float, timeout: float | None,
+                  storage_options: Mapping[str, Any] | None) -> str | None:
+    """The directory's latest checkpoint once it differs from ``last``; None after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        found = latest_checkpoint(directory, storage_options)
+        if found is not None and found != last:
+            return found
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        pause = max(interval, 0.1)  # poll the state file, not spin on it
+        time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
 
 
 def best_checkpoint(directory: str | os.PathLike[str], metric: str, mode: str = "min",

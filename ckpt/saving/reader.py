@@ -168,7 +168,10 @@ class CheckpointReader(Mapping[str, np.ndarray]):
             ...     reader.get_slice("w", np.s_[1, 1:])
             array([4, 5])
         """
-        part: np.ndarray = self._reader.read_slice(key, index)
+        try:
+            part: np.ndarray = self._reader.read_slice(key, index)
+        except IndexError as exc:  # the index argument: say which tensor of which file it was for
+            raise IndexError(f"{self.path}: get_slice({key!r}, ...): {exc}") from None
         return part
 
     @property

@@ -44,7 +44,7 @@ from ckpt.errors import (
 )
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.module import Module
-from ckpt.saving.locations import best_checkpoint
+from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.storage.state import CheckpointState, state_lock
 from ckpt.storage import Store, WritableBlob
@@ -96,6 +96,18 @@ def _key_map(var_list: VarList) -> dict[str, Variable]:
         raise ValueError("there are no variables to save (empty var_list)")
     _formats.validate_keys(keys, "Saver")
     return keys
+
+
+def _check_global_step(global_step: Any) -> None:
+    """Refuse a global_step that is not an int, naming the argument (operator.index's own error
+    names nothing)."""
+    if global_step is None:
+        return
+    try:
+        operator.index(global_step)
+    except TypeError:
+        raise TypeError(f"save(global_step=...) takes an int or an int Variable (or None), got "
+                        f"{global_step!r}") from None
 
 
 def _best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) -> tuple[int | None, str | None, str]:
@@ -317,11 +329,13 @@ class Saver:
                 cannot be created (missing ones are); the previous checkpoint and the state
                 file are untouched.
             UninitializedVariableError: a variable has no value yet.
+            TypeError: a ``global_step`` that is not an int (nor an int Variable).
             InvalidMetadataError: ``metadata`` that no format stores (a ValueError too);
                 nothing is written.
             InvalidMetricsError: a metric that is not a finite number (NaN, inf, a string);
                 nothing is written.
         """
+        _check_global_step(global_step)
         done = self._save(path, global_step, metadata, blocking, metrics)
         # an asynchronous save counts from its snapshot: should_save must not ask for it again
         self._last_save = (None if global_step is None else operator.index(global_step), time.time())
@@ -588,7 +602,7 @@ class Saver:
         self._saved = True
 
     def restore(self, path: str | os.PathLike[str], strict: bool = True,
-                allow_cast: bool = False, *, best: bool = False) -> RestoreResult:
+                allow_cast: bool = False, *, best: bool = False, step: int | None = None) -> RestoreResult:
         """Restore this Saver's variables from a checkpoint file or a directory's latest.
 
         Everything is checked before any variable changes: missing keys (a KeyError, with the
@@ -606,16 +620,27 @@ class Saver:
                 before any variable changes). Off by default.
             best: with True, ``path`` is a directory and its best checkpoint by the Saver's
                 ``best_metric`` / ``best_mode`` is restored (``ckpt.best_checkpoint``).
+            step: ``path`` is a directory and its checkpoint saved with ``global_step=step`` is
+                restored (orbax's ``restore(step)``; ``ckpt.all_steps`` lists them).
 
         Returns:
             A RestoreResult with ``restored``, ``missing`` and ``unexpected`` keys.
 
         Raises:
-            CheckpointNotFoundError: with ``best``, no checkpoint of the directory has the metric.
-            ValueError: ``best`` on a Saver without ``best_metric``.
+            CheckpointNotFoundError: with ``best``, no checkpoint of the directory has the metric;
+                with ``step``, none has that step.
+            ValueError: ``best`` on a Saver without ``best_metric``; ``best`` and ``step`` together.
+            TypeError: ``path`` is not a path (the message names the argument).
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"restore(path=...) takes a checkpoint file or directory (a str or os.PathLike), "
+                            f"got a {type(path).__name__}; the variables are given to Saver(...)")
+        if best and step is not None:
+            raise ValueError("restore takes best=True or step=, not both")
         if best:
             path = self._best_in(path)
+        elif step is not None:
+            path = checkpoint_at_step(path, step, self._storage_options)
         if self._comm is not None:
             from ckpt.distributed.restore import restore_collective  # lazy: only with comm=
 
@@ -629,6 +654,38 @@ class Saver:
             # no save yet: a resumed run, whose should_save counts from the checkpoint restored
             self._resumed_from, self._last_save = result.path, None
         return result
+
+    def restore_or_initialize(self, directory: str | os.PathLike[str], strict: bool = True,
+                              allow_cast: bool = False) -> str | None:
+        """Restore the directory's latest checkpoint and return its path, or, when it has none,
+        initialize this Saver's uninitialized variables and return None (TF2 CheckpointManager's
+        ``restore_or_initialize``): the first line of a training script that may be resumed.
+
+        A directory that does not exist yet has no checkpoint. Initialized variables are left as
+        they are when there is nothing to restore.
+
+        Example:
+            >>> import ckpt, tempfile, os
+            >>> d = tempfile.mkdtemp()
+            >>> with ckpt.deferred_init():
+            ...     w = ckpt.Variable(ckpt.initializers.Ones(), shape=(2,), name="w")
+            >>> saver = ckpt.Saver([w])
+            >>> saver.restore_or_initialize(d) is None, w.numpy()
+            (True, array([1., 1.], dtype=float32))
+            >>> _ = w.assign([5.0, 6.0]); path = saver.save(os.path.join(d, "model.h5"), global_step=1)
+            >>> _ = w.assign([0.0, 0.0])
+            >>> saver.restore_or_initialize(d) == path, w.numpy()
+            (True, array([5., 6.], dtype=float32))
+        """
+        where = os.fspath(directory)
+        local_missing = not _urls.is_url(where) and not os.path.isdir(where)
+        latest = None if local_missing else latest_checkpoint(where, self._storage_options)
+        if latest is None:
+            for var in self._vars.values():
+                if not var.is_initialized():
+                    var.initialize()
+            return None
+        return self.restore(latest, strict=strict, allow_cast=allow_cast).path
 
     def _best_in(self, directory: str | os.PathLike[str]) -> str:
         """The best checkpoint of ``directory`` by this Saver's metric."""

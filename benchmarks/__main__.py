@@ -17,8 +17,9 @@ parser.add_argument("--disk", default=tempfile.gettempdir(), help="a directory o
 parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sharded,hdf5child,one,cli,s3,compress,"
                                        "average",
                     help="comma-separated: a b c d e async checksum import plan sharded hdf5child one cli stats s3 "
-                         "compress average (docs/benchmarks.md)")
+                         "compress average open (docs/benchmarks.md)")
 parser.add_argument("--average-mib", type=int, default=512, help="case average: size of each of the 3 inputs")
+parser.add_argument("--open-count", type=int, default=20000, help="case open: number of tensors in the index")
 parser.add_argument("--cli-gib", type=float, default=1.0, help="case cli: size of the 8-tensor checkpoint")
 parser.add_argument("--s3-model-mib", type=int, default=256, help="case s3: model saved and restored")
 parser.add_argument("--s3-big-mib", type=int, default=1024, help="case s3: checkpoint of the one-tensor read")

@@ -221,6 +221,15 @@ def main(args: Any) -> None:
     if "import" in cases:
         print(f"**import ckpt**: {1000 * import_seconds(args.reps):.0f} ms (fresh interpreter, start-up "
               "subtracted)\n")
+    if "open" in cases and args.tmpfs:  # CPU cost: on tmpfs
+        from .opening import open_case
+
+        directory = os.path.join(args.tmpfs, f"ckpt-bench-open-{os.getpid()}")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            print(open_case("tmpfs", directory, args.open_count, args.reps) + "\n")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     if "average" in cases and args.tmpfs:  # CPU cost: on tmpfs
         from .averaging import average_case
 

@@ -103,3 +103,25 @@ def test_an_installed_ckpt_or_a_stray_folder_is_not_a_source_tree(tmp_path):
     assert source_root(str(tmp_path / "ckpt")) is None  # no pyproject.toml: not a project's root
     (tmp_path / "pyproject.toml").touch()
     assert source_root(str(tmp_path / "ckpt")) == str(tmp_path)
+
+
+def test_plain_inspect_does_not_load_the_statistics(tmp_path):
+    """`ckpt inspect` of a small file starts as fast as it can: the statistics (and their
+    histogram and chunk pool) load only for --stats."""
+    path = tmp_path / "m.h5"
+    ckpt.Saver({"w": ckpt.Variable([0.0, 1.0, 2.0], dtype="float64")}).save(str(path))
+    code = ("import sys\nfrom ckpt.cli import main\n"
+            "try:\n"
+            f"    main([sys.argv[1], {str(path)!r}])\n"
+            "except SystemExit as exc:\n"
+            "    assert not exc.code, exc.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('ckpt.tools.stats', 'ckpt.tools.histogram', "
+            "'ckpt.tools.chunks'))))\n")
+    for args, expected in ((["inspect"], "[]"), (["inspect", "--stats"], None)):
+        out = subprocess.run([sys.executable, "-c", code.replace("sys.argv[1], ", ", ".join(map(repr, args)) + ", ")],
+                             capture_output=True, text=True, timeout=60, check=True, cwd=OUTSIDE_CHECKOUT)
+        loaded = out.stdout.strip().splitlines()[-1]
+        if expected is None:
+            assert "ckpt.tools.stats" in loaded, out.stdout
+        else:
+            assert loaded == expected, out.stdout

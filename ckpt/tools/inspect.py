@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,8 +29,9 @@ from ckpt.dtypes import dtype_label
 from ckpt.tools.jsonview import jsonable
 from ckpt.errors import KeyNotFoundError, closest_hint
 from ckpt.saving.reader import CheckpointReader, load_checkpoint
-from ckpt.tools.chunks import reusing_buffers
-from ckpt.tools.stats import TensorStats, array_stats, stats_of
+
+if TYPE_CHECKING:  # statistics load when asked for: a plain `ckpt inspect` starts faster without them
+    from ckpt.tools.stats import TensorStats
 
 __all__ = ["ParamCount", "dtype_label", "describe", "count_params", "jsonable", "inspect_lines", "inspect_report",
            "print_tensors_in_checkpoint_file"]
@@ -120,6 +121,9 @@ def _non_tensors(reader: CheckpointReader) -> dict[str, str]:
 def _records(reader: CheckpointReader, keys: list[str], values: bool, stats: bool,
              progress: Progress | None) -> Iterator[tuple[Any, np.ndarray | None, TensorStats | None]]:
     """Yield (info, value or None, stats or None) for each key, reading only what is shown."""
+    if stats:
+        from ckpt.tools.chunks import reusing_buffers
+        from ckpt.tools.stats import array_stats, stats_of
     infos = [reader.tensors[k] for k in keys]
     if values:
         for info in (progress(infos) if progress is not None else infos):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import ckpt
+from ckpt.cli import main
 from ckpt.formats import base
 
 WRITABLE = [".h5", ".msgpack", ".safetensors"]
@@ -55,6 +57,14 @@ def test_conversion_between_every_writable_format_and_back_is_bit_exact(tmp_path
     ckpt.convert(there, back)
     same(ckpt.load_file(there), slots())
     same(ckpt.load_file(back), slots())
+
+
+def test_ckpt_convert_may_rename_a_tensor_under_another(tmp_path):
+    src, dst = str(tmp_path / "src.h5"), str(tmp_path / "out.h5")
+    ckpt.save_file({"enc/kernel": np.ones(2), "dec": np.arange(3.0)}, src)
+    result = CliRunner().invoke(main, ["convert", src, dst, "--rename", "dec=enc"])
+    assert result.exit_code == 0, result.output
+    assert {k: v.tolist() for k, v in ckpt.load_file(dst).items()} == {"enc": [0.0, 1.0, 2.0], "enc/kernel": [1.0, 1.0]}
 
 
 def test_hdf5_keeps_the_tensor_of_a_scope_inside_its_group_for_plain_h5py(tmp_path):

@@ -69,6 +69,7 @@ _LAZY = {
     "list_checkpoints": ".tools.listing",
     "ReadableBlob": ".storage",
     "Module": ".runtime.module",
+    "ExponentialMovingAverage": ".runtime.moving_average",
     "CheckpointReader": ".saving.reader",
     "list_variables": ".saving.reader",
     "load_checkpoint": ".saving.reader",
@@ -145,6 +146,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .tools.listing import list_checkpoints as list_checkpoints
     from .storage import ReadableBlob as ReadableBlob
     from .runtime.module import Module as Module
+    from .runtime.moving_average import ExponentialMovingAverage as ExponentialMovingAverage
     from .saving.reader import CheckpointReader as CheckpointReader
     from .saving.reader import list_variables as list_variables
     from .saving.reader import load_checkpoint as load_checkpoint

@@ -25,6 +25,10 @@ from . import _io
 FORMAT_NAME = "ckpt-hdf5"
 MAGIC = b"\x89CKPTH5\n"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: The dataset name of a tensor whose key is also a scope: "dense/kernel" beside "dense/kernel/Adam"
+#: is the dataset "dense/kernel/__ckpt_tensor__" in the group "dense/kernel" (HDF5 has no node that
+#: is both a group and a dataset). HDF5 files refuse keys whose last part is this name.
+SCOPE_TENSOR = "__ckpt_tensor__"
 #: magic, layout version, user block size, index length, index crc32c, crc32c of the preceding 28 bytes
 HEADER = struct.Struct("<8sIIQII")
 #: Bytes only ckpt writes into an HDF5 file (its attribute names and format name).

@@ -32,10 +32,11 @@ from ckpt.errors import CheckpointWriteError, CorruptCheckpointError
 from ckpt.storage import WritableBlob
 
 from . import _blocks, _h5struct, _io
-from ._h5head import FORMAT_NAME, MAGIC
+from ._h5head import FORMAT_NAME, MAGIC, SCOPE_TENSOR
 from ._h5head import HEADER as _HEADER
 from ._blocks import checksums
 from ._codec import HDF5_VERSION, encode_strings, packb
+from ._validation import tensor_scopes
 from .base import materialize, source_chunks, stage
 
 VERSION = HDF5_VERSION
@@ -82,6 +83,7 @@ def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata:
             plans.append(_Plan(key, dtype, shape, fixed.dtype, fixed.nbytes, fixed, lengths))
         else:
             plans.append(_Plan(key, dtype, shape, dtype, _io.expected_nbytes(dtype, shape), source, None))
+    paths = dataset_paths([plan.key for plan in plans], blob.name)
     entries = [_entry(plan, _MAX_U64, _MAX_U32) for plan in plans]  # the largest values first: a size bound
     blocks = {plan.key: bytes(4 * -(-plan.nbytes // block_bytes)) for plan in plans
               if plan.nbytes > block_bytes and plan.file_dtype.kind != "S"}
@@ -89,9 +91,9 @@ def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata:
     userblock = max(512, 1 << (bound - 1).bit_length())
     if any(plan.nbytes >= ALIGN_MIN_BYTES for plan in plans):
         userblock = max(userblock, PAGE)  # so that aligned HDF5 addresses are aligned file offsets
-    structure = _structure(plans, metadata, userblock)
+    structure = _structure(plans, paths, metadata, userblock)
     if structure is None:  # an attribute too big for the structures ckpt writes: libhdf5 lays out a local file
-        stage(lambda local, _t, _m: _write_local(local, plans, metadata, userblock, entries, blocks,
+        stage(lambda local, _t, _m: _write_local(local, plans, paths, metadata, userblock, entries, blocks,
                                                       block_bytes), blob, tensors, metadata)
         return
     # front to back (the WritableBlob contract): the structure's head, the data, the metadata
@@ -105,13 +107,31 @@ def write_hdf5(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata:
     _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
 
 
-def _write_local(path: str, plans: list[_Plan], metadata: dict[str, Any], userblock: int,
+def dataset_paths(keys: list[str], where: str) -> list[str]:
+    """Each key's HDF5 dataset path: the key itself, or ``key/SCOPE_TENSOR`` for a key that is also
+    a scope (HDF5 has no node that is both a group and a dataset).
+
+    Raises ValueError for a key whose last part is ``SCOPE_TENSOR``: plain h5py readers would take
+    it for the tensor of its scope.
+    """
+    reserved = "/" + SCOPE_TENSOR
+    for key in keys:
+        if key == SCOPE_TENSOR or key.endswith(reserved):
+            raise ValueError(f"{where}: key {key!r} ends in {SCOPE_TENSOR!r}, the name an HDF5 checkpoint gives "
+                             "the tensor of a key that is also a scope; save it as .msgpack or .safetensors")
+    scoped = tensor_scopes(keys)
+    if not scoped:
+        return keys
+    return [f"{key}/{SCOPE_TENSOR}" if key in scoped else key for key in keys]
+
+
+def _write_local(path: str, plans: list[_Plan], paths: list[str], metadata: dict[str, Any], userblock: int,
                  entries: list[Any], blocks: dict[str, bytes], block_bytes: int) -> None:
     """Write the file at ``path`` with libhdf5 laying out its structure; the metadata checksum
     is read back from the file (libhdf5 wrote those bytes)."""
     from . import hdf5  # the reader's check of the metadata bytes, on this rare path only
 
-    offsets = _write_structure(path, plans, metadata, userblock)
+    offsets = _write_structure(path, plans, paths, metadata, userblock)
     with _io.LocalSink(path, create=False) as blob:
         extents = _write_data(blob, plans, offsets, entries, blocks, block_bytes)
         size = blob.size
@@ -123,7 +143,7 @@ def _write_local(path: str, plans: list[_Plan], metadata: dict[str, Any], userbl
         _write_index(blob, entries, metadata, size, meta_crc, blocks, block_bytes, userblock)
 
 
-def _write_structure(path: str, plans: list[Any], metadata: dict[str, Any],
+def _write_structure(path: str, plans: list[Any], paths: list[str], metadata: dict[str, Any],
                      userblock: int) -> list[int | None]:
     """Create the file's groups and datasets with libhdf5 (space allocated, no data); return
     data offsets. Only for files whose attributes _h5struct cannot hold (lengths of more than
@@ -142,13 +162,13 @@ def _write_structure(path: str, plans: list[Any], metadata: dict[str, Any],
             f.attrs["ckpt_format"] = FORMAT_NAME
             f.attrs["ckpt_version"] = VERSION
             f.attrs["ckpt_metadata"] = json.dumps(metadata)
-            for key, dt, shape, file_dtype, nbytes, _, lengths in plans:
+            for (_, dt, shape, file_dtype, nbytes, _, lengths), name in zip(plans, paths):
                 dcpl = h5p.create(h5p.DATASET_CREATE)
                 dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)  # fixed offsets before data is written
                 dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
                 dcpl.set_obj_track_times(False)  # no timestamps: same tensors, same bytes
                 space = h5s.create_simple(shape) if shape else h5s.create(h5s.SCALAR)
-                dsid = h5d.create(f.id, key.encode("utf-8"), _h5_type(file_dtype), space,
+                dsid = h5d.create(f.id, name.encode("utf-8"), _h5_type(file_dtype), space,
                                   dcpl=dcpl, lcpl=lcpl)
                 if dtypes.is_string(dt) or dt == dtypes.bfloat16:
                     attrs = h5py.Dataset(dsid).attrs
@@ -166,11 +186,12 @@ def _write_structure(path: str, plans: list[Any], metadata: dict[str, Any],
 _TYPE_MESSAGES: dict[np.dtype, bytes] = {}
 
 
-def _structure(plans: list[_Plan], metadata: dict[str, Any], userblock: int) -> _h5struct.Layout | None:
+def _structure(plans: list[_Plan], paths: list[str], metadata: dict[str, Any],
+               userblock: int) -> _h5struct.Layout | None:
     """The file's HDF5 structure as ckpt writes it, or None when it needs libhdf5's dense attributes."""
     datasets = []
     new, none = tuple.__new__, ()  # 10,000s of small tensors: no Python-level NamedTuple __new__ each
-    for plan in plans:
+    for plan, name in zip(plans, paths):
         message = _TYPE_MESSAGES.get(plan.file_dtype)
         if message is None:
             message = _TYPE_MESSAGES[plan.file_dtype] = _h5struct.dtype_message(_h5_type(plan.file_dtype))
@@ -179,7 +200,7 @@ def _structure(plans: list[_Plan], metadata: dict[str, Any], userblock: int) -> 
             attrs = [("ckpt_dtype", dtypes.dtype_name(plan.dtype))]
             if plan.lengths is not None:
                 attrs.append(("ckpt_lengths", np.asarray(plan.lengths, dtype=np.uint64)))
-        datasets.append(new(_h5struct.Dataset, (plan.key, message, plan.shape, plan.nbytes, attrs)))
+        datasets.append(new(_h5struct.Dataset, (name, message, plan.shape, plan.nbytes, attrs)))
     root = [("ckpt_format", FORMAT_NAME), ("ckpt_version", VERSION), ("ckpt_metadata", json.dumps(metadata))]
     try:
         return _h5struct.layout(datasets, root, userblock, ALIGN_MIN_BYTES if userblock >= PAGE else 1 << 62, PAGE)

@@ -33,9 +33,9 @@ class _Shaped(Protocol):
 def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
     """Raise ValueError unless every key follows ckpt's key rules.
 
-    Keys are "/"-separated, with no empty, "." or ".." parts, no NUL, valid UTF-8, unique,
-    and no key may also be a prefix of another ("a" and "a/b"), so any checkpoint can be
-    converted to any format.
+    Keys are "/"-separated, with no empty, "." or ".." parts, no NUL, valid UTF-8 and unique.
+    A key may also be a scope of another ("dense/kernel" and "dense/kernel/Adam", as TF1 names
+    slots): flat formats store keys as they are, HDF5 as docs/formats.md describes.
     """
     keys = list(keys)
     seen: set[str] = set(keys) if keys_plainly_valid(keys) else set()  # all at once, or one by one
@@ -48,16 +48,19 @@ def validate_keys(keys: Iterable[str], where: str = "checkpoint") -> None:
             if key in seen:
                 raise ValueError(f"{where}: duplicate key {key!r}")
             seen.add(key)
+
+
+def tensor_scopes(keys: Iterable[str]) -> set[str]:
+    """The keys that are also a scope of another key ("a" of "a/b"): TF1 names optimizer slots and
+    EMA shadows so ("dense/kernel" beside "dense/kernel/Adam"). HDF5 stores those specially."""
+    unique = set(keys)
     scopes: set[str] = set()
-    for key in seen:
+    for key in unique:
         scope = key.rpartition("/")[0]
         while scope and scope not in scopes:  # siblings share their scopes: stop at a known one
             scopes.add(scope)
             scope = scope.rpartition("/")[0]
-    clash = sorted(seen & scopes)
-    if clash:
-        child = next(k for k in sorted(seen) if k.startswith(clash[0] + "/"))
-        raise ValueError(f"{where}: key {clash[0]!r} is both a tensor and a scope of {child!r}")
+    return unique & scopes
 
 
 def key_problem(key: object) -> str:

@@ -117,7 +117,8 @@ class H5pyReader(BaseReader):
                 if isinstance(obj, h5py.Group):
                     visit(obj, key + "/")
                 elif isinstance(obj, h5py.Dataset):
-                    self._add(key, obj)
+                    # a ckpt tensor whose key is also a scope lies inside its group (docs/formats.md)
+                    self._add(prefix[:-1] if name == _h5head.SCOPE_TENSOR and prefix else key, obj)
 
         try:
             visit(f, "")

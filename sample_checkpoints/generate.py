@@ -14,6 +14,8 @@ Writes, in both formats where it says so:
   version 4) with SMALL_BLOCK-byte chunks, so small files pin the byte-plane layout;
 * sharded.msgpack/: the same tensors as a sharded checkpoint of 2 shard files (each tensor split
   by rows) and its commit record (version 2);
+* slots.h5: the tensors of ``slot_tensors`` (TF1's Adam slot and EMA shadow names, keys that are
+  also scopes of other keys), so a small file pins HDF5's layout for them;
 * steps/: a Saver's directory: softmax regression on 7x7 pooled digits saved every 100 steps
   with max_to_keep=3, so model-300/400/500.msgpack and the state file remain.
 
@@ -198,6 +200,23 @@ def write_blocks_file(path: str) -> None:
     write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK}, block_bytes=SMALL_BLOCK)
 
 
+def slot_tensors() -> dict[str, np.ndarray]:
+    """The tensors of slots.h5: TF1's names for Adam's slots and EMA shadows, beside the variables
+    they belong to ("dense/kernel" is a tensor and the scope of "dense/kernel/Adam")."""
+    rng = np.random.default_rng(SEED + 3)
+    tensors = {"global_step": np.int64(100), "beta1_power": np.float32(0.9 ** 100)}
+    for name, shape in (("dense/kernel", (4, 3)), ("dense/bias", (3,))):
+        for suffix in ("", "/Adam", "/Adam_1", "/ExponentialMovingAverage"):
+            tensors[name + suffix] = rng.standard_normal(shape).astype(np.float32)
+    tensors["dense"] = np.array([b"not a scope only"], dtype=object)  # a tensor two levels up
+    return tensors
+
+
+def write_slots_file(path: str) -> None:
+    """slots.h5: ``slot_tensors``, the HDF5 layout of keys that are also scopes (docs/formats.md)."""
+    write_file(path, sorted(slot_tensors().items()), {"description": "TF1 slot and shadow names"})
+
+
 def write_compressed_file(path: str) -> None:
     """compressed.msgpack: ``block_tensors`` compressed, in SMALL_BLOCK-byte chunks."""
     write_file(path, sorted(block_tensors().items()), {"block_bytes": SMALL_BLOCK}, block_bytes=SMALL_BLOCK,
@@ -272,6 +291,7 @@ def main(out: str) -> None:
         write_file(os.path.join(out, "dtypes" + ext), dtypes, {"description": "every dtype ckpt supports"})
         write_blocks_file(os.path.join(out, "blocks" + ext))
     write_compressed_file(os.path.join(out, "compressed.msgpack"))
+    write_slots_file(os.path.join(out, "slots.h5"))
     write_steps(os.path.join(out, "steps"), x_train, y_train)
     write_sharded(os.path.join(out, "sharded.msgpack"))
     print(f"MLP test accuracy on {TEST} generated digits: {test_acc:.4f}; files in {out}")

@@ -228,8 +228,6 @@ def test_a_formats_write_still_checks_what_it_is_handed(tmp_path, ext):
     fmt = base.format_for_path("x" + ext)
     with pytest.raises(ValueError, match=r"bad\.\w+: invalid key 'a//b'"):
         write(fmt, tmp_path / f"bad{ext}", [("a//b", np.ones(2))])
-    with pytest.raises(ValueError, match=r"bad\.\w+: key 'a' is both a tensor and a scope of 'a/b'"):
-        write(fmt, tmp_path / f"bad{ext}", [("a", np.ones(2)), ("a/b", np.ones(2))])
     with pytest.raises(ckpt.InvalidMetadataError, match=r"bad\.\w+"):
         write(fmt, tmp_path / f"bad{ext}", [("a", np.ones(2))], {"x": object()})
 
@@ -352,7 +350,6 @@ def test_registry_lookup_and_plugins():
 
 
 @pytest.mark.parametrize("keys, message", [
-    (["a", "a/b"], "both a tensor and a scope"),
     (["x//y"], "empty"), (["/x"], "empty"), (["x/"], "empty"), (["a/../b"], r"'\.\.'"),
     (["."], r"'\.'"), (["a\x00b"], "NUL"), (["\udcff"], "UTF-8"), (["a", "a"], "duplicate"), ([""], "empty"),
 ])

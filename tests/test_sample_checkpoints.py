@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import crc32c
+import h5py
 import msgpack
 import numpy as np
 import pytest
@@ -125,6 +126,22 @@ def test_the_writers_reproduce_the_current_golden_files_byte_for_byte(tmp_path, 
     assert pathlib.Path(path).read_bytes() == pathlib.Path(os.path.join(SAMPLES, f"dtypes{ext}")).read_bytes()
     generate.write_blocks_file(str(tmp_path / f"blocks{ext}"))
     assert (tmp_path / f"blocks{ext}").read_bytes() == pathlib.Path(os.path.join(SAMPLES, f"blocks{ext}")).read_bytes()
+
+
+def test_slots_golden_file_pins_the_layout_of_keys_that_are_also_scopes(tmp_path):
+    """TF1's slot names in HDF5: the tensor of a scope is its group's dataset ``__ckpt_tensor__``."""
+    path = os.path.join(SAMPLES, "slots.h5")
+    expected = generate.slot_tensors()
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader.verify() == [] and sorted(reader.tensors) == sorted(expected)
+        for key, value in expected.items():
+            assert_bit_exact(np.asarray(value), reader.get_tensor(key))
+    with h5py.File(path, "r") as f:
+        assert sorted(f["dense/kernel"]) == ["Adam", "Adam_1", "ExponentialMovingAverage", "__ckpt_tensor__"]
+        assert f["dense/kernel/__ckpt_tensor__"][()].tobytes() == expected["dense/kernel"].tobytes()
+        assert f["dense/__ckpt_tensor__"][()].tolist() == [b"not a scope only"]
+    generate.write_slots_file(str(tmp_path / "slots.h5"))
+    assert (tmp_path / "slots.h5").read_bytes() == pathlib.Path(path).read_bytes()
 
 
 @pytest.mark.parametrize("ext", [".msgpack", ".h5"])

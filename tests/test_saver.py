@@ -131,8 +131,6 @@ def test_var_list_errors():
         ckpt.Saver([])
     with pytest.raises(ValueError, match="invalid key"):
         ckpt.Saver({"a//b": a})
-    with pytest.raises(ValueError, match="both a tensor and a scope"):
-        ckpt.Saver({"a": a, "a/b": b})
     with pytest.raises(TypeError, match="'a' is a ndarray: a dict's values are ckpt.Variables, Modules or dicts"):
         ckpt.Saver({"a": np.zeros(2)})
     with pytest.raises(TypeError, match="'opt/slots' is a list: a dict's values are ckpt.Variables, Modules"):

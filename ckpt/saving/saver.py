@@ -285,6 +285,7 @@ class Saver:
         name, fmt = save_target(path, self._format)
         ext = next(e for e in fmt.extensions if name.lower().endswith(e))
         if global_step is not None:
+            _check_global_step(global_step)  # here: a sharded save's failing rank still takes part (with its error)
             step = operator.index(global_step)
             name = f"{name[:len(name) - len(ext)]}-{step}{name[len(name) - len(ext):]}"
         _formats.check_compression(fmt, self._compression, name)  # before anything is written
@@ -335,7 +336,6 @@ class Saver:
             InvalidMetricsError: a metric that is not a finite number (NaN, inf, a string);
                 nothing is written.
         """
-        _check_global_step(global_step)
         done = self._save(path, global_step, metadata, blocking, metrics)
         # an asynchronous save counts from its snapshot: should_save must not ask for it again
         self._last_save = (None if global_step is None else operator.index(global_step), time.time())

@@ -105,10 +105,10 @@ class MsgpackFormat(WritableFormat):
 
     def write_blob(self, blob: WritableBlob, tensors: Sequence[tuple[str, Any]],
                    metadata: Mapping[str, Any], *, compression: str | None = None) -> None:
-        from . import msgpack  # lazy: a format module loads on use
+        from . import _mpwrite, msgpack  # lazy: a format module loads on use
 
-        msgpack.write_msgpack(blob, tensors, metadata, self.block_bytes,
-                              msgpack.MAX_BIN if self.max_bin is None else self.max_bin, compression)
+        _mpwrite.write_msgpack(blob, tensors, metadata, self.block_bytes,
+                               msgpack.MAX_BIN if self.max_bin is None else self.max_bin, compression)
 
 
 class IncrementalFormat(Format):
@@ -119,12 +119,12 @@ class IncrementalFormat(Format):
     extensions: tuple[str, ...] = ()
 
     def sniff(self, head: bytes) -> bool:
-        from . import incremental
+        from . import incremental  # lazy: a format module loads on use
 
         return incremental.is_incremental(head)
 
     def open(self, path: str, blob: ReadableBlob | None = None, declined: Reader | None = None) -> Reader:
-        from . import incremental
+        from . import incremental  # lazy: a format module loads on use
 
         return incremental.IncrementalReader(path, blob)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CheckpointWriteError
+from ckpt.formats import _codec, _io
 from ckpt.formats import incremental as _inc
 from ckpt.storage.atomic import replace_atomically
 from ckpt.storage.local import LocalStore, fill_file
@@ -72,8 +73,6 @@ def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
 def _entries(folder: str, tensors: list[tuple[str, np.ndarray]], chunk_bytes: int,
              stats: IncrementalStats) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries."""
-    from ckpt.formats import _codec, _io
-
     entries: dict[str, list[Any]] = {}
     for key, arr in tensors:
         arr = _io.c_contiguous(arr)

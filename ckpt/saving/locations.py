@@ -28,7 +28,7 @@ from ckpt.saving.retention import BEST_MODES, best_entries
 from ckpt.saving.stores import REGISTRY, open_store
 from ckpt.storage.state import STATE_FILE
 
-__all__ = ["latest_checkpoint", "best_checkpoint", "resolve_checkpoint", "save_target", "all_steps",
+__all__ = ["latest_checkpoint", "best_checkpoint", "listed_beside", "resolve_checkpoint", "save_target", "all_steps",
            "latest_step", "checkpoint_at_step", "checkpoints_iterator"]
 
 
@@ -282,3 +282,16 @@ def _why_none(directory: str) -> str:
     what = "is not a checkpoint file" if os.path.lexists(missing) else "does not exist"  # a FIFO, say
     earlier = f"; nor do the {len(entries) - 1} earlier ones it lists" if len(entries) > 1 else ""
     return f": its '{STATE_FILE}' state file names {missing}, which {what}{earlier}"
+
+
+def listed_beside(path: str) -> list[str]:
+    """The checkpoints the state file of ``path``'s directory lists, if it lists ``path``
+    (TF1 users expect ``last_checkpoints`` to show a run they resume)."""
+    directory = os.path.dirname(path)
+    try:  # pending entries count where their save committed; a damaged file: what verifies
+        state = open_store(directory or ".").effective_state()
+    except (OSError, ValueError):
+        return []  # an unreadable state file lists nothing; restores and saves report it
+    if state is None or not any(e.path == os.path.basename(path) for e in state.all_entries()):
+        return []
+    return [os.path.join(directory, e.path) for e in state.checkpoints]

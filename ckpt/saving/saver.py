@@ -21,147 +21,38 @@ from __future__ import annotations
 import operator
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any, Literal, overload
 
-from ckpt.storage import urls as _urls
-from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
-from ckpt.saving.async_save import BackgroundSaves, SaveFuture
-from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
-from ckpt.saving.retention import BEST_MODES, Retention, check_metrics, kept_paths, read_owner
-from ckpt.storage.local import LocalStore
-from ckpt.saving.stores import REGISTRY, store_of
-from ckpt.saving.locations import save_target
-from ckpt.storage.atomic import require_directory
 from ckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     StorageError,
-    UnsupportedCheckpointError,
     UninitializedVariableError,
+    UnsupportedCheckpointError,
 )
+from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.gcpause import gc_paused
-from ckpt.runtime.module import Module
-from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint
+from ckpt.runtime.variables import Variable
+from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
+from ckpt.saving.arguments import load_hdf5_library
+from ckpt.saving.async_save import BackgroundSaves, SaveFuture
+from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
+from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
-from ckpt.storage.state import CheckpointState, state_lock
+from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
+from ckpt.saving.stores import store_of
 from ckpt.storage import Store, WritableBlob
-from ckpt.runtime.variables import Variable, global_variables
+from ckpt.storage import urls as _urls
+from ckpt.storage.atomic import require_directory
+from ckpt.storage.local import LocalStore
+from ckpt.storage.state import CheckpointState, state_lock
 
 __all__ = ["Saver"]
 
 #: a dict's values: Variables, Modules (their variables under "key/<attribute path>") or nested dicts
-VarTree = Mapping[str, "Variable | Module | VarTree"]
-VarList = None | Module | VarTree | Iterable[Variable]
-
-
-def _where(path_arg: Any) -> str:
-    """The path a save was given, for messages, whatever the caller passed."""
-    return str(os.fspath(path_arg)) if isinstance(path_arg, (str, os.PathLike)) else repr(path_arg)
-
-
-def _key_map(var_list: VarList) -> dict[str, Variable]:
-    """Turn a var_list into an ordered {checkpoint key: Variable} map, refusing ambiguity."""
-    if var_list is None:
-        pairs = [(v.key, v) for v in global_variables()]
-    elif isinstance(var_list, Module):
-        pairs = var_list.named_variables()
-    elif isinstance(var_list, Mapping):
-        pairs = _tree_pairs(var_list, "")
-    elif isinstance(var_list, Iterable) and not isinstance(var_list, (str, bytes)):  # type: ignore[unreachable]
-        unique = {id(v): v for v in var_list}  # the same variable listed twice is listed once
-        pairs = [(v.key if isinstance(v, Variable) else v, v) for v in unique.values()]
-    else:
-        raise TypeError(f"var_list must be None, a Module, a dict or a list of Variables, "
-                        f"got {type(var_list).__name__}")
-    keys: dict[str, Variable] = {}
-    owner: dict[int, str] = {}
-    for key, var in pairs:
-        if not isinstance(var, Variable):
-            raise TypeError(f"var_list entry {key!r} is a {type(var).__name__}: a dict's values are "
-                            f"ckpt.Variables, Modules or dicts of them")
-        if not isinstance(key, str):
-            raise TypeError(f"checkpoint keys are strings, got {key!r} for {var.name}")
-        if key in keys:
-            raise ValueError(f"two variables would be saved under the key {key!r}: {keys[key].name} "
-                             f"and {var.name}; give them distinct names or pass a dict")
-        if id(var) in owner:
-            raise ValueError(f"variable {var.name} would be saved under two keys: {owner[id(var)]!r} "
-                             f"and {key!r}")
-        keys[key] = var
-        owner[id(var)] = key
-    if not keys:
-        raise ValueError("there are no variables to save (empty var_list)")
-    _formats.validate_keys(keys, "Saver")
-    return keys
-
-
-def _check_global_step(global_step: Any) -> None:
-    """Refuse a global_step that is not an int, naming the argument (operator.index's own error
-    names nothing)."""
-    if global_step is None:
-        return
-    try:
-        operator.index(global_step)
-    except TypeError:
-        raise TypeError(f"save(global_step=...) takes an int or an int Variable (or None), got "
-                        f"{global_step!r}") from None
-
-
-def _best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) -> tuple[int | None, str | None, str]:
-    """The Saver's keep-best arguments, checked."""
-    if keep_best is not None and (not isinstance(keep_best, int) or isinstance(keep_best, bool) or keep_best < 0):
-        raise ValueError(f"keep_best must be a non-negative int or None, got {keep_best!r}")
-    if keep_best and best_metric is None:
-        raise ValueError("keep_best needs best_metric: the metric (save(..., metrics=)) that ranks checkpoints")
-    if best_metric is not None and not isinstance(best_metric, str):
-        raise ValueError(f"best_metric must be a metric's name, got {best_metric!r}")
-    if best_mode not in BEST_MODES:
-        raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
-    return keep_best or None, best_metric, best_mode
-
-
-def _incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int,
-                        comm: Any) -> tuple[int | None, int] | None:
-    """(full_every, chunk_bytes) of an incremental Saver, checked; None when not incremental."""
-    for name, value in (("full_every", full_every), ("chunk_bytes", chunk_bytes)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be a positive int{' or None' if name == 'full_every' else ''}, "
-                             f"got {value!r}")
-    if not incremental:
-        return None
-    if comm is not None:
-        raise UnsupportedCheckpointError("incremental=True is not supported with comm= (sharded saves) yet")
-    return full_every, chunk_bytes
-
-
-def _tree_pairs(tree: Mapping[Any, Any], prefix: str) -> list[tuple[Any, Any]]:
-    """A dict's (key, value) pairs with its Modules and nested dicts expanded, as TF2's
-    ``Checkpoint(model=..., optimizer=...)``: ``{"model": m}`` gives "model/<attribute path>"."""
-    pairs: list[tuple[Any, Any]] = []
-    for key, value in tree.items():
-        if not isinstance(key, str):  # refused by the caller, which names it
-            pairs.append((key, value))
-        elif isinstance(value, Module):
-            pairs += [(f"{prefix}{key}/{path}", var) for path, var in value.named_variables()]
-        elif isinstance(value, Mapping):
-            pairs += _tree_pairs(value, f"{prefix}{key}/")
-        else:
-            pairs.append((prefix + key, value))
-    return pairs
-
-
-def _load_hdf5_library() -> None:
-    """Import h5py now, while the interpreter is whole: the HDF5 writer imports it on first use,
-    and a first use inside an atexit handler ("checkpoint on exit") imports it during shutdown,
-    where h5py's own exit hook is never run and libhdf5's then calls into the finalized
-    interpreter (SIGSEGV after the checkpoint committed)."""
-    # lazy: only Savers that write HDF5 load h5py (`import ckpt` stays free of it)
-    import h5py  # noqa: F401
-
-
 class Saver:
     """Saves variables to checkpoint files and restores them.
 
@@ -224,8 +115,8 @@ class Saver:
                  save_interval_seconds: float | None = None, compression: str | None = None,
                  incremental: bool = False, full_every: int | None = None,
                  chunk_bytes: int = CHUNK_BYTES) -> None:
-        self._vars = _key_map(var_list)
-        self._incremental = _incremental_policy(incremental, full_every, chunk_bytes, comm)
+        self._vars = key_map(var_list)
+        self._incremental = incremental_policy(incremental, full_every, chunk_bytes, comm)
         self._saves = 0  # saves made, for full_every
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
@@ -247,9 +138,9 @@ class Saver:
             raise ValueError(f"format {format!r} can be read but not written")
         self._format = fmt
         if fmt.name == "hdf5":
-            _load_hdf5_library()
+            load_hdf5_library()
         self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours,  # TF1: 0 keeps all
-                                    *_best_policy(keep_best, best_metric, best_mode))
+                                    *best_policy(keep_best, best_metric, best_mode))
         if save_interval_steps is not None and (not isinstance(save_interval_steps, int) or
                                                 isinstance(save_interval_steps, bool) or save_interval_steps < 1):
             raise ValueError(f"save_interval_steps must be a positive int or None, got {save_interval_steps!r}")
@@ -278,14 +169,14 @@ class Saver:
         directory's checkpoints (a Saver is bound to no directory until it saves or restores).
         """
         if not self._saved and self._restored_from is not None:
-            return self._listed_beside(self._restored_from)
+            return listed_beside(self._restored_from)
         return list(self._last_checkpoints)
 
     def _target(self, path: str | os.PathLike[str], global_step: Any) -> tuple[str, Any]:
         name, fmt = save_target(path, self._format)
         ext = next(e for e in fmt.extensions if name.lower().endswith(e))
         if global_step is not None:
-            _check_global_step(global_step)  # here: a sharded save's failing rank still takes part (with its error)
+            check_global_step(global_step)  # here: a sharded save's failing rank still takes part (with its error)
             step = operator.index(global_step)
             name = f"{name[:len(name) - len(ext)]}-{step}{name[len(name) - len(ext):]}"
         _formats.check_compression(fmt, self._compression, name)  # before anything is written
@@ -392,10 +283,10 @@ class Saver:
                     missing.add(key)  # reported to every rank by the save's plan, not raised here alone
         except Exception as exc:
             if self._async_comm is None:
-                self._agree_before_dup(_where(path_arg), exc)
+                self._agree_before_dup(where(path_arg), exc)
             else:  # the others' saves (in the background) hear of it now, not at their timeout
                 comm, problem = self._async_comm, exc  # (``exc`` is unbound once the except block ends)
-                self._background.take_part(_where(path_arg), lambda: self._fail_together(comm, path_arg, problem))
+                self._background.take_part(where(path_arg), lambda: self._fail_together(comm, path_arg, problem))
             raise
         if self._async_comm is None:
             self._agree_before_dup(path, None)
@@ -452,7 +343,7 @@ class Saver:
         naming this rank and the ranks stay in step; the collective's own outcome is ignored
         (the caller raises ``problem``)."""
         try:
-            self._run_sharded(comm, _where(path_arg), None, None, {}, failure=f"{type(problem).__name__}: {problem}")
+            self._run_sharded(comm, where(path_arg), None, None, {}, failure=f"{type(problem).__name__}: {problem}")
         except Exception:
             pass  # every rank's save failed with this rank's error, which the caller raises
 
@@ -698,19 +589,6 @@ class Saver:
             raise CheckpointNotFoundError(f"{where}: no checkpoint has the metric {metric!r} (restore(best=True) "
                                           f"ranks by it, best_mode={mode!r})", path=where, key=metric)
         return found
-
-    @staticmethod
-    def _listed_beside(path: str) -> list[str]:
-        """The checkpoints the state file of ``path``'s directory lists, if it lists ``path``
-        (TF1 users expect ``last_checkpoints`` to show a run they resume)."""
-        directory = os.path.dirname(path)
-        try:  # pending entries count where their save committed; a damaged file: what verifies
-            state = LocalStore(directory or ".", REGISTRY).effective_state()
-        except (OSError, ValueError):
-            return []  # an unreadable state file lists nothing; restores and saves report it
-        if state is None or not any(e.path == os.path.basename(path) for e in state.all_entries()):
-            return []
-        return [os.path.join(directory, e.path) for e in state.checkpoints]
 
     def __repr__(self) -> str:
         return f"<ckpt.Saver {len(self._vars)} variables format={self._format.name}>"

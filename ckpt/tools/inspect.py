@@ -121,9 +121,9 @@ def _non_tensors(reader: CheckpointReader) -> dict[str, str]:
 def _records(reader: CheckpointReader, keys: list[str], values: bool, stats: bool,
              progress: Progress | None) -> Iterator[tuple[Any, np.ndarray | None, TensorStats | None]]:
     """Yield (info, value or None, stats or None) for each key, reading only what is shown."""
-    if stats:
-        from ckpt.tools.chunks import reusing_buffers
-        from ckpt.tools.stats import array_stats, stats_of
+    if stats:  # lazy: the statistics modules load only for --stats (start-up of a plain inspect)
+        from ckpt.tools.chunks import reusing_buffers  # lazy, as above
+        from ckpt.tools.stats import array_stats, stats_of  # lazy, as above
     infos = [reader.tensors[k] for k in keys]
     if values:
         for info in (progress(infos) if progress is not None else infos):

@@ -1,0 +1,207 @@
+"""The writer of ckpt's msgpack format (its layout, constants and reader: ``formats/msgpack.py``).
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from ckpt.formats import _mpwrite, msgpack
+    >>> from ckpt.storage.localfile import LocalSink
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.msgpack")
+    >>> with LocalSink(path) as blob:
+    ...     _mpwrite.write_msgpack(blob, [("w", np.arange(3, dtype=np.float32))], {})
+    >>> with msgpack.MsgpackReader(path) as r:
+    ...     r.read("w")
+    array([0., 1., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ckpt import dtypes
+from ckpt.buffers import ALIGN_MIN_BYTES
+from ckpt.storage import WritableBlob
+
+from . import _blocks, _io
+from ._blocks import checksums
+from ._codec import packb
+from .base import materialize, source_chunks
+from .msgpack import (
+    _FOOTER,
+    ARRAY32,
+    CODEC,
+    COMPRESS_MIN,
+    COMPRESSED_VERSION,
+    DATA_START,
+    FOOTER_MAGIC,
+    FORMAT_NAME,
+    HEADER_PREFIX,
+    MAX_BIN,
+    VERSION,
+    _bin_header,
+    _dtype_name,
+    _padding,
+)
+
+__all__ = ["write_msgpack"]
+
+
+def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metadata: Mapping[str, Any],
+                  block_bytes: int = _blocks.BLOCK_BYTES, max_bin: int = MAX_BIN,
+                  compression: str | None = None) -> None:
+    """Stream every tensor's buffer into ``blob`` (lazy sources one at a time), then the index;
+    the array header's element count (the blob's head: its first write) is filled in last.
+
+    Keys and metadata come validated (``WritableFormat.write_blob``). Tensors over
+    ``block_bytes`` get a checksum per block; a tensor over ``max_bin`` bytes is split into
+    several bin objects. ``compression="zstd"`` writes a version 4 file whose numeric tensors of
+    COMPRESS_MIN bytes and more are stored as compressed byte planes, one chunk (``block_bytes``)
+    per bin object.
+    """
+    path = blob.name
+    if compression not in (None, CODEC):
+        raise ValueError(f"{path}: unknown compression {compression!r}; the msgpack format offers {CODEC!r}")
+    metadata = dict(metadata)
+    entries: dict[str, list[Any]] = {}
+    blocks: dict[str, bytes] = {}  # the block checksums of tensors over one block
+    planes: dict[str, bytes] = {}  # the stored size of each byte plane of compressed tensors
+    version = VERSION if compression is None else COMPRESSED_VERSION
+    blob.write_at(bytes([ARRAY32, 0, 0, 0, 0]) + HEADER_PREFIX + bytes([version]), 0)  # its count patched last
+    runs = _io.Runs(blob)  # small pieces back to back: one pwritev per run
+    pos = DATA_START
+    objects = 3  # the header, the index and the footer
+    for key, source in tensors:
+        stream = source_chunks(source)
+        if stream is not None:  # a streaming source: its bytes pass through in chunks
+            runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
+            dtype, shape = np.dtype(source.dtype), tuple(source.shape)
+            extents, checksum, packed, pos, written = _write_chunks(
+                blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, max_bin, f"{path}: tensor {key!r}")
+            objects += written
+            if packed is not None:
+                blocks[key] = packed
+            entries[key] = [_dtype_name(dtype), list(shape), extents, checksum]
+            continue
+        if not isinstance(source, np.ndarray):
+            runs.flush()  # earlier tensors are written before a lazy source is read
+        arr = _io.c_contiguous(materialize(source))
+        lent = arr is source  # the caller's own array (not a copy, not a lazy source's): lent to the blob
+        if dtypes.is_string(arr.dtype):
+            view = memoryview(packb([bytes(x) for x in arr.reshape(-1)]))
+            extents = [[pos, len(view)]]
+            objects += 1
+            runs.write(view, pos)
+            pos += len(view)
+            checksum = _io.crc32c(view)
+        elif compression is not None and _compressible(arr, block_bytes):
+            view = _io.byte_view(arr)
+            crc = checksums(view, block_bytes)  # over the uncompressed bytes; overlaps with compressing
+            extents, planes[key], pos = _write_compressed(runs, view, arr.dtype.itemsize, pos, block_bytes)
+            objects += len(extents)
+            checksum, packed = crc()
+            if packed is not None:
+                blocks[key] = packed
+        else:
+            view = _io.byte_view(arr)
+            extents = []
+            crc = checksums(view, block_bytes)  # overlaps with the writes below
+            if len(view) >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
+                padding = _padding(pos + len(_bin_header(min(len(view), max_bin))))
+                runs.write(padding, pos)
+                pos += len(padding)
+                objects += bool(padding)
+            for start in range(0, max(len(view), 1), max_bin):  # an empty tensor: one empty bin
+                piece = view[start:start + max_bin]
+                header = _bin_header(len(piece))
+                runs.write(header, pos)
+                pos += len(header)
+                extents.append([pos, len(piece)])
+                objects += 1
+                runs.write(piece, pos, lent)
+                pos += len(piece)
+            checksum, packed = crc()
+            if packed is not None:
+                blocks[key] = packed
+        entries[key] = [_dtype_name(arr.dtype), list(arr.shape), extents, checksum]
+    fields = {"format": FORMAT_NAME, "version": version, "metadata": metadata,
+              "tensors": entries, "block_bytes": block_bytes, "block_crcs": blocks}
+    if compression is not None:
+        fields.update(compression=compression, compressed=planes)
+    index = packb(fields)
+    runs.write(index, pos)
+    runs.write(_FOOTER.pack(0x94, b"\xc4\x08", FOOTER_MAGIC, 0xCF, pos, 0xCF, len(index), 0xCE,
+                            _io.crc32c(index)), pos + len(index))
+    runs.flush()
+    blob.write_at(objects.to_bytes(4, "big"), 1)  # in the head (the first write): allowed last
+
+
+def _compressible(arr: np.ndarray, block_bytes: int) -> bool:
+    """Whether a numeric array is stored compressed: big enough to pay, and chunks of whole elements."""
+    return arr.nbytes >= COMPRESS_MIN and block_bytes % arr.dtype.itemsize == 0
+
+
+def _write_compressed(runs: _io.Runs, view: memoryview, itemsize: int, pos: int,
+                      block_bytes: int) -> tuple[list[list[int]], bytes, int]:
+    """Write a tensor's bytes as compressed chunks of ``block_bytes``, one bin object each; return
+    the extents, the packed stored size of every plane (chunk by chunk) and the new position."""
+    from ._planes import encode_chunk  # lazy: only compressed tensors need zstandard
+
+    extents: list[list[int]] = []
+    sizes: list[int] = []
+    for start in range(0, len(view), block_bytes):
+        stored, plane_sizes = encode_chunk(view[start:start + block_bytes], itemsize)
+        header = _bin_header(len(stored))
+        runs.write(header, pos)
+        runs.write(stored, pos + len(header))
+        pos += len(header)
+        extents.append([pos, len(stored)])
+        pos += len(stored)
+        sizes.extend(plane_sizes)
+    return extents, np.asarray(sizes, "<u4").tobytes(), pos
+
+
+def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
+                  max_bin: int, what: str) -> tuple[list[list[int]], int, bytes | None, int, int]:
+    """Write a streamed numeric tensor as ``write`` lays out an array (padding, bins of at most
+    ``max_bin`` bytes); return its extents, crc32c, packed block checksums, the new position and
+    the number of msgpack objects written."""
+    objects = 0
+    if nbytes >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
+        padding = _padding(pos + len(_bin_header(min(nbytes, max_bin))))
+        blob.write_at(padding, pos)
+        pos += len(padding)
+        objects += bool(padding)
+    running = _blocks.RunningChecksums(block_bytes)
+    extents: list[list[int]] = []
+    done = 0
+
+    def open_bin() -> None:  # the bin header of the bytes from `done` on
+        nonlocal pos, objects
+        header = _bin_header(min(max_bin, nbytes - done))
+        blob.write_at(header, pos)
+        pos += len(header)
+        extents.append([pos, min(max_bin, nbytes - done)])
+        objects += 1
+
+    if not nbytes:
+        open_bin()  # an empty tensor: one empty bin
+    for view in stream:
+        start = 0
+        while start < len(view):
+            if done >= nbytes:
+                raise ValueError(f"{what} gave more than the {nbytes} bytes its dtype and shape hold")
+            if done % max_bin == 0:
+                open_bin()
+            take = min(len(view) - start, max_bin - done % max_bin, nbytes - done)
+            piece = view[start:start + take]
+            blob.write_at(piece, pos)
+            running.update(piece)
+            done, pos, start = done + take, pos + take, start + take
+    if done != nbytes:
+        raise ValueError(f"{what} gave {done} bytes; its dtype and shape hold {nbytes}")
+    checksum, packed = running.result()
+    return extents, checksum, packed, pos, objects
+
+
+#: Chunks of a compressed tensor one thread decodes at a time (the rest go to the I/O threads).

@@ -89,10 +89,12 @@ def test_compare_across_formats_and_chunkings(big, tmp_path):
 
 def test_convert_checks_the_copy_by_checksums_without_reading_the_source_again(big, tmp_path, monkeypatch):
     path, x = big
+    from ckpt.tools import conversion
+
     reads = []
-    real = _chunks.tensor_chunks
-    monkeypatch.setattr(_chunks, "tensor_chunks",
-                        lambda r, key, *a, **kw: reads.append((r.path, key)) or real(r, key, *a, **kw))
+    real = conversion.paired_chunks  # the check's read of both files (the copy's writer streams the source once)
+    monkeypatch.setattr(conversion, "paired_chunks",
+                        lambda ra, rb, key, *a, **kw: reads.append((ra.path, key)) or real(ra, rb, key, *a, **kw))
     done = ckpt.convert(path, tmp_path / "copy.h5")
     assert reads == []  # both files store crc32c of the same bytes: the new file's own verify is the check
     assert np.array_equal(ckpt.load_variable(done.path, "x").view(np.uint32), x.view(np.uint32))

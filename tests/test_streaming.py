@@ -44,68 +44,82 @@ def test_chunks_stream_the_whole_tensor_in_order(big):
     assert np.concatenate(small).tolist() == [0, 1, 2, 3, 4]
 
 
-def test_statistics_from_chunks_match_the_array(big, monkeypatch):
+def test_chunk_bytes_sets_the_chunks_of_every_stream(big):
     path, x = big
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)  # three chunks, one pass (the histogram merges their grids)
-    streamed = ckpt.tensor_stats(path, ["x"])["x"]
+    odd = x.size - 2 * MiB  # 4 MiB of float32 is MiB elements: the odd chunk first
+    with ckpt.load_checkpoint(path) as ra, ckpt.load_checkpoint(path) as rb:
+        assert [c.size for c in _chunks.tensor_chunks(ra, "x", chunk_bytes=4 * MiB)] == [odd, MiB, MiB]
+        assert [c.size for c in _chunks.tensor_chunks(ra, "x")] == [odd, 2 * MiB]  # CHUNK_BYTES, 8 MiB
+        assert [a.size for a, _ in _chunks.paired_chunks(ra, rb, "x", chunk_bytes=4 * MiB)] == [odd, MiB, MiB]
+        assert [p[0].size for p in _chunks.aligned_chunks([ra, rb], "x", chunk_bytes=4 * MiB)] == [odd, MiB, MiB]
+
+
+def test_statistics_from_chunks_match_the_array(big):
+    path, x = big
+    # three chunks, one pass (the histogram merges their grids)
+    streamed = ckpt.tensor_stats(path, ["x"], chunk_bytes=4 * MiB)["x"]
     expected = ckpt.array_stats(x)
     assert streamed.mean == pytest.approx(expected.mean, rel=1e-12) and streamed.std == pytest.approx(expected.std)
     assert dataclasses.replace(streamed, mean=0.0, std=0.0) == dataclasses.replace(expected, mean=0.0, std=0.0)
     assert (streamed.nan, streamed.inf) == (1, 1) and sum(streamed.histogram) == x.size - 2
 
 
-def test_a_damaged_chunk_fails_the_tensor(big, tmp_path, monkeypatch):
+def test_a_damaged_chunk_fails_the_tensor(big, tmp_path):
     path, x = big
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
     bad = damaged_copy(path, x[2_500_000:2_500_004], tmp_path / f"bad{pathlib.Path(path).suffix}")
     with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
-        ckpt.tensor_stats(bad, ["x"])
+        ckpt.tensor_stats(bad, ["x"], chunk_bytes=4 * MiB)
     with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
-        ckpt.compare(path, bad)
+        ckpt.compare(path, bad, chunk_bytes=4 * MiB)
     with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
-        ckpt.compare(bad, path)
+        ckpt.compare(bad, path, chunk_bytes=4 * MiB)
 
 
-def test_compare_across_formats_and_chunkings(big, tmp_path, monkeypatch):
+def test_compare_across_formats_and_chunkings(big, tmp_path):
     path, x = big
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
     other = x.copy()
     other[2_600_000] += 1.0
     ckpt.save_file({"x": other, "small": np.arange(5, dtype=np.int16)}, tmp_path / "other.h5")
-    result = ckpt.compare(path, tmp_path / "other.h5")
+    result = ckpt.compare(path, tmp_path / "other.h5", chunk_bytes=4 * MiB)
     vd = result.tensor("x").values
     assert result.differ == ["x"] and (vd.count, vd.unequal) == (x.size, 1) and vd.max_abs == pytest.approx(1.0)
-    assert ckpt.compare(path, ckpt.convert(path, tmp_path / "copy.msgpack").path).same
+    copy = ckpt.convert(path, tmp_path / "copy.msgpack", chunk_bytes=4 * MiB).path
+    assert ckpt.compare(path, copy, chunk_bytes=4 * MiB).same
 
 
 def test_convert_checks_the_copy_by_checksums_without_reading_the_source_again(big, tmp_path, monkeypatch):
     path, x = big
+    from ckpt.tools import conversion
+
     reads = []
-    real = _chunks.tensor_chunks
-    monkeypatch.setattr(_chunks, "tensor_chunks", lambda r, key, *a: reads.append((r.path, key)) or real(r, key, *a))
+    real = conversion.paired_chunks  # the check's read of both files (the copy's writer streams the source once)
+    monkeypatch.setattr(conversion, "paired_chunks",
+                        lambda ra, rb, key, *a, **kw: reads.append((ra.path, key)) or real(ra, rb, key, *a, **kw))
     done = ckpt.convert(path, tmp_path / "copy.h5")
     assert reads == []  # both files store crc32c of the same bytes: the new file's own verify is the check
     assert np.array_equal(ckpt.load_variable(done.path, "x").view(np.uint32), x.view(np.uint32))
 
 
 @pytest.mark.parametrize("ext", [".msgpack", ".h5"])
-def test_memory_is_bounded_by_chunks_not_by_the_tensor(tmp_path, monkeypatch, ext):
-    """tensor_stats and compare of a 64 MiB tensor with 4 MiB chunks allocate far less than the tensor."""
+def test_memory_is_bounded_by_chunks_not_by_the_tensor(tmp_path, ext):
+    """tensor_stats and compare of a 64 MiB tensor with 4 MiB chunks allocate far less than the tensor:
+    two chunks (read ahead) per stream and little more (the default 8 MiB chunks would take twice that)."""
     x = np.random.default_rng(2).standard_normal(16 * MiB).astype(np.float32)
     a, b = str(tmp_path / f"a{ext}"), str(tmp_path / f"b{ext}")
     ckpt.save_file({"x": x}, a)
     x[-1] += 1
     ckpt.save_file({"x": x}, b)
     del x
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
-    for work in (lambda: ckpt.tensor_stats(a), lambda: ckpt.compare(a, b)):
+    chunk = 4 * MiB
+    for work, streams in ((lambda: ckpt.tensor_stats(a, chunk_bytes=chunk), 1),
+                          (lambda: ckpt.compare(a, b, chunk_bytes=chunk), 2)):
         tracemalloc.start()
         try:
             work()
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert peak < 32 * MiB, peak / MiB  # whole tensors would take 64 MiB (128 MiB for two); chunks do not
+        assert peak < 3 * streams * chunk, peak / MiB  # whole tensors would take 64 MiB (128 MiB for two)
     assert ckpt.compare(a, b).tensor("x").values.unequal == 1
 
 
@@ -173,29 +187,27 @@ def test_a_streamed_source_of_the_wrong_size_is_refused(tmp_path, ext):
 
 
 @pytest.mark.parametrize("src_ext, dst_ext", [(".h5", ".msgpack"), (".msgpack", ".safetensors"), (".msgpack", ".h5")])
-def test_convert_streams_in_bounded_memory(tmp_path, monkeypatch, src_ext, dst_ext):
-    """A 64 MiB tensor goes through in 4 MiB chunks: the writer never holds the tensor."""
+def test_convert_streams_in_bounded_memory(tmp_path, src_ext, dst_ext):
+    """A 64 MiB tensor goes through in 4 MiB chunks: the writer never holds the tensor (nor two 8 MiB chunks)."""
     x = np.random.default_rng(4).standard_normal(16 * MiB).astype(np.float32)
     src = str(tmp_path / f"src{src_ext}")
     ckpt.save_file({"x": x}, src)
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
     tracemalloc.start()
     try:
-        done = ckpt.convert(src, tmp_path / f"dst{dst_ext}")
+        done = ckpt.convert(src, tmp_path / f"dst{dst_ext}", chunk_bytes=4 * MiB)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 32 * MiB, peak / MiB
+    assert peak < 12 * MiB, peak / MiB
     with ckpt.load_checkpoint(done.path) as reader:
         assert np.array_equal(reader.get_tensor("x").view(np.uint32), x.view(np.uint32))
 
 
-def test_a_damaged_source_stops_a_streamed_convert(tmp_path, monkeypatch):
+def test_a_damaged_source_stops_a_streamed_convert(tmp_path):
     x = np.random.default_rng(6).standard_normal(3 * MiB).astype(np.float32)
     src = str(tmp_path / "src.msgpack")
     ckpt.save_file({"x": x}, src)
     bad = damaged_copy(src, x[2 * MiB:2 * MiB + 4], tmp_path / "bad.msgpack")
-    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4 * MiB)
     with pytest.raises(ckpt.CorruptCheckpointError, match="'x' fails its checksum"):
-        ckpt.convert(bad, tmp_path / "out.safetensors")
+        ckpt.convert(bad, tmp_path / "out.safetensors", chunk_bytes=4 * MiB)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.msgpack", "src.msgpack"]

@@ -207,16 +207,18 @@ def _stream(reader: Any, key: str, extents: list[tuple[int, int]], expected: int
         raise checksum_error(reader.path, f"tensor {key!r}", crc, expected, key=key)
 
 
-def tensor_chunks(reader: CheckpointReader, key: str, chunk_elements: int | None = None) -> Iterator[np.ndarray]:
+def tensor_chunks(reader: CheckpointReader, key: str, chunk_elements: int | None = None, *,
+                  chunk_bytes: int | None = None) -> Iterator[np.ndarray]:
     """Yield tensor ``key``'s values as flat arrays of about CHUNK_BYTES, in order, checked.
 
     ``chunk_elements`` (a whole number of 4 MiB pieces for streamed tensors: see
     :func:`chunk_elements`) sets the chunk size; the first chunk may be shorter.
+    ``chunk_bytes`` sets it in bytes instead (None: CHUNK_BYTES), where ``chunk_elements`` is None.
     """
     formatted = reader._reader
     info = formatted.tensors[key] if key in formatted.tensors else reader.tensors[key]
     item = max(info.dtype.itemsize, 1)
-    elements = chunk_elements if chunk_elements is not None else _default_elements(item)
+    elements = chunk_elements if chunk_elements is not None else _default_elements(item, chunk_bytes=chunk_bytes)
     found = _streamable(formatted, key)
     if found is not None and info.nbytes > elements * item and (elements * item) % _PIECE == 0:
         yield from _stream(formatted, key, found[0], found[1], elements)
@@ -253,31 +255,34 @@ def _aligned(a: Iterator[np.ndarray], b: Iterator[np.ndarray]) -> Iterator[tuple
         ia, ib = ia + n, ib + n
 
 
-def paired_chunks(ra: CheckpointReader, rb: CheckpointReader, key: str,
-                  key_b: str | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def paired_chunks(ra: CheckpointReader, rb: CheckpointReader, key: str, key_b: str | None = None, *,
+                  chunk_bytes: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield matching flat chunks (the same elements) of tensor ``key`` of two checkpoints
     (``key_b`` in the second, if it is called otherwise there).
 
-    Both tensors are read to their end, so each one's checksum is checked.
+    Both tensors are read to their end, so each one's checksum is checked. ``chunk_bytes``:
+    about this many bytes of the wider tensor per read (None: CHUNK_BYTES).
     """
     key_b = key if key_b is None else key_b
     ia, ib = ra.tensors[key], rb.tensors[key_b]
     if ia.size != ib.size:
         raise ValueError(f"tensor {key!r} has {ia.size} elements in {ra.path}, {ib.size} in {rb.path}")
-    elements = chunk_elements(ia.dtype.itemsize, ib.dtype.itemsize)
+    elements = chunk_elements(ia.dtype.itemsize, ib.dtype.itemsize, chunk_bytes=chunk_bytes)
     yield from _aligned(tensor_chunks(ra, key, elements), tensor_chunks(rb, key_b, elements))
 
 
-def aligned_chunks(readers: list[CheckpointReader], key: str) -> Iterator[list[np.ndarray]]:
+def aligned_chunks(readers: list[CheckpointReader], key: str, *,
+                   chunk_bytes: int | None = None) -> Iterator[list[np.ndarray]]:
     """Yield lists of matching flat chunks (the same elements) of tensor ``key`` of every reader.
 
     Each stream moves on only once its chunk is used up (chunks are reused buffers); every
     tensor is read to its end, so each one's checksum is checked. The sizes must be equal.
+    ``chunk_bytes``: about this many bytes of the widest tensor per read (None: CHUNK_BYTES).
     """
     sizes = {r.tensors[key].size for r in readers}
     if len(sizes) != 1:
         raise ValueError(f"tensor {key!r} has different sizes in {', '.join(r.path for r in readers)}")
-    elements = chunk_elements(*(r.tensors[key].dtype.itemsize for r in readers))
+    elements = chunk_elements(*(r.tensors[key].dtype.itemsize for r in readers), chunk_bytes=chunk_bytes)
     streams = [tensor_chunks(r, key, elements) for r in readers]
     current: list[np.ndarray | None] = [np.empty(0) for _ in readers]
     used = [0] * len(readers)

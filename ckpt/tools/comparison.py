@@ -416,17 +416,18 @@ def metadata_changes(ma: dict[str, Any], mb: dict[str, Any]) -> list[MetadataCha
     return changes
 
 
-def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float) -> ValueDiff:
+def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float,
+                    chunk_bytes: int | None = None) -> ValueDiff:
     """Stream one pair of same-shape tensors through in matching chunks."""
     tally = _Tally()
-    for ca, cb in paired_chunks(ra, rb, key):
+    for ca, cb in paired_chunks(ra, rb, key, chunk_bytes=chunk_bytes):
         _add_chunk(tally, ca, cb, atol, rtol)
     return tally.result()
 
 
 def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0, keys: Keys = None,
             progress: Callable[[int], None] | None = None,
-            storage_options: StorageOptions | None = None) -> Comparison:
+            storage_options: StorageOptions | None = None, chunk_bytes: int | None = None) -> Comparison:
     """Compare two checkpoints: keys, dtypes, shapes, values and metadata.
 
     Args:
@@ -437,6 +438,7 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
             (each must be in A or B); metadata is compared only when ``keys`` is None.
         progress: called with the number of bytes of A compared, as the work goes on.
         storage_options: for URLs, options for the store's fsspec filesystem.
+        chunk_bytes: about this many bytes of a tensor are read at a time (None: 8 MiB).
 
     Returns:
         A Comparison: ``same``, the keys by change, each tensor's ValueDiff.
@@ -464,7 +466,7 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
             values = None
             # values are compared wherever shapes match, also across numeric dtypes (float32 -> float16)
             if ia.shape == ib.shape and dtypes.is_string(ia.dtype) == dtypes.is_string(ib.dtype):
-                values = _compare_tensor(ra, rb, key, atol, rtol)
+                values = _compare_tensor(ra, rb, key, atol, rtol, chunk_bytes)
                 if progress is not None:
                     progress(ia.nbytes)
             if ia.dtype != ib.dtype or ia.shape != ib.shape:

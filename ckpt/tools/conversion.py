@@ -153,13 +153,14 @@ class _Source(LazySource):
     """
 
     def __init__(self, reader: CheckpointReader, info: Any, progress: Progress | None,
-                 scratch: list[np.ndarray]) -> None:
+                 scratch: list[np.ndarray], chunk_bytes: int | None = None) -> None:
         self.dtype, self.shape = info.dtype, info.shape
         self._reader, self._info, self._progress, self._scratch = reader, info, progress, scratch
+        self._chunk_bytes = chunk_bytes
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The tensor's bytes in bounded chunks, each checked as it streams (writers that stream)."""
-        for chunk in tensor_chunks(self._reader, self._info.key):
+        for chunk in tensor_chunks(self._reader, self._info.key, chunk_bytes=self._chunk_bytes):
             yield chunk.view(np.uint8)
             if self._progress is not None:
                 self._progress(chunk.nbytes)
@@ -178,7 +179,8 @@ class _Source(LazySource):
         return value
 
 
-def _same_tensor(source: CheckpointReader, old: str, written: CheckpointReader, new: str) -> bool:
+def _same_tensor(source: CheckpointReader, old: str, written: CheckpointReader, new: str,
+                 chunk_bytes: int | None = None) -> bool:
     """Whether tensor ``new`` of the written checkpoint holds ``old``'s exact bytes.
 
     The written file was verified against its own checksums just before; where both files
@@ -194,12 +196,12 @@ def _same_tensor(source: CheckpointReader, old: str, written: CheckpointReader, 
             return crc_a == crc_b
     if dtypes.is_string(a.dtype):
         return bool(source.get_tensor(old).reshape(-1).tolist() == written.get_tensor(new).reshape(-1).tolist())
-    return all(np.array_equal(ca.view(np.uint8), cb.view(np.uint8)) for ca, cb in paired_chunks(source, written,
-                                                                                                old, new))
+    pairs = paired_chunks(source, written, old, new, chunk_bytes=chunk_bytes)
+    return all(np.array_equal(ca.view(np.uint8), cb.view(np.uint8)) for ca, cb in pairs)
 
 
 def _check_written(fmt: Any, tmp: ReadableBlob, dst: str, source: CheckpointReader, plan: dict[str, str],
-                   metadata: dict[str, Any], progress: Progress | None) -> None:
+                   metadata: dict[str, Any], progress: Progress | None, chunk_bytes: int | None = None) -> None:
     """Read the new file back; raise CheckpointWriteError unless it holds exactly SRC's tensors."""
 
     def fail(what: str) -> CheckpointWriteError:
@@ -215,11 +217,12 @@ def _check_written(fmt: Any, tmp: ReadableBlob, dst: str, source: CheckpointRead
         if problems:
             raise fail(problems[0])
         for old, new in plan.items():
-            if not _same_tensor(source, old, written, new):
+            if not _same_tensor(source, old, written, new, chunk_bytes):
                 raise fail(f"tensor {new!r} differs")
 
 
-def _check_sharded(written: Any, reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str) -> None:
+def _check_sharded(written: Any, reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str,
+                   chunk_bytes: int | None = None) -> None:
     """Raise CheckpointWriteError unless the sharded checkpoint ``written`` holds exactly SRC's tensors."""
     problems = written.verify()
     if problems or written.metadata != metadata or sorted(written.tensors) != sorted(plan.values()):
@@ -227,7 +230,7 @@ def _check_sharded(written: Any, reader: Any, plan: dict[str, str], metadata: di
                                    f"({problems[0] if problems else 'keys or metadata differ'})")
     checked = CheckpointReader(written)
     for old, new in plan.items():
-        if not _same_tensor(reader, old, checked, new):
+        if not _same_tensor(reader, old, checked, new, chunk_bytes):
             raise CheckpointWriteError(f"{dst}: tensor {new!r} does not read back as written")
 
 
@@ -243,7 +246,7 @@ def _block_reader(reader: Any, plan: dict[str, str]) -> tuple[list[Any], Callabl
 
 
 def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
-                          fmt: Any, storage_options: StorageOptions | None) -> None:
+                          fmt: Any, storage_options: StorageOptions | None, chunk_bytes: int | None = None) -> None:
     """Write a sharded checkpoint into an object store as a sharded save does: the shard files
     create-only under a fresh data prefix, its COMMIT there, everything read back and compared,
     then the checkpoint's create-only commit record (docs/formats.md, "Object stores")."""
@@ -265,7 +268,7 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
         store.store.put(store.join(commit), raw, create_only=True)
         # read back through this store (its options): the reader opens the shard files with it too
         with sharded.ShardedReader(store.join(commit), blob=store.under(data).open(sharded.COMMIT)) as written:
-            _check_sharded(written, reader, plan, metadata, dst)
+            _check_sharded(written, reader, plan, metadata, dst, chunk_bytes)
     except BaseException:
         store._delete_data(store.join(commit), quietly=True)  # the whole prefix
         raise
@@ -273,7 +276,7 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
 
 
 def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
-                   fmt: Any) -> None:
+                   fmt: Any, chunk_bytes: int | None = None) -> None:
     """Write SRC's planned tensors as a sharded checkpoint: into a temporary directory, read back
     and compared, then renamed to DST (which must not exist)."""
     # lazy: a format module, loaded only for a sharded conversion (format modules load on use, via the registry)
@@ -289,7 +292,7 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
     try:
         sharded.write_single_process(tmp, specs, read, metadata, shards, ext=fmt.extensions[0])
         with sharded.ShardedReader(tmp) as written:
-            _check_sharded(written, reader, plan, metadata, dst)
+            _check_sharded(written, reader, plan, metadata, dst, chunk_bytes)
         os.rename(tmp, dst)
         fsync_directory(parent)
     except OSError as exc:
@@ -305,7 +308,7 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
 def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
             renames: Mapping[str, str] | None = None, format: str | None = None, shards: int | None = None,
             overwrite: bool = False, progress: Progress | None = None,
-            storage_options: StorageOptions | None = None) -> Conversion:
+            storage_options: StorageOptions | None = None, chunk_bytes: int | None = None) -> Conversion:
     """Write a checkpoint's tensors and metadata to ``dst`` in another format, a subset, renamed.
 
     ``dst`` is written to a temporary file, read back and checked against ``src`` (keys,
@@ -326,6 +329,7 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         progress: called with numbers of bytes as they are written and checked (twice the
             tensors' bytes in all).
         storage_options: for URLs, options for the store's fsspec filesystem.
+        chunk_bytes: about this many bytes of a tensor are read at a time (None: 8 MiB).
 
     Returns:
         A Conversion: where, in which format, which keys became which.
@@ -368,19 +372,20 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         done = Conversion(dst, fmt.name, reader.path, reader.format, plan, shards)
         if shards is not None:
             if remote:
-                _write_sharded_remote(reader, plan, metadata, dst, shards, fmt, storage_options)
+                _write_sharded_remote(reader, plan, metadata, dst, shards, fmt, storage_options, chunk_bytes)
             else:
-                _write_sharded(reader, plan, metadata, dst, shards, fmt)
+                _write_sharded(reader, plan, metadata, dst, shards, fmt, chunk_bytes)
             return done
 
         def write(blob: WritableBlob) -> None:
             scratch = [np.empty(0, dtype=np.uint8)]
             with reusing_buffers():
-                fmt.write_blob(blob, [(new, _Source(reader, reader.tensors[old], progress, scratch))
+                fmt.write_blob(blob, [(new, _Source(reader, reader.tensors[old], progress, scratch,
+                                                       chunk_bytes))
                                        for old, new in plan.items()], metadata)
 
         def check(written: ReadableBlob) -> None:
-            _check_written(fmt, written, dst, reader, plan, metadata, progress)
+            _check_written(fmt, written, dst, reader, plan, metadata, progress, chunk_bytes)
 
         try:  # atomic (docs/storage.md): written into the store's blob, read back and checked, then committed
             store_of(dst, storage_options).write_checkpoint(os.path.basename(dst), write, check)

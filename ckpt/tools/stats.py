@@ -364,14 +364,17 @@ def array_stats(arr: np.ndarray, *, piece: int = PIECE) -> TensorStats:
     return _stats_of_chunks(_kind(arr.dtype), flat.size, arr.dtype, lambda: [flat], piece)
 
 
-def stats_of(reader: Any, key: str) -> TensorStats:
-    """The statistics of one tensor of an open CheckpointReader, read in bounded chunks."""
+def stats_of(reader: Any, key: str, *, chunk_bytes: int | None = None) -> TensorStats:
+    """The statistics of one tensor of an open CheckpointReader, read in chunks of about
+    ``chunk_bytes`` (None: ckpt.tools.chunks.CHUNK_BYTES)."""
     info = reader.tensors[key]
-    return _stats_of_chunks(_kind(info.dtype), info.size, info.dtype, lambda: tensor_chunks(reader, key))
+    return _stats_of_chunks(_kind(info.dtype), info.size, info.dtype,
+                            lambda: tensor_chunks(reader, key, chunk_bytes=chunk_bytes))
 
 
 def tensor_stats(checkpoint: Checkpoint, keys: Keys = None, *, progress: Callable[[int], None] | None = None,
-                 storage_options: StorageOptions | None = None) -> dict[str, TensorStats]:
+                 storage_options: StorageOptions | None = None,
+                 chunk_bytes: int | None = None) -> dict[str, TensorStats]:
     """Compute the statistics of a checkpoint's tensors, reading each in bounded chunks.
 
     Args:
@@ -380,6 +383,7 @@ def tensor_stats(checkpoint: Checkpoint, keys: Keys = None, *, progress: Callabl
         keys: None for every tensor, a regular expression (``re.search``), or a list of keys.
         progress: called with the number of bytes read, as the work goes on.
         storage_options: for a URL, options for the store's fsspec filesystem.
+        chunk_bytes: about this many bytes of a tensor are read at a time (None: 8 MiB).
 
     Returns:
         key -> TensorStats, in the checkpoint's order.
@@ -399,7 +403,7 @@ def tensor_stats(checkpoint: Checkpoint, keys: Keys = None, *, progress: Callabl
     with opened(checkpoint, storage_options) as reader, reusing_buffers():
         out: dict[str, TensorStats] = {}
         for key in select_keys(reader.tensors, keys, reader.path):
-            out[key] = stats_of(reader, key)
+            out[key] = stats_of(reader, key, chunk_bytes=chunk_bytes)
             if progress is not None:
                 progress(reader.tensors[key].nbytes)
         return out

@@ -160,3 +160,11 @@ def test_compression_and_comm_are_refused(tmp_path: object) -> None:
         ckpt.Saver(v, incremental=True, comm=object())
     with pytest.raises(ValueError, match="chunk_bytes"):
         ckpt.Saver(v, incremental=True, chunk_bytes=0)
+
+
+def test_a_save_creates_its_directory(tmp_path: object) -> None:
+    """As every other save does (TensorFlow, orbax and torch do too)."""
+    v = _vars(np.random.default_rng(8))
+    path = _saver(v).save(os.path.join(str(tmp_path), "run", "sub", "m.msgpack"), global_step=1)
+    assert ckpt.latest_checkpoint(os.path.join(str(tmp_path), "run", "sub")) == path
+    assert _load(path, "big").tobytes() == v["big"].numpy().tobytes()

@@ -23,7 +23,7 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CheckpointWriteError
 from ckpt.formats import incremental as _inc
-from ckpt.storage.atomic import replace_atomically
+from ckpt.storage.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
 from ckpt.storage.state import CheckpointState, state_lock
@@ -41,14 +41,6 @@ class IncrementalStats:
     bytes_written: int = 0
     chunks_reused: int = 0
     chunks_collected: int = 0
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
@@ -104,11 +96,12 @@ def commit_incremental(store: LocalStore, name: str, tensors: list[tuple[str, np
     path = store.join(name)
     folder = os.path.join(store.location, _inc.CHUNK_DIR)
     stats = IncrementalStats()
+    require_directory(path)  # as every save does; the lock file lives there
     with state_lock(store.location):
         try:
-            os.makedirs(folder, exist_ok=True)
+            require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
             entries = _entries(folder, tensors, chunk_bytes, stats)
-            _fsync_dir(folder)
+            fsync_directory(folder)
         except OSError as exc:
             raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
                                        f"{exc.strerror or exc}; the previous checkpoint is still the latest",

@@ -4,6 +4,7 @@ that keeps every referenced chunk, damaged chunks named."""
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -246,3 +247,28 @@ def test_verify_directory_checks_every_reference_of_every_kept_checkpoint(tmp_pa
     result = CliRunner().invoke(main, ["verify", d])
     assert result.exit_code == 1 and only_first in result.output
     assert f"{d}: 3 problems found in 2 checkpoints" in result.output
+
+
+def test_saves_find_the_incremental_format_in_the_registry(tmp_path: object) -> None:
+    """The Saver uses the registered ChunkedFormat (docs/architecture.md: saving asks the registry)."""
+    from ckpt.formats.base import ChunkedFormat, Format, get_format, register_format
+
+    builtin = get_format("ckpt-incremental")
+    assert isinstance(builtin, ChunkedFormat)
+
+    class NotChunked(Format):
+        name = "ckpt-incremental"
+
+        def sniff(self, head: bytes) -> bool:
+            return False
+
+        def open(self, path: str, blob: object = None, declined: object = None) -> NoReturn:
+            raise AssertionError("never opened")
+
+    register_format(NotChunked(), replace=True)
+    try:
+        with pytest.raises(UnsupportedCheckpointError, match="not a ChunkedFormat"):
+            _saver(_vars(np.random.default_rng(10))).save(os.path.join(str(tmp_path), "m.msgpack"))
+    finally:
+        register_format(builtin, replace=True)
+    assert not os.path.exists(os.path.join(str(tmp_path), "m.msgpack"))

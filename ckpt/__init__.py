@@ -98,6 +98,7 @@ _LAZY = {
     "trainable_variables": ".runtime.variables",
     "Verification": ".tools.verification",
     "verify": ".tools.verification",
+    "verify_directory": ".tools.verification",
 }
 
 
@@ -175,3 +176,4 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from .runtime.variables import trainable_variables as trainable_variables
     from .tools.verification import Verification as Verification
     from .tools.verification import verify as verify
+    from .tools.verification import verify_directory as verify_directory

@@ -38,14 +38,16 @@ def _when(seconds: float | None) -> str:
 @click.argument("directory")
 @click.option("--json", "as_json", is_flag=True,
               help='Print one JSON document: "directory" and "checkpoints", each with "path", "step", '
-                   '"time" (seconds since the epoch), "size" (bytes), "latest", "note" and "metrics" '
-                   '(null when its save was given none).')
+                   '"time" (seconds since the epoch), "size" (bytes), "latest", "note", "metrics" '
+                   '(null when its save was given none), "owned" and "shared" (bytes).')
 @reports_errors()
 def ls(directory: str, as_json: bool) -> None:
     """List a directory's checkpoints.
 
     From its state file: path, step, time (UTC), size, the metrics its save was given (a
-    column shown when any checkpoint has them), which is latest.
+    column shown when any checkpoint has them), which is latest. When any checkpoint is
+    incremental, two more columns: the bytes each one owns (its file and the chunks only it
+    references: what deleting it frees) and the bytes of the chunks it shares with others.
 
     Checkpoint files the state file does not know are listed too, marked as such.
 
@@ -57,15 +59,21 @@ def ls(directory: str, as_json: bool) -> None:
         click.echo(json.dumps({"directory": directory, "checkpoints": [row.to_json() for row in rows]}))
         return
     with_metrics = any(row.metrics for row in rows)  # runs without metrics keep the table they had
-    table = [("path", "step", "saved (UTC)", "size") + (("metrics",) if with_metrics else ()) + ("",)] + [
-        (row.path, "-" if row.step is None else str(row.step), _when(row.time),
-         "-" if row.size is None else human_size(row.size)) + ((_metrics(row.metrics),) if with_metrics else ())
-        + (row.note,) for row in rows]
+    with_usage = any(row.shared or row.owned != row.size for row in rows)  # only incremental checkpoints share
+    table = [("path", "step", "saved (UTC)", "size") + (("owns", "shares") if with_usage else ())
+             + (("metrics",) if with_metrics else ()) + ("",)] + [
+        (row.path, "-" if row.step is None else str(row.step), _when(row.time), _bytes(row.size))
+        + ((_bytes(row.owned), _bytes(row.shared)) if with_usage else ())
+        + ((_metrics(row.metrics),) if with_metrics else ()) + (row.note,) for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    right = {1, 3, 4, 5} if with_usage else {1, 3}  # numbers align right
     for row in table:
-        cells = [f"{row[0]:<{widths[0]}}", f"{row[1]:>{widths[1]}}", f"{row[2]:<{widths[2]}}", f"{row[3]:>{widths[3]}}"]
-        cells += [f"{row[4]:<{widths[4]}}"] if with_metrics else []
+        cells = [f"{cell:>{widths[i]}}" if i in right else f"{cell:<{widths[i]}}" for i, cell in enumerate(row[:-1])]
         click.echo("  ".join(cells + [row[-1]]).rstrip())
+
+
+def _bytes(nbytes: int | None) -> str:
+    return "-" if nbytes is None else human_size(nbytes)
 
 
 def _metrics(metrics: dict[str, float] | None) -> str:

@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, final
 
 from ckpt.errors import UnsupportedCheckpointError
@@ -101,6 +101,28 @@ class Format(ABC):
         Raise a CheckpointError for a bad file, or :func:`decline` for a file that is not this
         format's (leaving ``blob`` open for the next format).
         """
+
+
+class ChunkedFormat(Format):
+    """A Format whose checkpoints are an index over content-addressed chunks kept once in a
+    folder (``chunk_dir``) beside them: what an incremental save writes. The Saver finds it in the
+    registry (``get_format``) and stores the chunks and the index; the format says how a tensor
+    is cut and named and how the index is laid out."""
+
+    #: the chunk folder's name, in the directory of the checkpoints that reference it
+    chunk_dir: str = ""
+
+    @abstractmethod
+    def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
+        """Cut ``array`` into chunks of ``chunk_bytes``, hand each to ``put(name, bytes)``, return its index entry."""
+
+    @abstractmethod
+    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
+        """The bytes of a checkpoint file holding these index ``entries`` (by key)."""
+
+    @abstractmethod
+    def references(self, path: str) -> set[bytes]:
+        """The names of every chunk the checkpoint file ``path`` references."""
 
 
 class WritableFormat(Format):

@@ -10,7 +10,7 @@ given (``open`` -> a Reader that has read only the index, or ``decline``) and, i
 Each name is defined in a module with one job (patch a name there, where it is looked up):
 
 - ``_readers``: TensorInfo, the Reader protocol, BaseReader, FileReader;
-- ``_contract``: Format, WritableFormat, decline, Declined, check_compression, write_with;
+- ``_contract``: Format, WritableFormat, ChunkedFormat, decline, Declined, check_compression, write_with;
 - ``_registry``: register_format, formats, get_format, format_for_path, open_reader;
 - ``_blobs``: open_blob (the one place a path becomes bytes: a local file or an object);
 - ``_writing``: stage, materialize, source_chunks (feeding a writer);
@@ -27,7 +27,7 @@ from __future__ import annotations
 from ckpt.lazy import LazySource
 
 from ._blobs import open_blob
-from ._contract import Declined, Format, WritableFormat, check_compression, decline, write_with
+from ._contract import ChunkedFormat, Declined, Format, WritableFormat, check_compression, decline, write_with
 from ._readers import BaseReader, FileReader, Reader, TensorInfo
 from ._registry import (
     SNIFF_BYTES,
@@ -56,8 +56,8 @@ from ._validation import (
 )
 from ._writing import materialize, source_chunks, stage
 
-__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "check_compression",
-           "write_with", "register_format",
+__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "ChunkedFormat",
+           "check_compression", "write_with", "register_format",
            "unregister_format", "Declined", "decline",
            "get_format", "formats", "format_for_path", "open_reader", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "LazySource", "check_tensors",

@@ -16,14 +16,14 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckpt.storage import ReadableBlob, WritableBlob
 
 from . import _h5head, _zip
 from ._blocks import BLOCK_BYTES
-from ._contract import Format, WritableFormat
+from ._contract import ChunkedFormat, Format, WritableFormat
 from ._readers import Reader
 
 #: The members a .keras zip starts with.
@@ -111,12 +111,13 @@ class MsgpackFormat(WritableFormat):
                                msgpack.MAX_BIN if self.max_bin is None else self.max_bin, compression)
 
 
-class IncrementalFormat(Format):
+class IncrementalFormat(ChunkedFormat):
     """ckpt's incremental checkpoints: an index file whose tensors are chunks in the directory's
     chunk store (``formats/incremental.py``); written by a Saver with ``incremental=True``."""
 
     name = "ckpt-incremental"
     extensions: tuple[str, ...] = ()
+    chunk_dir = ".ckpt-chunks"
 
     def sniff(self, head: bytes) -> bool:
         from . import incremental  # lazy: a format module loads on use
@@ -127,6 +128,21 @@ class IncrementalFormat(Format):
         from . import incremental  # lazy: a format module loads on use
 
         return incremental.IncrementalReader(path, blob)
+
+    def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
+        from . import incremental  # lazy: a format module loads on use
+
+        return incremental.tensor_entry(array, chunk_bytes, put)
+
+    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
+        from . import incremental  # lazy: a format module loads on use
+
+        return incremental.pack_index(metadata, chunk_bytes, entries)
+
+    def references(self, path: str) -> set[bytes]:
+        from . import incremental  # lazy: a format module loads on use
+
+        return incremental.referenced_chunks(path)
 
 
 class CkptShardedFormat(Format):

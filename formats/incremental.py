@@ -59,6 +59,23 @@ def chunk_path(directory: str, chunk: bytes) -> str:
     return os.path.join(directory, CHUNK_DIR, chunk.hex())
 
 
+def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
+    """The index entry of ``array``: a numeric tensor's bytes cut into chunks of ``chunk_bytes``,
+    each handed to ``put(digest, bytes)``; a string tensor's items inline."""
+    arr = _io.c_contiguous(array)
+    name = dtypes.dtype_name(arr.dtype)
+    if dtypes.is_string(arr.dtype):
+        items = [bytes(x) for x in arr.reshape(-1)]
+        return [name, list(arr.shape), _io.crc32c(packb(items)), items]
+    view = _io.byte_view(arr)
+    chunks = []
+    for start in range(0, len(view), chunk_bytes):
+        piece = view[start:start + chunk_bytes]
+        chunks.append(digest(piece))
+        put(chunks[-1], piece)
+    return [name, list(arr.shape), _io.crc32c(view), chunks]
+
+
 def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]]) -> bytes:
     """The bytes of an incremental checkpoint file."""
     index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata, "chunk_dir": CHUNK_DIR,

@@ -32,7 +32,7 @@ import traceback
 from typing import Any
 
 import numpy as np
-from reliability_support import read_outcome, restore_outcome, small_tensors, step_tensors
+from reliability_support import frozen_tensors, read_outcome, restore_outcome, small_tensors, step_tensors
 
 import ckpt
 from ckpt.storage.atomic import is_temporary
@@ -41,7 +41,7 @@ from ckpt.storage.state import read_state
 
 KILLED_CODE = 77  # a child's exit code when kill_at_event ended it
 #: Audit events that change files: a kill between any two of them is a distinct crash state.
-FILE_EVENTS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
+FILE_EVENTS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.link", "shutil.rmtree"}
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
 
 
@@ -85,15 +85,21 @@ def kill_at_event(k: int, kind: str) -> None:
 
 
 def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,
-              stop: int | None = None, blocking: bool = True, comm: Any = None, keep_best: int | None = None) -> None:
+              stop: int | None = None, blocking: bool = True, comm: Any = None, keep_best: int | None = None,
+              incremental: int | None = None) -> None:
     """Save consecutive steps forever (or until ``stop``), every tensor encoding the step.
 
     With ``blocking=False`` each save runs in the background while the loop already assigns
     the next step's values (a torn snapshot would mix two steps). ``comm``: sharded saves.
     ``keep_best``: each save has the metric "loss" = its step, kept by keep-best retention.
+    ``incremental``: incremental saves with chunks of this many bytes, of the step's tensors and
+    the step-independent ``frozen_tensors`` (whose chunks the checkpoints share).
     """
     variables = {key: ckpt.Variable(value) for key, value in step_tensors(start, writer).items()}
-    best = {} if keep_best is None else {"keep_best": keep_best, "best_metric": "loss"}
+    best: dict[str, Any] = {} if keep_best is None else {"keep_best": keep_best, "best_metric": "loss"}
+    if incremental is not None:
+        variables.update({key: ckpt.Variable(value) for key, value in frozen_tensors().items()})
+        best.update(incremental=True, chunk_bytes=incremental)
     saver = ckpt.Saver(variables, max_to_keep=max_to_keep, comm=comm, **best)
     prefix = "model" if writer == 0 else f"w{writer}"
     step = start
@@ -111,6 +117,7 @@ def zygote() -> None:
     with tempfile.TemporaryDirectory() as scratch:  # load every lazily imported module now
         save_loop(scratch, ".h5", 0, 1, stop=1)
         save_loop(scratch, ".msgpack", 0, 1, stop=1)
+        save_loop(os.path.join(scratch, "incremental"), ".msgpack", 0, 1, stop=1, incremental=4096)
         from ckpt import distributed
 
         save_loop(os.path.join(scratch, "sharded"), ".h5", 0, 1, stop=1, comm=distributed.local())
@@ -128,7 +135,7 @@ def zygote() -> None:
                     comm = distributed.local()
                 save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"],
                           stop=command["start"] + command["saves"], blocking=command.get("blocking", True),
-                          comm=comm, keep_best=command.get("keep_best"))
+                          comm=comm, keep_best=command.get("keep_best"), incremental=command.get("incremental"))
                 os._exit(0)  # every save completed before the k-th event
             except BaseException:
                 traceback.print_exc()

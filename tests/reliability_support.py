@@ -81,6 +81,12 @@ def step_tensors(step: int, writer: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def frozen_tensors() -> dict[str, np.ndarray]:
+    """Tensors no step changes (a frozen backbone): incremental checkpoints share their chunks."""
+    rng = np.random.default_rng(2024)
+    return {"frozen/table": rng.standard_normal((64, 256)).astype(np.float32)}
+
+
 def step_of(values: dict[str, np.ndarray], writer: int = 0) -> int:
     """The step every tensor of ``values`` agrees on; AssertionError if they disagree."""
     step = int(values["model/bias"].reshape(-1)[0]) - writer * 1_000_000

@@ -66,3 +66,11 @@ def test_formats_md_compressed_tensor_recipe_decodes(tmp_path):
     *_, index, _ = msgpack.unpackb(data, raw=False)
     assert index["version"] == 4 and "w" in index["compressed"]
     assert scope["tensor_bytes"](data, index, "w", 4) == values.tobytes()
+
+
+def test_formats_md_incremental_recipe_runs():
+    (recipe,) = [b for b in python_blocks("docs/formats.md") if 'index["chunk_dir"]' in b]
+    scope: dict[str, object] = {}
+    exec(recipe, scope)
+    assert scope["header"] == {"format": "ckpt-incremental", "version": 1}
+    assert scope["index"]["hash"] == "sha256" and scope["index"]["chunk_dir"] == ".ckpt-chunks"

@@ -4,6 +4,7 @@ that keeps every referenced chunk, damaged chunks named."""
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -160,3 +161,114 @@ def test_compression_and_comm_are_refused(tmp_path: object) -> None:
         ckpt.Saver(v, incremental=True, comm=object())
     with pytest.raises(ValueError, match="chunk_bytes"):
         ckpt.Saver(v, incremental=True, chunk_bytes=0)
+
+
+def test_a_save_creates_its_directory(tmp_path: object) -> None:
+    """As every other save does (TensorFlow, orbax and torch do too)."""
+    v = _vars(np.random.default_rng(8))
+    path = _saver(v).save(os.path.join(str(tmp_path), "run", "sub", "m.msgpack"), global_step=1)
+    assert ckpt.latest_checkpoint(os.path.join(str(tmp_path), "run", "sub")) == path
+    assert _load(path, "big").tobytes() == v["big"].numpy().tobytes()
+
+
+def _two_steps(d: str) -> tuple[list[str], dict[str, set[str]]]:
+    """Two incremental checkpoints that differ in big's first chunk; their paths and chunk names."""
+    v = _vars(np.random.default_rng(9))
+    saver = _saver(v, max_to_keep=None)
+    paths = []
+    for step in (1, 2):
+        _set_first(v["big"], step)
+        paths.append(saver.save(os.path.join(d, "m.msgpack"), global_step=step))
+    chunks = {}
+    for path in paths:
+        with open_reader(path) as reader:
+            chunks[path] = {c.hex() for k in reader.tensors for c in reader.chunks_of(k)}  # type: ignore[attr-defined]
+    return paths, chunks
+
+
+def _chunk_bytes(d: str, names: set[str]) -> int:
+    return sum(os.path.getsize(os.path.join(d, CHUNKS, n)) for n in names)
+
+
+def test_list_checkpoints_gives_the_bytes_each_owns_and_shares(tmp_path: object) -> None:
+    d = str(tmp_path)
+    paths, chunks = _two_steps(d)
+    both = chunks[paths[0]] & chunks[paths[1]]
+    rows = ckpt.list_checkpoints(d)
+    for row, path in zip(rows, paths):
+        own = chunks[path] - both
+        assert len(own) == 1  # big's first chunk
+        assert row.owned == os.path.getsize(path) + _chunk_bytes(d, own)
+        assert row.shared == _chunk_bytes(d, both) > 0
+    plain = os.path.join(d, "plain")
+    ckpt.Saver({"w": ckpt.Variable([1.0])}).save(os.path.join(plain, "m.h5"), global_step=1)
+    [row] = ckpt.list_checkpoints(plain)
+    assert (row.owned, row.shared) == (row.size, 0)
+
+
+def test_ckpt_ls_shows_owned_and_shared_bytes(tmp_path: object) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import main
+
+    d = str(tmp_path)
+    _two_steps(d)
+    rows = ckpt.list_checkpoints(d)
+    table = CliRunner().invoke(main, ["ls", d])
+    assert table.exit_code == 0
+    header = table.output.splitlines()[0].split()
+    assert header[-2:] == ["owns", "shares"]
+    doc = json.loads(CliRunner().invoke(main, ["ls", d, "--json"]).output)
+    assert [(r["owned"], r["shared"]) for r in doc["checkpoints"]] == [(r.owned, r.shared) for r in rows]
+
+
+def test_verify_directory_checks_every_reference_of_every_kept_checkpoint(tmp_path: object) -> None:
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import main
+
+    d = str(tmp_path)
+    paths, chunks = _two_steps(d)
+    assert [r.ok for r in ckpt.verify_directory(d)] == [True, True]
+    assert CliRunner().invoke(main, ["verify", d]).output == f"{d}: OK (2 kept checkpoints; the structure and " \
+                                                             "every checksum match)\n"
+    [only_first] = chunks[paths[0]] - chunks[paths[1]]
+    os.remove(os.path.join(d, CHUNKS, only_first))  # the latest checkpoint is whole: only a directory check sees it
+    with open_reader(paths[1]) as reader:
+        [shared] = [c.hex() for c in reader.chunks_of("exact")]  # type: ignore[attr-defined]  # another tensor
+    with open(os.path.join(d, CHUNKS, shared), "r+b") as f:
+        f.write(b"\xff")
+    reports = ckpt.verify_directory(d)
+    assert [len(r.problems) for r in reports] == [2, 1]
+    assert any(only_first in p and "missing" in p for p in reports[0].problems)
+    assert all(any(shared in p and "damaged" in p for p in r.problems) for r in reports)
+    result = CliRunner().invoke(main, ["verify", d])
+    assert result.exit_code == 1 and only_first in result.output
+    assert f"{d}: 3 problems found in 2 checkpoints" in result.output
+
+
+def test_saves_find_the_incremental_format_in_the_registry(tmp_path: object) -> None:
+    """The Saver uses the registered ChunkedFormat (docs/architecture.md: saving asks the registry)."""
+    from ckpt.formats.base import ChunkedFormat, Format, get_format, register_format
+
+    builtin = get_format("ckpt-incremental")
+    assert isinstance(builtin, ChunkedFormat)
+
+    class NotChunked(Format):
+        name = "ckpt-incremental"
+
+        def sniff(self, head: bytes) -> bool:
+            return False
+
+        def open(self, path: str, blob: object = None, declined: object = None) -> NoReturn:
+            raise AssertionError("never opened")
+
+    register_format(NotChunked(), replace=True)
+    try:
+        with pytest.raises(UnsupportedCheckpointError, match="not a ChunkedFormat"):
+            _saver(_vars(np.random.default_rng(10))).save(os.path.join(str(tmp_path), "m.msgpack"))
+    finally:
+        register_format(builtin, replace=True)
+    assert not os.path.exists(os.path.join(str(tmp_path), "m.msgpack"))

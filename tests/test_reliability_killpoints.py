@@ -17,10 +17,12 @@ import uuid
 import numpy as np
 import pytest
 from reliability_child import KILLED_CODE
-from reliability_support import step_of, step_tensors
+from reliability_support import frozen_tensors, step_of, step_tensors
 from test_reliability_kill import Zygote
 
 import ckpt
+from ckpt.formats.base import open_reader
+from ckpt.formats.incremental import CHUNK_DIR, IncrementalReader
 from ckpt.saving.stores import open_store
 
 SAVES = 3
@@ -163,5 +165,83 @@ def test_a_kill_at_any_file_event_never_deletes_the_best_checkpoint(tmp_path, ex
             shutil.rmtree(directory)
     finally:
         zygote.close()
+    assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
+    assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)
+
+
+INCREMENTAL_CHUNK = 4096  # small chunks: every tensor has several, the frozen table's are shared
+
+
+def _incremental_saver() -> tuple[ckpt.Saver, dict[str, ckpt.Variable]]:
+    variables = _variables()
+    variables.update({key: ckpt.Variable(value) for key, value in frozen_tensors().items()})
+    return ckpt.Saver(variables, max_to_keep=MAX_TO_KEEP, incremental=True,
+                      chunk_bytes=INCREMENTAL_CHUNK), variables
+
+
+def _referenced_chunks(path: str) -> set[str]:
+    with open_reader(path) as reader:
+        assert isinstance(reader, IncrementalReader)
+        return {c.hex() for key in reader.tensors for c in reader.chunks_of(key)}
+
+
+def _incremental_problems(directory: str) -> list[str]:
+    """What a resumed incremental run would get wrong in ``directory`` after a kill."""
+    problems = []
+    for row in ckpt.list_checkpoints(directory):  # every kept checkpoint: all its chunks there and intact
+        if row.note == "missing":
+            problems.append(f"the state file lists {row.path}, which is gone")
+        elif row.note in ("", "latest", "preserved"):
+            problems += [f"kept {row.path}: {p}" for p in ckpt.verify(os.path.join(directory, row.path)).problems]
+    newest = _newest_complete(directory, ".msgpack")
+    expected = os.path.join(directory, f"model-{newest}.msgpack")
+    if ckpt.latest_checkpoint(directory) != expected:
+        return problems + [f"latest_checkpoint is {ckpt.latest_checkpoint(directory)}, not {expected}"]
+    saver, variables = _incremental_saver()
+    saver.restore(directory)
+    if step_of({k: np.asarray(v.value()) for k, v in variables.items() if k in step_tensors(0)}) != newest:
+        problems.append(f"restore(directory) did not give step {newest}")
+    for key, value in step_tensors(NEXT_STEP).items():
+        variables[key].assign(value)
+    saver.save(os.path.join(directory, "model.msgpack"), global_step=NEXT_STEP)
+    kept = [os.path.basename(p) for p in saver.last_checkpoints]
+    if kept != [f"model-{newest}.msgpack", f"model-{NEXT_STEP}.msgpack"]:
+        problems.append(f"the next save kept {kept}")
+    on_disk = {n for n in os.listdir(directory) if n.startswith("model-")}
+    if on_disk != set(kept):
+        problems.append(f"after the next save the directory holds {sorted(on_disk)}, the state file lists {kept}")
+    wanted = set().union(*(_referenced_chunks(os.path.join(directory, n)) for n in kept))
+    stored = set(os.listdir(os.path.join(directory, CHUNK_DIR)))
+    if stored != wanted:  # leftovers of the killed save are collected by the next one
+        problems.append(f"after the next save the chunk store holds {len(stored - wanted)} unreferenced "
+                        f"files and lacks {len(wanted - stored)} referenced chunks")
+    return problems
+
+
+def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(tmp_path):
+    """Three incremental saves with max_to_keep (so retention and chunk collection run), killed at
+    every file event: no kept checkpoint references a deleted or missing chunk, latest_checkpoint
+    is the newest complete one, and the next save collects what the killed one left."""
+    template = str(tmp_path / "template")
+    _incremental_saver()[0].save(os.path.join(template, "model.msgpack"), global_step=0)
+    zygote = Zygote(str(tmp_path / "zygote.stderr"))
+    bad: list[str] = []
+    points = 0
+    try:
+        for k in range(1, 1000):
+            directory = str(tmp_path / f"run-{k}")
+            shutil.copytree(template, directory)
+            pid = zygote.spawn(dir=directory, ext=".msgpack", start=1, max_to_keep=MAX_TO_KEEP, kill_at=k,
+                               saves=SAVES, kind="file", incremental=INCREMENTAL_CHUNK)
+            code = zygote.reap(pid)
+            if code == 0:
+                break
+            assert code == KILLED_CODE, f"the child failed (code {code}): {(tmp_path / 'zygote.stderr').read_text()}"
+            points += 1
+            bad += [f"kill at event {k}: {p}" for p in _incremental_problems(directory)]
+            shutil.rmtree(directory)
+    finally:
+        zygote.close()
+    print(f"\nincremental .msgpack blocking: {points} kill points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
     assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -20,11 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ckpt import dtypes
-from ckpt.errors import CheckpointError, CheckpointWriteError
-from ckpt.formats import _codec, _io
-from ckpt.formats import incremental as _inc
-from ckpt.storage.atomic import replace_atomically
+from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
+from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, get_format
+from ckpt.storage.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
 from ckpt.storage.state import CheckpointState, state_lock
@@ -32,6 +30,17 @@ from ckpt.storage.state import CheckpointState, state_lock
 #: Default chunk size (benchmarks/: 1 MiB keeps the chunk count of a GiB model near 1000 files).
 CHUNK_BYTES = 1 << 20
 _TMP_PREFIX = ".tmp-"
+#: the registered format whose checkpoints incremental saves write
+FORMAT = "ckpt-incremental"
+
+
+def chunked_format() -> ChunkedFormat:
+    """The incremental format, from the registry (a plugin may replace it with its own ChunkedFormat)."""
+    fmt = get_format(FORMAT)
+    if not isinstance(fmt, ChunkedFormat):
+        raise UnsupportedCheckpointError(f"the registered {FORMAT!r} format ({type(fmt).__name__}) is not a "
+                                         "ChunkedFormat: incremental saves need one")
+    return fmt
 
 
 @dataclass
@@ -42,14 +51,6 @@ class IncrementalStats:
     bytes_written: int = 0
     chunks_reused: int = 0
     chunks_collected: int = 0
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
@@ -70,59 +71,48 @@ def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
     return True
 
 
-def _entries(folder: str, tensors: list[tuple[str, np.ndarray]], chunk_bytes: int,
+def _entries(fmt: ChunkedFormat, folder: str, tensors: list[tuple[str, np.ndarray]], chunk_bytes: int,
              stats: IncrementalStats) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries."""
-    entries: dict[str, list[Any]] = {}
-    for key, arr in tensors:
-        arr = _io.c_contiguous(arr)
-        name = dtypes.dtype_name(arr.dtype)
-        if dtypes.is_string(arr.dtype):
-            items = [bytes(x) for x in arr.reshape(-1)]
-            entries[key] = [name, list(arr.shape), _io.crc32c(_codec.packb(items)), items]
-            continue
-        view = _io.byte_view(arr)
-        chunks = []
-        for start in range(0, len(view), chunk_bytes):
-            piece = view[start:start + chunk_bytes]
-            chunk = _inc.digest(piece)
-            chunks.append(chunk)
-            if _put_chunk(folder, chunk.hex(), piece):
-                stats.chunks_written += 1
-                stats.bytes_written += len(piece)
-            else:
-                stats.chunks_reused += 1
-        entries[key] = [name, list(arr.shape), _io.crc32c(view), chunks]
-    return entries
+    def put(chunk: bytes, piece: memoryview) -> None:
+        if _put_chunk(folder, chunk.hex(), piece):
+            stats.chunks_written += 1
+            stats.bytes_written += len(piece)
+        else:
+            stats.chunks_reused += 1
+
+    return {key: fmt.tensor_entry(arr, chunk_bytes, put) for key, arr in tensors}
 
 
 def commit_incremental(store: LocalStore, name: str, tensors: list[tuple[str, np.ndarray]],
                        metadata: Mapping[str, Any], chunk_bytes: int, change: StateChange, step: int | None,
                        metrics: Mapping[str, float] | None) -> tuple[CheckpointState, IncrementalStats]:
     """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record it."""
+    fmt = chunked_format()
     path = store.join(name)
-    folder = os.path.join(store.location, _inc.CHUNK_DIR)
+    folder = os.path.join(store.location, fmt.chunk_dir)
     stats = IncrementalStats()
+    require_directory(path)  # as every save does; the lock file lives there
     with state_lock(store.location):
         try:
-            os.makedirs(folder, exist_ok=True)
-            entries = _entries(folder, tensors, chunk_bytes, stats)
-            _fsync_dir(folder)
+            require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
+            entries = _entries(fmt, folder, tensors, chunk_bytes, stats)
+            fsync_directory(folder)
         except OSError as exc:
             raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
                                        f"{exc.strerror or exc}; the previous checkpoint is still the latest",
                                        path=path) from exc
-        data = _inc.pack_index(dict(metadata), chunk_bytes, entries)
+        data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
         read: list[CheckpointState] = []
         with replace_atomically(path, before_rename=lambda: read.append(store.intend(name, step, tmp, metrics))) \
                 as tmp:
             fill_file(tmp, lambda blob: blob.write_at(data, 0))
         state = store.record(name, change, state=read[0])
-        stats.chunks_collected = collect_chunks(store)
+        stats.chunks_collected = collect_chunks(store, fmt)
     return state, stats
 
 
-def referenced(store: LocalStore) -> set[bytes] | None:
+def referenced(store: LocalStore, fmt: ChunkedFormat) -> set[bytes] | None:
     """Every chunk a checkpoint file of the directory references; None when a file that may be an
     incremental checkpoint cannot be read (nothing may be collected then)."""
     found: set[bytes] = set()
@@ -132,9 +122,9 @@ def referenced(store: LocalStore) -> set[bytes] | None:
             if not os.path.isfile(path):
                 continue
             with open(path, "rb") as f:
-                head = f.read(len(_inc.HEAD))
-            if _inc.is_incremental(head):
-                found |= _inc.referenced_chunks(path)
+                head = f.read(SNIFF_BYTES)
+            if fmt.sniff(head):
+                found |= fmt.references(path)
         except FileNotFoundError:
             continue  # removed meanwhile (not by a saver: they hold the lock)
         except (OSError, CheckpointError):
@@ -142,15 +132,16 @@ def referenced(store: LocalStore) -> set[bytes] | None:
     return found
 
 
-def collect_chunks(store: LocalStore) -> int:
+def collect_chunks(store: LocalStore, fmt: ChunkedFormat | None = None) -> int:
     """Delete the chunks (and chunk temporaries) no checkpoint file references; the caller holds
     the directory's lock. Returns how many chunks were deleted."""
-    folder = os.path.join(store.location, _inc.CHUNK_DIR)
+    fmt = chunked_format() if fmt is None else fmt
+    folder = os.path.join(store.location, fmt.chunk_dir)
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
         return 0
-    keep = referenced(store)
+    keep = referenced(store, fmt)
     if keep is None:
         return 0
     wanted = {c.hex() for c in keep}
@@ -169,13 +160,16 @@ def collect_chunks(store: LocalStore) -> int:
 def chunk_usage(directory: str, names: list[str]) -> dict[str, tuple[int, int]]:
     """For each incremental checkpoint of ``names`` (files in ``directory``): the bytes of the chunks
     only it references (owned) and those other listed checkpoints reference too (shared)."""
+    fmt = chunked_format()
     refs: dict[str, set[bytes]] = {}
     for name in names:
         path = os.path.join(directory, name)
         try:
+            if not os.path.isfile(path):
+                continue
             with open(path, "rb") as f:
-                if _inc.is_incremental(f.read(len(_inc.HEAD))):
-                    refs[name] = _inc.referenced_chunks(path)
+                if fmt.sniff(f.read(SNIFF_BYTES)):
+                    refs[name] = fmt.references(path)
         except (OSError, CheckpointError):
             continue
     counts: dict[bytes, int] = {}
@@ -187,7 +181,7 @@ def chunk_usage(directory: str, names: list[str]) -> dict[str, tuple[int, int]]:
         owned = shared = 0
         for c in chunks:
             try:
-                size = os.path.getsize(_inc.chunk_path(directory, c))
+                size = os.path.getsize(os.path.join(directory, fmt.chunk_dir, c.hex()))
             except OSError:
                 continue
             if counts[c] == 1:

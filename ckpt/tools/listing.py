@@ -17,10 +17,12 @@ Example:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ckpt.saving.incremental import chunk_usage
 from ckpt.saving.stores import open_store
+from ckpt.storage.urls import is_url
 from ckpt.storage.urls import StorageOptions
 from ckpt.errors import CheckpointNotFoundError
 from ckpt.storage.state import STATE_FILE
@@ -36,7 +38,10 @@ class ListedCheckpoint:
     (seconds since the epoch) and ``size`` (bytes, every file of the checkpoint) are None when
     unknown; ``note`` is "latest", "preserved", "missing" (listed but gone), "" or says that the
     state file does not list it; ``metrics`` are those its save was given (``save(..., metrics=)``),
-    or None.
+    or None. ``owned`` is what deleting it alone would free: its files and, for an incremental
+    checkpoint, the chunks no other listed checkpoint references; ``shared`` the bytes of the
+    chunks it shares with other listed checkpoints (0 for a self-contained checkpoint); both None
+    when unknown.
     """
 
     path: str
@@ -45,6 +50,8 @@ class ListedCheckpoint:
     size: int | None
     note: str
     metrics: dict[str, float] | None = None
+    owned: int | None = None
+    shared: int | None = None
 
     @property
     def latest(self) -> bool:
@@ -54,7 +61,7 @@ class ListedCheckpoint:
     def to_json(self) -> dict[str, Any]:
         """The JSON view: the fields and "latest"."""
         return {"path": self.path, "step": self.step, "time": self.time, "size": self.size, "note": self.note,
-                "latest": self.latest, "metrics": self.metrics}
+                "latest": self.latest, "metrics": self.metrics, "owned": self.owned, "shared": self.shared}
 
 
 def list_checkpoints(directory: str | os.PathLike[str],
@@ -84,4 +91,18 @@ def list_checkpoints(directory: str | os.PathLike[str],
     if not rows:
         raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
                                       "checkpoint files)", path=directory)
-    return rows
+    return _with_usage(directory, rows)
+
+
+def _with_usage(directory: str, rows: list[ListedCheckpoint]) -> list[ListedCheckpoint]:
+    """The rows with ``owned`` and ``shared`` (chunk stores are local only: a URL's rows own their size)."""
+    present = [row.path for row in rows if row.note != "missing"]
+    usage = {} if is_url(directory) else chunk_usage(directory, present)
+    out = []
+    for row in rows:
+        if row.size is None or row.note == "missing":
+            out.append(row)
+            continue
+        owned, shared = usage.get(row.path, (0, 0))
+        out.append(replace(row, owned=row.size + owned, shared=shared))
+    return out

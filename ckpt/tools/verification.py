@@ -16,11 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckpt.errors import CheckpointError
 from ckpt.storage import urls as _urls
+from ckpt.tools.listing import list_checkpoints
 from ckpt.tools.sources import Checkpoint, opened
 from ckpt.storage.urls import StorageOptions
 
-__all__ = ["Verification", "verify"]
+__all__ = ["Verification", "verify", "verify_directory"]
+
+#: ``ListedCheckpoint.note`` of the checkpoints a directory keeps (and has)
+_KEPT = ("", "latest", "preserved")
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,39 @@ def _data_object_problems(path: str, storage_options: StorageOptions | None) -> 
     _urls.check_options(storage_options)
     parent, name = _urls.split(path)
     return RemoteDirectory(parent, storage_options).copy_problems(name)
+
+
+def verify_directory(directory: str | os.PathLike[str], *,
+                     storage_options: StorageOptions | None = None) -> list[Verification]:
+    """:func:`verify` every checkpoint a directory keeps (its state file's entries, oldest first).
+
+    For incremental checkpoints this checks every chunk each one references (present, and
+    matching its hash), so a damaged or missing shared chunk is reported by every checkpoint
+    that needs it. A kept checkpoint that is missing or cannot be opened is one problem of its
+    own report (``format`` "unknown").
+
+    Raises:
+        CheckpointNotFoundError: no such directory, or it holds no checkpoints.
+        CorruptCheckpointError: its state file is damaged.
+
+    Example:
+        >>> import ckpt, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> saver = ckpt.Saver({"w": ckpt.Variable([1.0])}, format="msgpack", incremental=True)
+        >>> for step in (1, 2):
+        ...     _ = saver.save(os.path.join(d, "m.msgpack"), global_step=step)
+        >>> [(os.path.basename(r.path), r.ok) for r in ckpt.verify_directory(d)]
+        [('m-1.msgpack', True), ('m-2.msgpack', True)]
+    """
+    directory = os.fspath(directory)
+    reports = []
+    for row in list_checkpoints(directory, storage_options):
+        path = f"{directory.rstrip('/')}/{row.path}" if _urls.is_url(directory) else os.path.join(directory, row.path)
+        if row.note == "missing":
+            reports.append(Verification(path, "unknown", False, 0, [f"{path}: listed in the state file, but missing"]))
+        elif row.note in _KEPT:
+            try:
+                reports.append(verify(path, storage_options=storage_options))
+            except CheckpointError as exc:  # a kept checkpoint that cannot be opened is a problem, not the end
+                reports.append(Verification(path, "unknown", False, 0, [str(exc)]))
+    return reports

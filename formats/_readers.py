@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -48,6 +48,42 @@ class TensorInfo(NamedTuple):
         for d in self.shape:
             n *= d
         return n
+
+
+class LazyIndex(Mapping[str, TensorInfo]):
+    """An index of many tensors kept as a key → row map and columns, each TensorInfo built when
+    asked for (``build(key, row)``).
+
+    Why: 10,000s of TensorInfo tuples built on open are mostly never looked at, and all of them
+    are objects the cyclic GC walks at its next pass. A dict of str → int and columns of ints
+    hold the same facts in a handful of objects the GC does not track. The reader validates
+    every row before it hands out the index, exactly as for a dict of TensorInfo.
+    """
+
+    __slots__ = ("_build", "_rows")
+
+    def __init__(self, rows: dict[str, int], build: Callable[[str, int], TensorInfo]) -> None:
+        self._rows = rows
+        self._build = build
+
+    def __getitem__(self, key: str) -> TensorInfo:
+        return self._build(key, self._rows[key])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self._rows.get(key)
+        return default if row is None else self._build(key, row)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"<LazyIndex of {len(self._rows)} tensors>"
 
 
 @runtime_checkable
@@ -121,7 +157,8 @@ class BaseReader:
     """Shared behaviour for readers: key lookup with clear errors, ``read``, context manager,
     and every optional ability a reader may have, each with a default that works for any format.
 
-    Subclasses set ``path``, ``format_name``, ``_tensors`` and ``_metadata`` and implement
+    Subclasses set ``path``, ``format_name``, ``_tensors`` (a mapping: a dict, or a LazyIndex)
+    and ``_metadata`` and implement
     ``_read_into(info, out)``. Entries a file holds that are not tensors (TensorFlow's object
     graph) go into ``_metadata["non_tensors"]`` as {key: description}; inspect shows them.
 
@@ -138,7 +175,8 @@ class BaseReader:
     #: True when ``read_box_into`` reads only (about) the block asked for; the default reads the whole
     #: tensor, so callers that would read a big tensor in many blocks read it whole once instead.
     partial_reads: bool = False
-    _tensors: dict[str, TensorInfo]
+    #: A dict, or a LazyIndex for formats whose indexes run to 10,000s of entries.
+    _tensors: Mapping[str, TensorInfo]
     _metadata: dict[str, Any]
 
     @property

@@ -273,6 +273,7 @@ class FlaxReader(FileReader):
     """Reads the structure on open; tensors on request, straight into the caller's buffer."""
 
     format_name = "flax"
+    _tensors: dict[str, TensorInfo]  # filled entry by entry while the file is parsed
     checksummed = False
 
     def _open(self) -> None:

@@ -51,6 +51,7 @@ class H5pyReader(BaseReader):
     """
 
     format_name = "hdf5"
+    _tensors: dict[str, TensorInfo]  # filled entry by entry while the file is parsed
     checksummed = False
     #: A ckpt file (its attributes) with a user block but no valid index is damaged, never read unchecked.
     _refuses_ckpt_marks = True

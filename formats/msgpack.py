@@ -45,6 +45,7 @@ from . import _io
 from ._blocks import BlockSlicing, parse_table, read_part, table_problems
 from ._codec import unpack
 from ._validation import _FILE_DTYPES
+from ._readers import LazyIndex
 from .base import (
     FileReader,
     all_exactly,
@@ -351,7 +352,7 @@ def _dtype_name(dtype: np.dtype) -> str:
 
 
 def _parse_entries(tensors: dict[Any, Any], path: str, start: int, data_end: int,
-                   compressed: Mapping[Any, Any]) -> tuple[dict[str, TensorInfo], int]:
+                   compressed: Mapping[Any, Any]) -> tuple[Mapping[str, TensorInfo], int]:
     """Validate every index entry against the file before any data is read; return them and
     the number of msgpack objects the file holds (header, payloads, padding, index, footer).
 
@@ -374,7 +375,7 @@ def _compressed_table(index: dict[str, Any], path: str) -> dict[Any, Any]:
     return table
 
 
-def _parse_planes(table: Mapping[Any, Any], tensors: dict[str, TensorInfo], block_bytes: int,
+def _parse_planes(table: Mapping[Any, Any], tensors: Mapping[str, TensorInfo], block_bytes: int,
                   path: str) -> dict[str, np.ndarray]:
     """The stored size of each byte plane of each chunk of the compressed tensors, as a
     (chunks, itemsize) array per key, checked against the tensors' sizes and extents."""
@@ -454,13 +455,14 @@ _BYTE = np.dtype(np.uint8)
 
 
 def _parse_plain_entries(tensors: dict[Any, Any], start: int,
-                         data_end: int) -> tuple[dict[str, TensorInfo], int] | None:
+                         data_end: int) -> tuple[Mapping[str, TensorInfo], int] | None:
     """``_parse_entries`` for an index as ckpt writes it, checked on all entries at once.
 
     Covers numeric tensors of one extent, no zero dimension, in file order: every check of
     the per-entry loop, done with C string searches and numpy over whole columns (about a
     tenth of its time). Returns None for anything else, or anything wrong: the loop then
-    names the problem.
+    names the problem. The entries come back as a LazyIndex over columns of ints (what the
+    loop's dict holds, built per key when asked for): nothing per entry outlives the parse.
     """
     keys = list(tensors)
     entries = list(tensors.values())
@@ -485,11 +487,16 @@ def _parse_plain_entries(tensors: dict[Any, Any], start: int,
     headers = np.where(n < 1 << 8, 2, np.where(n < 1 << 16, 3, 5))  # _header_len, vectorized
     gaps = offset - np.concatenate(([start], ends[:-1]))
     objects = 3 + len(n) + int(np.count_nonzero(gaps > headers))
+    dims = list(itertools.chain.from_iterable(shapes))  # every shape, back to back
+    bounds = list(itertools.accumulate(map(len, shapes), initial=0))
     new = tuple.__new__  # NamedTuples built without their Python-level __new__
-    infos = map(new, itertools.repeat(TensorInfo),
-                zip(keys, found, map(tuple, shapes), sizes,
-                    map(new, itertools.repeat(MsgpackLocation), zip(extent_lists, crcs))))
-    return dict(zip(keys, infos)), objects
+
+    def build(key: str, row: int) -> TensorInfo:
+        nbytes = sizes[row]
+        location = new(MsgpackLocation, ([[offsets[row], nbytes]], crcs[row]))
+        return new(TensorInfo, (key, found[row], tuple(dims[bounds[row]:bounds[row + 1]]), nbytes, location))
+
+    return LazyIndex(dict(zip(keys, range(len(keys)))), build), objects
 
 
 def _check_disjoint(spans: list[tuple[int, int, str, int]], path: str, start: int) -> int:

@@ -91,6 +91,7 @@ class TensorFlowReader(BaseReader):
     """Reads the index on open; tensors on request from the data shards."""
 
     format_name = "tensorflow"
+    _tensors: dict[str, TensorInfo]  # filled entry by entry while the file is parsed
     partial_reads = True  # read_box_into reads only the slices a block overlaps (sliced variables)
 
     def __init__(self, prefix: str) -> None:

@@ -47,6 +47,7 @@ class TorchReader(FileReader):
     """Unpickles data.pkl (restricted) on open; reads storages on request."""
 
     format_name = "pytorch"
+    _tensors: dict[str, TensorInfo]  # filled entry by entry while the file is parsed
     def _open(self) -> None:
         path = self.path
         self._storages: dict[str, tuple[StorageRef, int, int, int | None]] = {}

@@ -5,6 +5,7 @@ or returns exactly what the entry-by-entry path returns without error."""
 from __future__ import annotations
 
 import copy
+import gc
 
 import numpy as np
 import pytest
@@ -139,3 +140,20 @@ def test_hdf5_fast_path_agrees_with_the_entry_loop(hdf5_index, data):
                                   ["a\x00"], ["ok", "x\udc80"], ["ok", 3], ["ok", b"ok2"], ["a/.b", "..c"]])
 def test_keys_plainly_valid_agrees_with_key_problem(keys):
     assert keys_plainly_valid(keys) == all(key_problem(k) == "" for k in keys)
+
+
+def test_msgpack_open_keeps_no_object_per_entry(tmp_path):
+    # a lazy index: the GC walks every tracked object at each full pass, so 10,000s of TensorInfo
+    # kept from opening cost every later collection of the program
+    tensors = [(f"layer{i}/w", np.full(3, i, dtype=np.float32)) for i in range(2000)]
+    path = str(tmp_path / "many.msgpack")
+    builtin.MsgpackFormat().write(path, tensors, {})
+    gc.collect()
+    before = len(gc.get_objects())
+    with msgpack.MsgpackReader(path) as reader:
+        gc.collect()
+        assert len(gc.get_objects()) - before < 100
+        assert len(reader.tensors) == 2000 and list(reader.tensors)[:2] == ["layer0/w", "layer1/w"]
+        assert "layer7/w" in reader.tensors and reader.tensors.get("nope") is None
+        assert reader.info("layer7/w").shape == (3,) and reader.tensors["layer7/w"].nbytes == 12
+        np.testing.assert_array_equal(reader.read("layer1999/w"), np.full(3, 1999, dtype=np.float32))

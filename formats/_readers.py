@@ -57,21 +57,42 @@ class LazyIndex(Mapping[str, TensorInfo]):
     Why: 10,000s of TensorInfo tuples built on open are mostly never looked at, and all of them
     are objects the cyclic GC walks at its next pass. A dict of str → int and columns of ints
     hold the same facts in a handful of objects the GC does not track. The reader validates
-    every row before it hands out the index, exactly as for a dict of TensorInfo.
+    every row before it hands out the index, exactly as for a dict of TensorInfo. What is built
+    is kept (until the reader goes): only the entries a caller asked for.
     """
 
-    __slots__ = ("_build", "_rows")
+    __slots__ = ("_build", "_build_all", "_built", "_rows")
 
-    def __init__(self, rows: dict[str, int], build: Callable[[str, int], TensorInfo]) -> None:
+    def __init__(self, rows: dict[str, int], build: Callable[[str, int], TensorInfo],
+                 build_all: Callable[[], dict[str, TensorInfo]] | None = None) -> None:
         self._rows = rows
         self._build = build
+        self._build_all = build_all  # every entry at once, in C loops: ~2x faster per entry than build
+        self._built: dict[str, TensorInfo] = {}  # each built once: a restore looks every key up twice
+
+    def as_dict(self) -> dict[str, TensorInfo]:
+        """Every entry, built at once: for callers that visit most keys (a restore's plan)."""
+        if len(self._built) < len(self._rows):
+            if self._build_all is None:
+                self._built = {key: self[key] for key in self._rows}
+            else:
+                self._built = self._build_all()
+        return self._built
 
     def __getitem__(self, key: str) -> TensorInfo:
-        return self._build(key, self._rows[key])
+        info = self._built.get(key)
+        if info is None:
+            info = self._built[key] = self._build(key, self._rows[key])
+        return info
 
     def get(self, key: str, default: Any = None) -> Any:
-        row = self._rows.get(key)
-        return default if row is None else self._build(key, row)
+        info = self._built.get(key)
+        if info is None:
+            row = self._rows.get(key)
+            if row is None:
+                return default
+            info = self._built[key] = self._build(key, row)
+        return info
 
     def __contains__(self, key: object) -> bool:
         return key in self._rows
@@ -84,6 +105,12 @@ class LazyIndex(Mapping[str, TensorInfo]):
 
     def __repr__(self) -> str:
         return f"<LazyIndex of {len(self._rows)} tensors>"
+
+
+def as_dict(tensors: Mapping[str, TensorInfo]) -> Mapping[str, TensorInfo]:
+    """``tensors`` with every entry built (a LazyIndex's ``as_dict``): plain dict lookups for a
+    caller about to visit most of them."""
+    return tensors.as_dict() if isinstance(tensors, LazyIndex) else tensors
 
 
 @runtime_checkable

@@ -28,7 +28,7 @@ from ckpt.lazy import LazySource
 
 from ._blobs import open_blob
 from ._contract import ChunkedFormat, Declined, Format, WritableFormat, check_compression, decline, write_with
-from ._readers import BaseReader, FileReader, Reader, TensorInfo
+from ._readers import BaseReader, FileReader, LazyIndex, Reader, TensorInfo, as_dict
 from ._registry import (
     SNIFF_BYTES,
     format_for_path,
@@ -56,8 +56,8 @@ from ._validation import (
 )
 from ._writing import materialize, source_chunks, stage
 
-__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "Format", "WritableFormat", "ChunkedFormat",
-           "check_compression", "write_with", "register_format",
+__all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "LazyIndex", "as_dict", "Format", "WritableFormat",
+           "ChunkedFormat", "check_compression", "write_with", "register_format",
            "unregister_format", "Declined", "decline",
            "get_format", "formats", "format_for_path", "open_reader", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "LazySource", "check_tensors",

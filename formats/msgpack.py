@@ -496,7 +496,12 @@ def _parse_plain_entries(tensors: dict[Any, Any], start: int,
         location = new(MsgpackLocation, ([[offsets[row], nbytes]], crcs[row]))
         return new(TensorInfo, (key, found[row], tuple(dims[bounds[row]:bounds[row + 1]]), nbytes, location))
 
-    return LazyIndex(dict(zip(keys, range(len(keys)))), build), objects
+    def build_all() -> dict[str, TensorInfo]:
+        shaped = (tuple(dims[a:b]) for a, b in itertools.pairwise(bounds))
+        locations = map(new, itertools.repeat(MsgpackLocation), zip(([[o, n]] for o, n in zip(offsets, sizes)), crcs))
+        return dict(zip(keys, map(new, itertools.repeat(TensorInfo), zip(keys, found, shaped, sizes, locations))))
+
+    return LazyIndex(dict(zip(keys, range(len(keys)))), build, build_all), objects
 
 
 def _check_disjoint(spans: list[tuple[int, int, str, int]], path: str, start: int) -> int:

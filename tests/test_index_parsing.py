@@ -61,10 +61,19 @@ def _agree(fast, slow):
     assert fast is None or fast == slow, (fast, slow)
 
 
+def _agree_msgpack(tensors, start, end):
+    """msgpack's fast path agrees with the loop, entry by entry and built all at once (as_dict)."""
+    slow = _outcome(msgpack._check_entries, tensors, "f", start, end, {})
+    _agree(msgpack._parse_plain_entries(tensors, start, end), slow)
+    fresh = msgpack._parse_plain_entries(tensors, start, end)  # nothing built yet: as_dict builds all
+    assert fresh is None or (fresh[0].as_dict(), fresh[1]) == slow
+
+
 def test_fast_paths_take_plain_indexes(msgpack_index, hdf5_index):
     tensors, start, end = msgpack_index
     fast = msgpack._parse_plain_entries(tensors, start, end)
     assert fast is not None and fast == msgpack._check_entries(tensors, "f", start, end, {})
+    _agree_msgpack(tensors, start, end)
     entries, userblock, size = hdf5_index
     fast = hdf5._parse_plain_entries(entries, userblock, size)
     assert fast is not None and fast == hdf5._check_entries(entries, "f", userblock, size)
@@ -113,8 +122,7 @@ def test_msgpack_fast_path_agrees_with_the_entry_loop(msgpack_index, data):
                 entry[2][0][where == "size"] = value
             else:
                 entry[{"dtype": 0, "shape": 1, "extents": 2, "crc": 3}.get(where, 3)] = value
-    _agree(msgpack._parse_plain_entries(tensors, start, end),
-           _outcome(msgpack._check_entries, tensors, "f", start, end, {}))
+    _agree_msgpack(tensors, start, end)
 
 
 @settings(max_examples=300, deadline=None)

@@ -40,7 +40,7 @@ from ckpt.errors import (
     StorageError,
     closest_hint,
 )
-from ckpt.formats.base import Reader
+from ckpt.formats.base import Reader, as_dict
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.module import Module
 from ckpt.saving.reader import open_checkpoint, read_in_batches
@@ -129,7 +129,7 @@ def _plan(reader: Reader, wanted: Sequence[tuple[str, Variable]], allow_missing:
     troubled: list[str] = []  # the key of each problem, for the error's ``key``
     cast: set[str] = set()
     any_missing = False
-    tensors = reader.tensors
+    tensors = as_dict(reader.tensors)  # a lazy index built at once: a restore visits most keys
     for key, var in wanted:
         info = tensors.get(key)
         # the common case first, in few attribute reads: a whole tensor of the variable's shape and dtype
@@ -211,7 +211,7 @@ def _read_into_variables(reader: Reader, pairs: Sequence[tuple[str, Variable]],
     """
     staged = staged or {}
     touched: list[Variable] = []
-    tensors = reader.tensors
+    tensors = as_dict(reader.tensors)  # built by the plan already
 
     def plain_reads() -> Iterator[tuple[Any, np.ndarray]]:
         """Handle the special cases in place; yield the tensors read straight into their buffers."""

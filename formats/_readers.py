@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence, ValuesView
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -93,6 +93,12 @@ class LazyIndex(Mapping[str, TensorInfo]):
                 return default
             info = self._built[key] = self._build(key, row)
         return info
+
+    def items(self) -> ItemsView[str, TensorInfo]:
+        return self.as_dict().items()  # visiting every entry: all built at once
+
+    def values(self) -> ValuesView[TensorInfo]:
+        return self.as_dict().values()
 
     def __contains__(self, key: object) -> bool:
         return key in self._rows

@@ -64,7 +64,8 @@ def _agree(fast, slow):
 def _agree_msgpack(tensors, start, end):
     """msgpack's fast path agrees with the loop, entry by entry and built all at once (as_dict)."""
     slow = _outcome(msgpack._check_entries, tensors, "f", start, end, {})
-    _agree(msgpack._parse_plain_entries(tensors, start, end), slow)
+    fast = msgpack._parse_plain_entries(tensors, start, end)
+    assert fast is None or ({key: fast[0][key] for key in fast[0]}, fast[1]) == slow  # built key by key
     fresh = msgpack._parse_plain_entries(tensors, start, end)  # nothing built yet: as_dict builds all
     assert fresh is None or (fresh[0].as_dict(), fresh[1]) == slow
 

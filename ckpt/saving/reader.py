@@ -117,7 +117,7 @@ class CheckpointReader(Mapping[str, np.ndarray]):
 
     @property
     def tensors(self) -> Any:
-        """key -> TensorInfo (dtype, shape, nbytes) for every tensor, in file order."""
+        """A read-only mapping key -> TensorInfo (dtype, shape, nbytes) of every tensor, in file order."""
         return self._reader.tensors
 
     def get_variable_to_shape_map(self) -> dict[str, list[int]]:

@@ -113,7 +113,9 @@ def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: b
             printoptions: tuple[str, ...], stats: bool, as_json: bool) -> None:
     """Show a checkpoint's tensors, values or statistics.
 
-    By default: every tensor with its dtype and shape, then the number of parameters.
+    By default: every tensor with its dtype and shape, then the number of parameters. When PATH
+    is a directory, a first "# checkpoint: FILE" line names the checkpoint shown (on stderr with
+    --names-only).
 
     \b
     ckpt inspect model.h5                      every tensor, then the parameter count
@@ -127,6 +129,9 @@ def inspect(path: str, tensor_name: str | None, all_tensors: bool, names_only: b
     check_regex(exclude, "--exclude")
     options = parse_printoptions(printoptions)
     with ckpt.load_checkpoint(path) as reader:
+        if reader.path != path and not as_json:  # a directory or prefix: say which checkpoint it meant
+            # beside --names-only's keys it goes to stderr, so that they stay a clean list
+            click.echo(f"# checkpoint: {reader.path}", err=names_only)
         # only --stats over many bytes is slow enough for a bar; values print as they come
         held = stats and shows_progress(sum(info.nbytes for key, info in reader.tensors.items()
                                             if not tensor_name or key == tensor_name))

@@ -2,11 +2,12 @@
 
 Every failure is one "Error: ..." line on stderr (plus an indented "closest keys:" line for
 a key that was not found), never a traceback: exit 1 for a checkpoint problem, 2 for a
-usage error.
+usage error, 130 for Ctrl-C; a closed output pipe ends the command quietly with 0.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -29,6 +30,9 @@ COMMANDS = {
     "ls": ("ls_cmd", "List a directory's checkpoints."),
     "verify": ("verify_cmd", "Check a checkpoint's structure and every checksum."),
 }
+
+#: The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
 
 # click >= 8.2 raises this for a bare "ckpt" (older versions print the help and exit 0)
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -55,6 +59,15 @@ class _Shell(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # here, not at exit: a reader gone ("ckpt ... | head") is no failure
+            return result
+        except BrokenPipeError:
+            _silence_stdout()
+            raise click.exceptions.Exit(0) from None
+
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
@@ -77,10 +90,25 @@ class _Shell(click.Group):
                 for line in error_lines(message):
                     click.echo(line, err=True)
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except click.Abort as exc:
             click.echo("Aborted!", err=True)
-            sys.exit(1)
+            sys.exit(INTERRUPTED if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
+        except KeyboardInterrupt:  # outside the command (click hands on the late ones)
+            click.echo("Aborted!", err=True)
+            sys.exit(INTERRUPTED)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the reader is gone, and Python's own flush at exit must not
+    report the broken pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # no real stdout (an embedding, a test runner): nothing will flush to the pipe
+    finally:
+        os.close(devnull)
 
 
 @click.group(cls=_Shell, context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,7 +117,8 @@ def main() -> None:
     """Look inside, compare, convert and verify checkpoints.
 
     PATH is a checkpoint file (HDF5 or msgpack, or any registered format) or a directory,
-    meaning its latest checkpoint. Exit status: 0 success, 1 a checkpoint problem (missing,
-    unreadable, corrupted, key not found), 2 a usage error; ckpt diff: 0 same, 1 different,
+    meaning its latest checkpoint. Exit status: 0 success (also when the output's reader
+    stops early, "ckpt ... | head"), 1 a checkpoint problem (missing, unreadable, corrupted,
+    key not found), 2 a usage error, 130 stopped by Ctrl-C; ckpt diff: 0 same, 1 different,
     2 trouble.
     """

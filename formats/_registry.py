@@ -141,7 +141,7 @@ def open_reader(path: str | os.PathLike[str], blob: ReadableBlob | None = None,
     if reader is not None:
         return reader
     source.close()
-    known = ", ".join(f"{f.name} ({'/'.join(f.extensions)})" for f in formats())
+    known = ", ".join(f.name + (f" ({'/'.join(f.extensions)})" if f.extensions else "") for f in formats())
     what = "an empty file" if not head else "not a checkpoint in any supported format"
     raise UnsupportedCheckpointError(f"{path}: {what}; supported formats: {known}")
 

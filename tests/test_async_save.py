@@ -386,13 +386,15 @@ import ckpt
 from ckpt.formats import base
 from ckpt.formats.builtin import MsgpackFormat
 
+exiting = threading.Event()
+
 class AfterMain(MsgpackFormat):
-    # writes only once the main thread has finished: the save is in flight at exit
+    # writes only once the main program has finished: the save is in flight at exit
     name, extensions = "aftermain", (".aftermain",)
     def sniff(self, head):
         return False
     def write_blob(self, blob, tensors, metadata):
-        threading.main_thread().join()
+        exiting.wait()
         if os.environ.get("FAIL"):
             raise OSError(28, "No space left on device")
         super().write_blob(blob, tensors, metadata)
@@ -401,6 +403,7 @@ base.register_format(AfterMain())
 v = ckpt.Variable(np.arange(1000.0), name="v")
 saver = ckpt.Saver([v])
 saver.save(os.path.join(sys.argv[1], "m.aftermain"), global_step=7, blocking=False)
+threading._register_atexit(exiting.set)  # after ckpt's exit wait (the save loaded it): runs before it
 v.assign(np.zeros(1000))
 print("main done", flush=True)
 if os.environ.get("HOW") == "raise":
@@ -464,6 +467,144 @@ def test_an_hdf5_save_from_an_atexit_handler_exits_cleanly(tmp_path, how):
     path = ckpt.latest_checkpoint(str(directory))
     assert path == str(directory / "m-9.h5")
     np.testing.assert_array_equal(ckpt.load_variable(path, "v"), np.arange(6.0))
+
+
+INTERRUPT_SCRIPT = """
+import os, sys
+import numpy as np
+import ckpt
+from ckpt.formats import base
+from ckpt.formats.builtin import MsgpackFormat
+
+class Stalled(MsgpackFormat):
+    # writes the whole temporary file, then waits for the test's word before it is committed
+    name, extensions = "stalled", (".stalled",)
+    def sniff(self, head):
+        return False
+    def write_blob(self, blob, tensors, metadata):
+        super().write_blob(blob, tensors, metadata)
+        print("written", flush=True)
+        if sys.stdin.readline() != "go\\n":
+            raise OSError("the test said stop")
+
+base.register_format(Stalled())
+v = ckpt.Variable(np.arange(1 << 17, dtype=np.float64), name="v")
+saver = ckpt.Saver([v])
+saver.save(os.path.join(sys.argv[1], "m.msgpack"), global_step=1)
+saver.save(os.path.join(sys.argv[1], "m.stalled"), global_step=2, blocking=False)
+raise KeyboardInterrupt  # the user's Ctrl-C, in the training loop
+"""
+
+
+class Output:
+    """A child's merged stdout and stderr, read as it comes (a hang guard, never a timing check)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.text = proc, ""
+
+    def wait_for(self, text: str) -> None:
+        import select
+
+        while text not in self.text:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+            chunk = os.read(self.proc.stdout.fileno(), 65536) if ready else b""
+            assert chunk, f"the child never printed {text!r}; it printed:\n{self.text}"
+            self.text += chunk.decode()
+
+    def rest(self) -> str:
+        while chunk := os.read(self.proc.stdout.fileno(), 65536):
+            self.text += chunk.decode()
+        self.proc.wait(60)
+        return self.text
+
+
+@pytest.mark.parametrize("second_interrupt", [True, False], ids=["abandoned", "finished"])
+def test_ctrl_c_at_exit_names_the_save_and_a_second_abandons_it(tmp_path, second_interrupt):
+    """The program ends by Ctrl-C while a background save is in flight: ckpt says what it is
+    finishing; a second Ctrl-C ends the process at once and leaves no temporary file."""
+    import signal
+
+    script = tmp_path / "train.py"
+    script.write_text(INTERRUPT_SCRIPT)
+    directory = tmp_path / "run"
+    directory.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(directory)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = Output(proc)
+    try:
+        out.wait_for("written")
+        out.wait_for("press Ctrl-C again to abandon it")
+        if second_interrupt:
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        text = out.rest()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGINT, text  # as Python ends on an unhandled Ctrl-C (shell: 130)
+    assert "Exception ignored" not in text and "threading" not in text, text
+    stalled = str(directory / "m-2.stalled")
+    assert f"ckpt: finishing the background save of {stalled} before exiting" in text
+    assert not [n for n in os.listdir(directory) if is_temporary(n)]
+    if second_interrupt:
+        assert f"ckpt: abandoned the background save of {stalled}" in text
+        assert ckpt.latest_checkpoint(str(directory)) == str(directory / "m-1.msgpack")
+    else:
+        assert "abandoned" not in text
+        assert ckpt.latest_checkpoint(str(directory)) == stalled
+
+
+def test_a_first_ctrl_c_while_exit_waits_names_the_save_and_a_second_abandons(tmp_path, gated):
+    """The program ended normally and exit waits for the save: the first Ctrl-C only says what is
+    being finished, the second abandons it."""
+    import io
+
+    from ckpt.saving.async_save import finish_saves_at_exit
+
+    saver = small_saver()
+    future = saver.save(str(tmp_path / "m.gated"), global_step=3, blocking=False)
+    gated.started.wait(60)
+    calls, abandoned, err = [], [], io.StringIO()
+
+    def wait():
+        calls.append(err.getvalue())
+        raise KeyboardInterrupt
+
+    finish_saves_at_exit(interrupted=False, wait=wait, abandon=abandoned.append, stderr=err)
+    gated.go.set()
+    future.result()
+    target = str(tmp_path / "m-3.gated")
+    assert calls == ["", f"ckpt: finishing the background save of {target} before exiting; press Ctrl-C "
+                         "again to abandon it\n"]
+    assert abandoned == [[target]]
+
+
+def test_exit_without_saves_in_flight_says_nothing():
+    import io
+
+    from ckpt.saving.async_save import finish_saves_at_exit
+
+    err = io.StringIO()
+    finish_saves_at_exit(interrupted=True, stderr=err)
+    assert err.getvalue() == ""
+
+
+def test_abandoning_removes_this_process_temporaries_only(tmp_path):
+    from ckpt.storage.atomic import remove_live_temporaries, replace_atomically
+
+    (tmp_path / ".other.h5.ckpt-tmp-0123456789ab").write_bytes(b"another process's")
+    with pytest.raises(ckpt.CheckpointWriteError, match="m.h5: writing failed"):  # the rename finds nothing
+        with replace_atomically(str(tmp_path / "m.h5"), clean=False) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(b"x" * 1000)
+            assert remove_live_temporaries() == [tmp]
+    assert sorted(os.listdir(tmp_path)) == [".other.h5.ckpt-tmp-0123456789ab"]
+    assert remove_live_temporaries() == []
 
 
 # --- the staging bound ---------------------------------------------------------------------------

@@ -819,7 +819,7 @@ def test_console_script_stops_quietly_when_the_pipe_closes():
                              "--printoptions", "threshold=1000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.read(10) == b"tensor: hi"
     proc.stdout.close()  # like "| head -c 10"
-    assert proc.wait(timeout=60) != 0
+    assert proc.wait(timeout=60) == 0  # not 1, which means a checkpoint problem
     assert proc.stderr.read() == b""
     proc.stderr.close()
 
@@ -977,3 +977,59 @@ def test_json_errors_take_file_and_key_from_the_error_not_its_message(tmp_path):
     assert result.exit_code == 2
     error = json_error(result)
     assert (error["file"], error["key"]) == (b, "dec/w") and "fails its checksum" in error["error"]
+
+
+# -- issue 26: what a newcomer's shell sees ---------------------------------------------------
+
+def test_inspect_of_a_directory_names_the_checkpoint_it_shows(tmp_path):
+    ckpt.Saver({"w": ckpt.Variable(np.arange(3.0))}).save(str(tmp_path / "run" / "m.h5"), global_step=4)
+    shown = str(tmp_path / "run" / "m-4.h5")
+    result = run("inspect", tmp_path / "run")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[:2] == [f"# checkpoint: {shown}", "tensor: w (float64) [3]"]
+    names = run("inspect", tmp_path / "run", "--names-only")  # the keys stay a clean list
+    assert (names.stdout, names.stderr) == ("w\n", f"# checkpoint: {shown}\n")
+    assert "# checkpoint" not in run("inspect", shown).stdout  # a file names itself
+
+
+def test_not_a_checkpoint_lists_formats_without_empty_extensions(tmp_path):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"hello")
+    result = run("inspect", junk)
+    assert result.exit_code == 1
+    assert "()" not in result.stderr and "ckpt-sharded," in result.stderr and "hdf5 (.h5/.hdf5)" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_stats_of_zeros_show_bins_of_one(tmp_path, dtype):
+    path = save(tmp_path / "z.h5", {"z": np.zeros((4, 3), dtype)})
+    result = run("inspect", path, "--stats")
+    assert "  histogram 0 |█               | 16" in result.stdout.splitlines(), result.stdout
+    doc = json.loads(run("inspect", path, "--stats", "--json").stdout)
+    assert doc["tensors"][0]["stats"]["histogram_edges"] == list(range(17))
+
+
+def test_ctrl_c_exits_130_not_the_checkpoint_problem_code(tmp_path, monkeypatch):
+    path = save(tmp_path / "m.h5", model())
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "inspect_lines", interrupted)
+    result = run("inspect", path)
+    assert result.exit_code == 130
+    assert result.stderr.strip() == "Aborted!"
+
+
+def test_a_closed_output_pipe_ends_quietly_with_0(tmp_path):
+    """``ckpt inspect ... | head``: the reader goes away; no error, no traceback, exit 0."""
+    path = save(tmp_path / "m.h5", {f"t{i}": np.arange(2000.0) for i in range(100)})  # MBs of values
+    ckpt_command = console_script()
+    for early in (True, False):  # the pipe closed before the first write, or after the first line
+        proc = subprocess.Popen([ckpt_command, "inspect", path, "--all-tensors", "--printoptions",
+                                 "threshold=100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if not early:
+            assert proc.stdout.readline().startswith(b"tensor: ")
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=60)
+        assert (proc.returncode, err) == (0, b"")

@@ -116,14 +116,17 @@ def _resolution(values: np.ndarray) -> int:
 
 def _expected_histogram(values: np.ndarray) -> tuple[list[int], list]:
     """The histogram by brute force from its definition, in exact arithmetic: the smallest k (at least
-    the dtype's resolution; for floats at least exponent(max|x|) - 48) for which [min, max] spans at
-    most 16 bins of [j * 2**k, (j + 1) * 2**k); counts by exact comparison with the edges."""
+    the dtype's resolution; for floats at least exponent(max|x|) - 48; for zeros only, 0) for which
+    [min, max] spans at most 16 bins of [j * 2**k, (j + 1) * 2**k); counts by exact comparison with
+    the edges."""
     finite = _finite(values)
     exact = [fractions.Fraction(x) for x in finite]
     lo, hi = min(exact), max(exact)
     k = _resolution(values)
     if values.dtype.kind not in "biuO" and max(abs(lo), abs(hi)):
         k = max(k, math.frexp(float(max(abs(lo), abs(hi))))[1] - 1 - 48)
+    if lo == hi == 0:
+        k = max(k, 0)
     while math.floor(hi / fractions.Fraction(2) ** k) - math.floor(lo / fractions.Fraction(2) ** k) >= 16:
         k += 1
     width = fractions.Fraction(2) ** k

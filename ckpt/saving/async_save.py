@@ -22,21 +22,27 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
+from ckpt.storage.atomic import remove_live_temporaries
 from ckpt.storage.workers import one_thread
 from ckpt.saving.staging import StagingArena
 
-__all__ = ["SaveFuture", "BackgroundSaves", "wait_for_saves_in_flight"]
+__all__ = ["SaveFuture", "BackgroundSaves", "wait_for_saves_in_flight", "saves_in_flight",
+           "finish_saves_at_exit"]
 
 _unseen_lock = threading.Lock()
 _unseen: dict[int, SaveFuture] = {}  # failed saves whose error nobody has seen yet
-_in_flight: set[threading.Thread] = set()  # every Saver's save threads still running (under _unseen_lock)
+# every Saver's save threads still running: the checkpoint each writes and an event set as it ends
+# (under _unseen_lock). Not Thread.join(): a join interrupted by Ctrl-C marks the thread stopped
+# although it still runs, and Python's exit then stops waiting for it.
+_in_flight: dict[threading.Thread, tuple[str, threading.Event]] = {}
 
 
 def wait_for_saves_in_flight() -> None:
@@ -45,25 +51,102 @@ def wait_for_saves_in_flight() -> None:
     Their errors are left to their Savers and futures (or to the report at exit)."""
     while True:
         with _unseen_lock:
-            threads = [t for t in _in_flight if t is not threading.current_thread()]
-        if not threads:
+            done = [d for t, (_, d) in _in_flight.items() if t is not threading.current_thread()]
+        if not done:
             return
-        for thread in threads:
-            thread.join()
-        with _unseen_lock:
-            _in_flight.difference_update(threads)
+        for event in done:
+            event.wait()
 
 
-def _start(thread: threading.Thread, run: Callable[[], None]) -> threading.Thread | None:
-    """Start ``thread`` as a save in flight; at interpreter shutdown (no new threads) run the
-    save in this thread instead and return None."""
+def saves_in_flight() -> list[str]:
+    """The checkpoints this process's background saves are writing now."""
     with _unseen_lock:
-        _in_flight.add(thread)
+        return sorted({path for path, _ in _in_flight.values()})
+
+
+def finish_saves_at_exit(*, interrupted: bool, wait: Callable[[], None] = wait_for_saves_in_flight,
+                         abandon: Callable[[list[str]], None] | None = None,
+                         stderr: TextIO | None = None) -> None:
+    """At interpreter exit, wait for the background saves in flight, saying so on Ctrl-C.
+
+    Python's own wait for non-daemon threads turns a Ctrl-C into "Exception ignored in
+    <module 'threading'>" and leaves the save's temporary file behind. Here the first Ctrl-C
+    (or the one that ended the program: ``interrupted``) names the checkpoints being finished
+    and says that a second one abandons them; the second removes their temporary files and
+    ends the process by SIGINT (``abandon``, which never returns). The previous checkpoint
+    stays the latest, as after a kill.
+    """
+    out = sys.stderr if stderr is None else stderr
+    warned = False
+
+    def warn() -> None:
+        nonlocal warned
+        paths = saves_in_flight()
+        if paths and not warned:
+            print(f"ckpt: finishing the background save of {', '.join(paths)} before exiting; "
+                  "press Ctrl-C again to abandon it", file=out, flush=True)
+        warned = True
+
+    while True:
+        try:
+            if interrupted:
+                warn()
+            wait()
+            return
+        except KeyboardInterrupt:
+            if warned:
+                (_abandon if abandon is None else abandon)(saves_in_flight())
+                return
+            interrupted = True
+
+
+def _abandon(paths: list[str]) -> None:
+    """End the process now, by SIGINT as Python does for an unhandled Ctrl-C, leaving no
+    temporary file of the saves in flight (their writers never commit them)."""
+    remove_live_temporaries()
+    if paths:
+        print(f"ckpt: abandoned the background save of {', '.join(paths)}; the previous checkpoint "
+              "is still the latest", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass  # closed or replaced streams: nothing more can be said
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)  # only if SIGINT did not end the process (it is blocked)
+
+
+def _at_thread_shutdown() -> None:
+    last = getattr(sys, "last_value", None)  # what ended the program, if it raised
+    finish_saves_at_exit(interrupted=isinstance(last, KeyboardInterrupt))
+
+
+def _register_exit_wait() -> None:
+    """Wait for saves in flight before Python's own wait for non-daemon threads (which cannot
+    be interrupted cleanly); concurrent.futures registers its exit the same way."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return  # another Python: its own wait for the thread remains
+    try:
+        register(_at_thread_shutdown)
+    except RuntimeError:
+        pass  # imported during shutdown: Python's wait for the thread remains
+
+
+_register_exit_wait()
+
+
+def _start(thread: threading.Thread, path: str, run: Callable[[], None]) -> threading.Thread | None:
+    """Start ``thread`` as the save of ``path`` in flight; at interpreter shutdown (no new
+    threads) run the save in this thread instead and return None."""
+    with _unseen_lock:
+        _in_flight[thread] = (path, threading.Event())
     try:
         thread.start()
     except RuntimeError:
         with _unseen_lock:
-            _in_flight.discard(thread)
+            _in_flight.pop(thread, None)
         run()
         return None
     return thread
@@ -71,7 +154,9 @@ def _start(thread: threading.Thread, run: Callable[[], None]) -> threading.Threa
 
 def _finished() -> None:
     with _unseen_lock:
-        _in_flight.discard(threading.current_thread())
+        entry = _in_flight.pop(threading.current_thread(), None)
+    if entry is not None:
+        entry[1].set()
 
 
 class SaveFuture(concurrent.futures.Future[str]):
@@ -199,7 +284,7 @@ class BackgroundSaves:
 
             # never a daemon (even when called from one): interpreter exit waits for the commit
             thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}", daemon=False)
-            self._thread, self._future = _start(thread, run), future
+            self._thread, self._future = _start(thread, path, run), future
             _wait_uninterrupted(gate)
             return future
 
@@ -218,7 +303,7 @@ class BackgroundSaves:
 
         with self._lock:
             thread = threading.Thread(target=run, name=f"ckpt-save {os.path.basename(path)}", daemon=False)
-            self._thread, self._future = _start(thread, run), None
+            self._thread, self._future = _start(thread, path, run), None
 
 
 def _wait_uninterrupted(gate: Any) -> None:

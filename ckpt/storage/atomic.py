@@ -23,15 +23,34 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ckpt.errors import CheckpointError, CheckpointWriteError, ReplacedWriteError
 
 __all__ = ["replace_atomically", "require_directory", "is_temporary", "clean_stale_temporaries",
-           "fsync_directory"]
+           "fsync_directory", "remove_live_temporaries"]
 
 _TEMP_MARK = ".ckpt-tmp-"
+
+# This process's temporary files still being written: a process that abandons its saves on the way
+# out (a second Ctrl-C at exit) removes them instead of leaving them to the next save's cleanup.
+_live_lock = threading.Lock()
+_live: set[str] = set()
+
+
+def remove_live_temporaries() -> list[str]:
+    """Delete the temporary files this process is writing now; return their paths.
+
+    For a process about to end with saves unfinished: their writers must not touch the files
+    afterwards (the rename then fails, so the previous checkpoint stays the latest)."""
+    with _live_lock:
+        paths = sorted(_live)
+        _live.clear()
+    for path in paths:
+        _unlink_quietly(path)
+    return paths
 
 
 def is_temporary(name: str) -> bool:
@@ -59,6 +78,8 @@ def _create_locked(directory: str, base: str) -> tuple[int, str]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                with _live_lock:
+                    _live.add(tmp)
                 return fd, tmp
         except (BlockingIOError, FileNotFoundError):
             pass  # another save's cleanup claimed it between create and lock
@@ -141,7 +162,9 @@ def replace_atomically(path: str, before_rename: Callable[[], object] | None = N
                 before_rename()
             os.replace(tmp, path)
             replaced = True
+            _forget(tmp)
         except BaseException as exc:
+            _forget(tmp)
             _unlink_quietly(tmp)
             _close_quietly(fd)  # a failing close must not hide the error that stopped the write
             renamed = _naming(exc, tmp, path)
@@ -159,6 +182,11 @@ def replace_atomically(path: str, before_rename: Callable[[], object] | None = N
                                      "loss") from exc
         raise CheckpointWriteError(f"{path}: writing failed: {exc.strerror or exc}; the previous "
                                    "file, if any, is untouched") from exc
+
+
+def _forget(tmp: str) -> None:
+    with _live_lock:
+        _live.discard(tmp)
 
 
 def _naming(exc: BaseException, tmp: str, path: str) -> BaseException:

@@ -3,8 +3,8 @@
 ``k`` is the smallest exponent for which the values' [min, max] spans at most 16 bins (so 8 to 16
 bins hold values, and the edges are binary numbers a person can read), never below the resolution
 of the values (integers: bins of width 1 at least; floats: ``2**k`` at least the dtype's smallest
-subnormal and at least ``max|value| * 2**-48``, so every edge is an exact float64). The first bin
-is the one holding min.
+subnormal and at least ``max|value| * 2**-48``, so every edge is an exact float64; zeros alone get
+bins of width 1, not a subnormal's). The first bin is the one holding min.
 
 Built in one streaming pass: each piece of a tensor is binned on the grid of the range seen so
 far (or of its own range, where it reaches beyond), and grids merge exactly into the grid of a
@@ -265,10 +265,13 @@ class Histogram:
         float64's range, infinite)."""
         if self.k is None:
             return ()
-        j0 = floor_bin(self.lo, self.k)
+        k = self.k
+        if self.lo == self.hi == 0:  # only zeros: bins of 1 as for integers, not of the smallest subnormal
+            k = max(k, 0)
+        j0 = floor_bin(self.lo, k)
         if isinstance(self.lo, int):
-            return tuple((j0 + i) << self.k for i in range(BINS + 1))
-        return tuple(edge(j0 + i, self.k) for i in range(BINS + 1))
+            return tuple((j0 + i) << k for i in range(BINS + 1))
+        return tuple(edge(j0 + i, k) for i in range(BINS + 1))
 
 
 def _bins_of(k: int, lo: float | int, keys: np.ndarray | None, extra: np.ndarray) -> list[tuple[int, int]]:

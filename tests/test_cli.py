@@ -1033,3 +1033,15 @@ def test_a_closed_output_pipe_ends_quietly_with_0(tmp_path):
         proc.stdout.close()
         _, err = proc.communicate(timeout=60)
         assert (proc.returncode, err) == (0, b"")
+
+
+def test_json_not_found_error_of_a_directory_names_the_file_and_keeps_the_closest_keys(tmp_path):
+    """`ckpt inspect DIR --tensor K --json` on a missing key: "file" is the checkpoint the directory
+    resolved to (not the directory) and the message keeps the closest keys."""
+    saver = ckpt.Saver({"softmax/kernel": ckpt.Variable(np.zeros((2, 2))), "softmax/bias": ckpt.Variable([0.0])})
+    path = saver.save(str(tmp_path / "run" / "model.msgpack"), global_step=5)
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "run"), "--tensor", "softmax/kernl", "--json"])
+    assert result.exit_code == 1
+    error = json.loads(result.output.strip().splitlines()[-1])
+    assert error["file"] == path and error["key"] == "softmax/kernl"
+    assert "closest keys: softmax/kernel" in error["error"]

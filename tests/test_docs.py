@@ -74,3 +74,15 @@ def test_formats_md_incremental_recipe_runs():
     exec(recipe, scope)
     assert scope["header"] == {"format": "ckpt-incremental", "version": 1}
     assert scope["index"]["hash"] == "sha256" and scope["index"]["chunk_dir"] == ".ckpt-chunks"
+
+
+def test_guides_md_blocks_run_in_order(tmp_path, monkeypatch):
+    """docs/guides.md's Python blocks run one after another in an empty directory (their own asserts
+    check what the prose says: resume, strict=False, the two key styles)."""
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    blocks = python_blocks("docs/guides.md")
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, "docs/guides.md", "exec"), scope)
+    assert scope["ckpt"].latest_step("resume_run") == 20

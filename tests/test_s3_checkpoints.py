@@ -499,7 +499,8 @@ def test_cli_on_s3_urls(s3_bucket):
     url = ckpt.Saver([v], format="msgpack").save(f"{s3_bucket}/run/model", global_step=1)
     runner = CliRunner()
     out = runner.invoke(main, ["inspect", f"{s3_bucket}/run", "--names-only"])
-    assert out.exit_code == 0 and out.output.split() == ["enc/w"]
+    assert out.exit_code == 0 and out.stdout.split() == ["enc/w"]  # "# checkpoint: URL" goes to stderr
+    assert out.stderr.strip() == f"# checkpoint: {url}"
     out = runner.invoke(main, ["verify", url])
     assert out.exit_code == 0, out.output
     out = runner.invoke(main, ["diff", url, f"{s3_bucket}/run"])

@@ -15,9 +15,10 @@ parser.add_argument("--reps", type=int, default=5, help="repetitions per system 
 parser.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs directory (CPU cost); '' to skip")
 parser.add_argument("--disk", default=tempfile.gettempdir(), help="a directory on disk; '' to skip")
 parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sharded,hdf5child,one,cli,s3,compress,"
-                                       "average",
+                                       "average,"
+                                       "incremental",
                     help="comma-separated: a b c d e async checksum import plan sharded hdf5child one cli stats s3 "
-                         "compress average open (docs/benchmarks.md)")
+                         "compress average incremental open (docs/benchmarks.md)")
 parser.add_argument("--average-mib", type=int, default=512, help="case average: size of each of the 3 inputs")
 parser.add_argument("--open-count", type=int, default=20000, help="case open: number of tensors in the index")
 parser.add_argument("--cli-gib", type=float, default=1.0, help="case cli: size of the 8-tensor checkpoint")

@@ -230,6 +230,15 @@ def main(args: Any) -> None:
             print(open_case("tmpfs", directory, args.open_count, args.reps) + "\n")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+    if "incremental" in cases and args.tmpfs:  # issue 28: Saver(incremental=True) by chunk size, on tmpfs
+        from .incremental import incremental_case
+
+        directory = os.path.join(args.tmpfs, f"ckpt-bench-inc-{os.getpid()}")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            print(incremental_case("tmpfs", directory, args.reps) + "\n")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     if "average" in cases and args.tmpfs:  # CPU cost: on tmpfs
         from .averaging import average_case
 

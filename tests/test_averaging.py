@@ -148,3 +148,16 @@ def test_cli_average(tmp_path):
     c = ckpt.save_file({"w": np.zeros(3, np.float32)}, tmp_path / "c.h5")
     failed = CliRunner().invoke(cli, ["average", a, c, "-o", str(tmp_path / "x.h5")])
     assert failed.exit_code == 1 and "tensor 'w' differs" in failed.output and "Traceback" not in failed.output
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_chunks_split_between_two_threads_average_every_float_dtype_as_numpy_does(tmp_path, dtype):
+    # 300,001 elements: one chunk of several blocks (split between the threads) and a short last block
+    rng = np.random.default_rng(3)
+    wide = np.complex128 if "complex" in dtype else np.float64
+    values = [(rng.standard_normal(300_001) * (1 + 1j if "complex" in dtype else 1)).astype(wide)
+              .astype(ckpt.dtypes.bfloat16 if dtype == "bfloat16" else dtype) for _ in range(3)]
+    paths = [ckpt.save_file({"w": v}, tmp_path / f"in{i}{ext}")
+             for i, (v, ext) in enumerate(zip(values, [".msgpack", ".h5", ".msgpack"]))]
+    out = ckpt.average_checkpoints(paths, tmp_path / "avg.msgpack", [3, 1, 2])
+    assert_bit_exact(_numpy_mean(values, [3, 1, 2]), ckpt.load_file(out)["w"])

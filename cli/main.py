@@ -21,7 +21,7 @@ from .errors import error_json, error_lines
 
 #: name -> (module defining the command, its one-line help). A command's module (numpy, the
 #: formats) is imported only when that command runs: `ckpt --help` and `--version` import neither.
-#: tests/test_cli.py checks the help lines against the commands' own.
+#: tests/unit/cli/test_cli.py checks the help lines against the commands' own.
 COMMANDS = {
     "average": ("average_cmd", "Average checkpoints into one: the weighted mean of their float tensors."),
     "convert": ("convert_cmd", "Convert a checkpoint between formats; extract or rename keys."),

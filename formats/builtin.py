@@ -3,7 +3,7 @@ recognition (``claims``, ``sniff``) and the entry points of its module (``open``
 
 The classes live here, apart from their readers and writers, so that recognising a file
 costs no format module: a format's module is imported when one of its files is opened or
-written (reading a ckpt HDF5 file imports ``ckpt.formats.hdf5`` only; ``tests/test_imports.py``).
+written (reading a ckpt HDF5 file imports ``ckpt.formats.hdf5`` only; ``tests/project/test_imports.py``).
 ``ckpt.formats`` registers them with :func:`~ckpt.formats.base.register_format`, the call a
 plugin makes for its own format.
 

@@ -24,7 +24,7 @@ files of versions ckpt no longer writes, as earlier ckpt versions wrote them; th
 them alone.
 
 Seeds are fixed, BLAS runs on one thread, and the state file's clock is pinned, so two runs
-write byte-identical files. tests/test_sample_checkpoints.py reads them back.
+write byte-identical files. tests/unit/formats/test_sample_checkpoints.py reads them back.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 import tempfile
 
 import numpy as np
@@ -14,6 +15,15 @@ import s3server  # noqa: F401  # sets moto's minimum part size before any test m
 # Child Pythons run from here: started in the checkout, "python -c" would import its source ckpt/
 # (with formats/ and cli/ beside it, ckpt/_sourcetree.py) instead of the installed package under test.
 OUTSIDE_CHECKOUT = tempfile.gettempdir()
+#: tests/ (where the fixtures, the support modules and the child scripts live) and the repository root:
+#: test modules sit in subfolders by package (unit/<package>/) and by system (system/<suite>/)
+TESTS = str(pathlib.Path(__file__).resolve().parent)
+ROOT = str(pathlib.Path(TESTS).parent)
+# some suites build their cases with another suite's builders (reliability_foreign with the foreign
+# suites' file writers, s3_mpi with test_mpi's runner): every suite folder is importable, whichever
+# files a run selects
+sys.path[:0] = [str(p) for p in sorted(pathlib.Path(TESTS).glob("*/**/")) if p.name != "__pycache__"
+                and not p.is_relative_to(pathlib.Path(TESTS) / "fixtures") and str(p) not in sys.path]
 
 
 def every_dtype_tensors() -> list[tuple[str, np.ndarray]]:

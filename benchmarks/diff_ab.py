@@ -1,7 +1,8 @@
 """``ckpt.compare`` before and after a change, in one run: ``python -m benchmarks.diff_ab``.
 
 The "before" is ``ckpt/tools/comparison.py`` as it was at a git revision (``--before``, default
-9f6de7c: main before issue 29), loaded from ``git show`` as a sibling module of today's ``ckpt``.
+HEAD: the committed code against the working tree's), loaded from ``git show`` as a sibling module
+of today's ``ckpt``.
 The pair is what users diff between two training steps: A, 8 float32 tensors of seeded noise, and
 B = A + 1e-3, so every value differs. Rounds alternate raw read of both files, before, raw read,
 after; each ratio is the raw read's time (the mean of the two reads around it) over the call's.
@@ -30,7 +31,7 @@ from .stats_ab import _load_module, _timed
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.diff_ab", description=__doc__.split("\n")[0])
-    parser.add_argument("--before", default="9f6de7c", help="git revision of the 'before' ckpt/tools/comparison.py")
+    parser.add_argument("--before", default="HEAD", help="git revision of the 'before' ckpt/tools/comparison.py")
     parser.add_argument("--gib", type=float, default=1.0, help="size of each checkpoint (8 float32 tensors)")
     parser.add_argument("--reps", type=int, default=3, help="rounds (medians reported)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="directory for the checkpoints")

@@ -1,17 +1,16 @@
 """``ckpt.tensor_stats`` before and after a change, in one run: ``python -m benchmarks.stats_ab``.
 
-The "before" is ``ckpt/tools/stats.py`` as it was at a git revision (``--before``, default fb4ba12: main
-before the one-pass histogram of session 4; 57ae504 is main before session 3's rework), loaded
-from ``git show`` as a sibling module of today's ``ckpt`` (it uses the same helpers:
-``ckpt.tools.chunks``, ``ckpt.tools.sources``). Rounds alternate raw read, before,
-raw read, after on one checkpoint of 8 float32 tensors on tmpfs; each ratio is the raw read's time
-(the mean of the two reads around it) over the call's. CPU seconds (all threads) are printed too:
-on a shared machine they move far less than wall times.
+The "before" is ``ckpt/tools/stats.py`` as it was at a git revision (``--before``, default HEAD: the
+committed code against the working tree's), loaded from ``git show`` as a sibling module of today's
+``ckpt`` (it uses the same helpers: ``ckpt.tools.chunks``, ``ckpt.tools.sources``). Rounds alternate
+raw read, before, raw read, after on one checkpoint of 8 float32 tensors on tmpfs; each ratio is the
+raw read's time (the mean of the two reads around it) over the call's. CPU seconds (all threads) are
+printed too: on a shared machine they move far less than wall times.
 
-The histogram's definition changed in session 4 (bins of 2**k on an absolute grid instead of
-``np.histogram(values, 16, range=(min, max))``), so the two are compared on min, max, zeros, NaN
-and Inf counts (equal), mean and std (within 1e-12 relative), and today's histogram is checked
-against ``np.histogram`` of the tensor given today's edges (once, outside the timings).
+Revisions whose histogram was defined otherwise (``np.histogram(values, 16, range=(min, max))``
+before the binary grid) are compared on min, max, zeros, NaN and Inf counts (equal), mean and std
+(within 1e-12 relative); today's histogram is checked against ``np.histogram`` of the tensor given
+today's edges (once, outside the timings). The revision must hold ``ckpt/tools/stats.py``.
 
 Example:
     python -m benchmarks.stats_ab --reps 5
@@ -81,7 +80,7 @@ def _numpy_agrees(path: str, stats: dict[str, Any]) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stats_ab", description=__doc__.split("\n")[0])
-    parser.add_argument("--before", default="fb4ba12", help="git revision of the 'before' ckpt/tools/stats.py")
+    parser.add_argument("--before", default="HEAD", help="git revision of the 'before' ckpt/tools/stats.py")
     parser.add_argument("--gib", type=float, default=1.0, help="checkpoint size (8 float32 tensors)")
     parser.add_argument("--reps", type=int, default=3, help="rounds (medians reported)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="directory for the checkpoint")

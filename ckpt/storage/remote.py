@@ -224,11 +224,6 @@ class RemoteDirectory:
         """The directory ``relative`` inside this one (a data prefix), sharing its ObjectStore."""
         return RemoteDirectory(self.join(relative), store=self.store, catalog=self.catalog)
 
-    def put_and_publish(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
-        """Write the small data object ``relative`` (create-only), then ``publish`` it as ``name``."""
-        self.store.put(self.join(relative), data, create_only=True)
-        self.publish_bytes(name, relative, data, step)
-
     def publish_bytes(self, name: str, relative: str, data: bytes, step: int | None = None) -> None:
         """``publish`` the uploaded data object ``relative``, whose bytes are ``data``."""
         head = data[:OPEN_HEAD]

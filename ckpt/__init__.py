@@ -32,6 +32,9 @@ from .errors import StorageError as StorageError
 from .errors import UninitializedVariableError as UninitializedVariableError
 from .errors import UnsupportedCheckpointError as UnsupportedCheckpointError
 
+# registered now, before any handler of the user's: an atexit save that loads h5py late exits cleanly
+from . import hdf5exit as _hdf5exit  # noqa: F401
+
 # Python started in a clone's root imports this folder, not the installed package: formats/ and cli/
 # beside it then serve as ckpt.formats and ckpt.cli (ckpt/_sourcetree.py)
 _install_if_source_tree(__path__[0])

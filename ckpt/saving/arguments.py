@@ -21,8 +21,7 @@ from ckpt.runtime.module import Module
 from ckpt.runtime.variables import Variable, global_variables
 from ckpt.saving.retention import BEST_MODES
 
-__all__ = ["VarTree", "VarList", "where", "key_map", "check_global_step", "best_policy", "incremental_policy",
-           "load_hdf5_library"]
+__all__ = ["VarTree", "VarList", "where", "key_map", "check_global_step", "best_policy", "incremental_policy"]
 
 VarTree = Mapping[str, "Variable | Module | VarTree"]
 VarList = None | Module | VarTree | Iterable[Variable]
@@ -122,12 +121,3 @@ def tree_pairs(tree: Mapping[Any, Any], prefix: str) -> list[tuple[Any, Any]]:
         else:
             pairs.append((prefix + key, value))
     return pairs
-
-
-def load_hdf5_library() -> None:
-    """Import h5py now, while the interpreter is whole: the HDF5 writer imports it on first use,
-    and a first use inside an atexit handler ("checkpoint on exit") imports it during shutdown,
-    where h5py's own exit hook is never run and libhdf5's then calls into the finalized
-    interpreter (SIGSEGV after the checkpoint committed)."""
-    # lazy: only Savers that write HDF5 load h5py (`import ckpt` stays free of it)
-    import h5py  # noqa: F401

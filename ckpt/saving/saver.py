@@ -37,7 +37,6 @@ from ckpt.formats import base as _formats  # the format registry; importing it r
 from ckpt.gcpause import gc_paused
 from ckpt.runtime.variables import Variable
 from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
-from ckpt.saving.arguments import load_hdf5_library
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
@@ -137,8 +136,6 @@ class Saver:
         if not fmt.can_write:
             raise ValueError(f"format {format!r} can be read but not written")
         self._format = fmt
-        if fmt.name == "hdf5":
-            load_hdf5_library()
         self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours,  # TF1: 0 keeps all
                                     *best_policy(keep_best, best_metric, best_mode))
         if save_interval_steps is not None and (not isinstance(save_interval_steps, int) or

@@ -151,7 +151,8 @@ class Saver:
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
-        #: what the last incremental save wrote, reused and collected (None before one)
+        #: what the last incremental save wrote, reused and collected (None before one, while one
+        #: runs in the background, and after one failed)
         self.last_incremental: IncrementalStats | None = None
 
     @property
@@ -368,8 +369,7 @@ class Saver:
     def _save_incremental(self, store: Store, path: str, fmt: Any, tensors: list[tuple[str, Any]],
                           metadata: dict[str, Any], step: int | None, metrics: dict[str, float] | None,
                           blocking: bool) -> str | SaveFuture:
-        """An incremental save (or, every full_every-th, a self-contained one), then chunk collection;
-        with ``blocking=False`` the chunks are cut and hashed from the staged snapshot in the background."""
+        """An incremental save (every full_every-th a self-contained one), then chunk collection."""
         assert self._incremental is not None
         full_every, chunk_bytes = self._incremental
         refused = "an object-store URL" if not isinstance(store, LocalStore) else "compression=" \
@@ -396,10 +396,10 @@ class Saver:
             self._saved_to(path, state)
             return path
 
+        self.last_incremental = None  # until this save commits (after wait() when in the background)
         if blocking:
             return write(tensors, background=False)
         require_directory(path)
-        self.last_incremental = None  # until this save commits (wait() or its future tells when)
         return self._background.submit(path, tensors, write)
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,

@@ -126,3 +126,18 @@ def test_a_failed_async_incremental_save_raises_once_and_keeps_the_latest(tmp_pa
     saver.wait()  # the error was seen: it is not raised again
     assert saver.last_incremental is None
     assert ckpt.latest_checkpoint(d) == first and not os.path.exists(os.path.join(d, "m-2.msgpack"))
+
+
+def test_last_incremental_is_none_after_a_failed_blocking_save(tmp_path: object) -> None:
+    """Not the stats of the save before, which a caller would take for this one's."""
+    v = _vars(4)
+    saver = _saver(v)
+    d = str(tmp_path)
+    saver.save(os.path.join(d, "m.msgpack"), global_step=1)
+    assert saver.last_incremental is not None
+    os.rename(os.path.join(d, CHUNKS), os.path.join(d, "moved"))
+    with open(os.path.join(d, CHUNKS), "wb"):
+        pass
+    with pytest.raises(CheckpointWriteError, match="chunk store"):
+        saver.save(os.path.join(d, "m.msgpack"), global_step=2)
+    assert saver.last_incremental is None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +75,10 @@ def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
     return True
 
 
-def _entries(fmt: ChunkedFormat, folder: str, tensors: list[tuple[str, np.ndarray]], chunk_bytes: int,
+def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]], chunk_bytes: int,
              stats: IncrementalStats) -> dict[str, list[Any]]:
-    """Write the missing chunks of every tensor; return the index entries."""
+    """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
+    source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
     def put(chunk: bytes, piece: memoryview) -> None:
         if _put_chunk(folder, chunk.hex(), piece):
             stats.chunks_written += 1
@@ -85,10 +86,10 @@ def _entries(fmt: ChunkedFormat, folder: str, tensors: list[tuple[str, np.ndarra
         else:
             stats.chunks_reused += 1
 
-    return {key: fmt.tensor_entry(arr, chunk_bytes, put) for key, arr in tensors}
+    return {key: fmt.tensor_entry(np.asarray(arr), chunk_bytes, put) for key, arr in tensors}
 
 
-def commit_incremental(store: LocalStore, name: str, tensors: list[tuple[str, np.ndarray]],
+def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str, Any]],
                        metadata: Mapping[str, Any], chunk_bytes: int, change: StateChange, step: int | None,
                        metrics: Mapping[str, float] | None) -> tuple[CheckpointState, IncrementalStats]:
     """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record it."""

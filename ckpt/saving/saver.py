@@ -51,7 +51,6 @@ from ckpt.storage.state import CheckpointState, state_lock
 
 __all__ = ["Saver"]
 
-#: a dict's values: Variables, Modules (their variables under "key/<attribute path>") or nested dicts
 class Saver:
     """Saves variables to checkpoint files and restores them.
 
@@ -91,9 +90,8 @@ class Saver:
             UnsupportedCheckpointError. None (the default) compresses nothing.
         incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
             once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
-            the store lacks (docs/incremental.md). Local, blocking saves only for now: with
-            ``comm=``, an object-store URL, ``blocking=False``, ``compression=`` or an .h5 path
-            it raises UnsupportedCheckpointError.
+            the store lacks (docs/incremental.md). Local saves only for now: with ``comm=``, an
+            object-store URL, ``compression=`` or an .h5 path it raises UnsupportedCheckpointError.
         full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
             a self-contained checkpoint; None (the default): every save is incremental.
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
@@ -150,7 +148,8 @@ class Saver:
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
-        #: what the last incremental save wrote, reused and collected (None before one)
+        #: what the last incremental save wrote, reused and collected (None before one, while one
+        #: runs in the background, and after one failed)
         self.last_incremental: IncrementalStats | None = None
 
     @property
@@ -366,33 +365,39 @@ class Saver:
 
     def _save_incremental(self, store: Store, path: str, fmt: Any, tensors: list[tuple[str, Any]],
                           metadata: dict[str, Any], step: int | None, metrics: dict[str, float] | None,
-                          blocking: bool) -> str:
-        """An incremental save (or, every full_every-th, a self-contained one), then chunk collection."""
+                          blocking: bool) -> str | SaveFuture:
+        """An incremental save (every full_every-th a self-contained one), then chunk collection."""
         assert self._incremental is not None
         full_every, chunk_bytes = self._incremental
-        refused = "blocking=False" if not blocking else "an object-store URL" if not isinstance(store, LocalStore) \
-            else "compression=" if self._compression is not None else f"the {fmt.name} format" \
-            if fmt.name != "msgpack" else None
+        refused = "an object-store URL" if not isinstance(store, LocalStore) else "compression=" \
+            if self._compression is not None else f"the {fmt.name} format" if fmt.name != "msgpack" else None
         if refused is not None:
             raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
-                                             "save to a local .msgpack path, blocking", path=path)
+                                             "save to a local .msgpack path", path=path)
         assert isinstance(store, LocalStore)
-        name = os.path.basename(path)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1
-        if full:
-            self._commit(store, path, fmt, tensors, metadata, step, metrics)
-            with state_lock(store.location):  # what retention dropped may free chunks
-                self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
+
+        def write(sources: Any, background: bool = True) -> str:
+            if full:
+                self._commit(store, path, fmt, sources, metadata, step, metrics, background)
+                with state_lock(store.location):  # what retention dropped may free chunks
+                    self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
+                return path
+            try:
+                state, self.last_incremental = commit_incremental(
+                    store, os.path.basename(path), sources, metadata, chunk_bytes,
+                    self._retention.change(store, path, step, metrics), step, metrics)
+            except StorageError as exc:
+                raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+            self._saved_to(path, state)
             return path
-        try:
-            state, self.last_incremental = commit_incremental(
-                store, name, tensors, metadata, chunk_bytes, self._retention.change(store, path, step, metrics),
-                step, metrics)
-        except StorageError as exc:
-            raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
-        self._saved_to(path, state)
-        return path
+
+        self.last_incremental = None  # until this save commits (after wait() when in the background)
+        if blocking:
+            return write(tensors, background=False)
+        require_directory(path)
+        return self._background.submit(path, tensors, write)
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,
                 metrics: dict[str, float] | None, background: bool = False) -> str:

@@ -218,10 +218,12 @@ def _incremental_problems(directory: str) -> list[str]:
     return problems
 
 
-def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(tmp_path):
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(tmp_path, blocking):
     """Three incremental saves with max_to_keep (so retention and chunk collection run), killed at
     every file event: no kept checkpoint references a deleted or missing chunk, latest_checkpoint
-    is the newest complete one, and the next save collects what the killed one left."""
+    is the newest complete one, and the next save collects what the killed one left. With
+    ``blocking=False`` the child assigns the next step while each save runs in the background."""
     template = str(tmp_path / "template")
     _incremental_saver()[0].save(os.path.join(template, "model.msgpack"), global_step=0)
     zygote = Zygote(str(tmp_path / "zygote.stderr"))
@@ -232,7 +234,7 @@ def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(
             directory = str(tmp_path / f"run-{k}")
             shutil.copytree(template, directory)
             pid = zygote.spawn(dir=directory, ext=".msgpack", start=1, max_to_keep=MAX_TO_KEEP, kill_at=k,
-                               saves=SAVES, kind="file", incremental=INCREMENTAL_CHUNK)
+                               saves=SAVES, kind="file", incremental=INCREMENTAL_CHUNK, blocking=blocking)
             code = zygote.reap(pid)
             if code == 0:
                 break
@@ -242,6 +244,6 @@ def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(
             shutil.rmtree(directory)
     finally:
         zygote.close()
-    print(f"\nincremental .msgpack blocking: {points} kill points, {len(bad)} wrong")
+    print(f"\nincremental .msgpack blocking={blocking}: {points} kill points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
     assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import operator
 import os
-import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any, Literal, overload
@@ -38,6 +37,7 @@ from ckpt.gcpause import gc_paused
 from ckpt.runtime.variables import Variable
 from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
+from ckpt.saving.intervals import SaveIntervals
 from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
@@ -136,15 +136,7 @@ class Saver:
         self._format = fmt
         self._retention = Retention(max_to_keep or None, keep_checkpoint_every_n_hours,  # TF1: 0 keeps all
                                     *best_policy(keep_best, best_metric, best_mode))
-        if save_interval_steps is not None and (not isinstance(save_interval_steps, int) or
-                                                isinstance(save_interval_steps, bool) or save_interval_steps < 1):
-            raise ValueError(f"save_interval_steps must be a positive int or None, got {save_interval_steps!r}")
-        if save_interval_seconds is not None and not save_interval_seconds > 0:
-            raise ValueError(f"save_interval_seconds must be positive or None, got {save_interval_seconds!r}")
-        self._interval_steps, self._interval_seconds = save_interval_steps, save_interval_seconds
-        #: (step, time) of this Saver's last save, for should_save; None: none yet
-        self._last_save: tuple[int | None, float] | None = None
-        self._resumed_from: str | None = None  # the checkpoint restored before the first save
+        self._intervals = SaveIntervals(save_interval_steps, save_interval_seconds)
         self._last_checkpoints: list[str] = []
         self._saved = False  # until the first save, a restore's directory gives last_checkpoints
         self._restored_from: str | None = None
@@ -225,8 +217,7 @@ class Saver:
         """
         done = self._save(path, global_step, metadata, blocking, metrics)
         # an asynchronous save counts from its snapshot: should_save must not ask for it again
-        self._last_save = (None if global_step is None else operator.index(global_step), time.time())
-        self._resumed_from = None
+        self._intervals.saved(None if global_step is None else operator.index(global_step))
         return done
 
     def _save(self, path: str | os.PathLike[str], global_step: Any, metadata: Mapping[str, Any] | None,
@@ -443,37 +434,9 @@ class Saver:
         if self._comm is not None:
             from ckpt.distributed.comm import decode, encode  # lazy: only with comm=
 
-            mine = encode(self._due(step, now)) if self._comm.rank == 0 else None
+            mine = encode(self._intervals.due(step, now, self._storage_options)) if self._comm.rank == 0 else None
             return bool(decode(self._comm.broadcast(mine, 0, self._timeout), "should_save"))
-        return self._due(step, now)
-
-    def _due(self, step: int, now: float | None) -> bool:
-        last = self._last_save or self._restored_save()
-        if last is None:
-            return True
-        last_step, last_time = last
-        if last_step == step:
-            return False
-        if self._interval_steps is None and self._interval_seconds is None:
-            return True
-        # a last save without a step gives the step interval nothing to count from: due
-        if self._interval_steps is not None and (last_step is None or step - last_step >= self._interval_steps):
-            return True
-        now = time.time() if now is None else now
-        return self._interval_seconds is not None and now - last_time >= self._interval_seconds
-
-    def _restored_save(self) -> tuple[int | None, float] | None:
-        """(step, time) of the checkpoint this Saver restored, from its directory's state file."""
-        if self._resumed_from is None:
-            return None
-        name = os.path.basename(self._resumed_from)
-        try:
-            state = store_of(self._resumed_from, self._storage_options).effective_state()
-        except (OSError, ValueError):
-            state = None  # an unreadable state file: the restore itself is all we know
-        entry = next((e for e in (state.all_entries() if state else []) if e.path == name), None)
-        self._last_save = (entry.step, entry.time) if entry is not None else (None, 0.0)
-        return self._last_save
+        return self._intervals.due(step, now, self._storage_options)
 
     def wait(self) -> None:
         """Wait until this Saver's asynchronous save, if one is in flight, is committed.
@@ -543,9 +506,7 @@ class Saver:
             result = restore_variables(path, self._vars, strict=strict, allow_cast=allow_cast,
                                        storage_options=self._storage_options)
             self._restored_from = result.path
-        if self._last_save is None or self._resumed_from is not None:
-            # no save yet: a resumed run, whose should_save counts from the checkpoint restored
-            self._resumed_from, self._last_save = result.path, None
+        self._intervals.restored(result.path)  # no save yet: should_save counts from there
         return result
 
     def restore_or_initialize(self, directory: str | os.PathLike[str], strict: bool = True,

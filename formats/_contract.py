@@ -117,8 +117,11 @@ class ChunkedFormat(Format):
         """Cut ``array`` into chunks of ``chunk_bytes``, hand each to ``put(name, bytes)``, return its index entry."""
 
     @abstractmethod
-    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
-        """The bytes of a checkpoint file holding these index ``entries`` (by key)."""
+    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
+                   nested: bool = False) -> bytes:
+        """The bytes of a checkpoint file holding these index ``entries`` (by key); ``nested``: a
+        shard file inside a sharded checkpoint's directory, whose chunks are in the ``chunk_dir``
+        beside that directory."""
 
     @abstractmethod
     def references(self, path: str) -> set[bytes]:

@@ -179,6 +179,9 @@ class Reader(Protocol):
     def read_range_crc32c(self, offset: int, out: memoryview, what: str) -> int:
         """``read_range_into``, returning the crc32c of the bytes read."""
 
+    def byte_reader(self, key: str) -> Callable[[int, memoryview], None] | None:
+        """A function reading a tensor's C-order bytes from a position (unchecked), or None."""
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Reader: ...
@@ -198,7 +201,8 @@ class BaseReader:
     The abilities (override what the format does better than the default): ``read_box_into``
     (and so ``read_slice``) for reading part of a tensor, setting ``partial_reads``;
     ``data_extents``, ``stored_crc32c`` and ``read_range_into`` for tensors stored as checksummed
-    bytes at known offsets (streamed in chunks); ``block_checksums``; ``read_planned``.
+    bytes at known offsets (streamed in chunks); ``byte_reader`` for tensors whose bytes are not
+    at file offsets but can be read in parts; ``block_checksums``; ``read_planned``.
     """
 
     path: str = ""
@@ -310,6 +314,13 @@ class BaseReader:
         """``read_range_into``, returning the crc32c of the bytes read (for the caller to check)."""
         self.read_range_into(offset, out, what)
         return crc32c(out)
+
+    def byte_reader(self, key: str) -> Callable[[int, memoryview], None] | None:
+        """For a numeric tensor whose bytes ``data_extents`` cannot list (an incremental index's
+        chunks): ``fetch(start, out)``, filling ``out`` with the tensor's C-order bytes from byte
+        ``start`` without checking them (the caller holds checksums of them: a sharded
+        checkpoint's commit record); None when the reader cannot read part of the tensor."""
+        return None
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         raise NotImplementedError

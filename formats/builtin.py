@@ -134,10 +134,11 @@ class IncrementalFormat(ChunkedFormat):
 
         return incremental.tensor_entry(array, chunk_bytes, put)
 
-    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
+    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
+                   nested: bool = False) -> bytes:
         from . import incremental  # lazy: a format module loads on use
 
-        return incremental.pack_index(metadata, chunk_bytes, entries)
+        return incremental.pack_index(metadata, chunk_bytes, entries, nested)
 
     def references(self, path: str) -> set[bytes]:
         from . import incremental  # lazy: a format module loads on use

@@ -13,6 +13,10 @@ array of three objects, so plain msgpack walks it:
              "chunk_bytes": int, "hash": "sha256",
              "tensors": {key: [dtype, shape, crc32c, chunks]}}
 
+A shard file of a sharded incremental checkpoint (``Saver(comm=..., incremental=True)``) is such
+an index inside the checkpoint's directory; its ``chunk_dir`` is ``"../.ckpt-chunks"``, the chunk
+store beside that directory, shared with the directory's other checkpoints.
+
 ``chunks`` is the list of 32-byte SHA-256 digests of a numeric tensor's chunks in C order (the
 last one shorter), or, for a byte-string tensor, the list of its items (stored inline). The
 crc32c is over the tensor's bytes (over the packed list of items for strings). docs/formats.md
@@ -39,6 +43,8 @@ FORMAT_NAME = "ckpt-incremental"
 VERSION = 1
 #: The chunk store's folder, beside the checkpoint files that reference it.
 CHUNK_DIR = ".ckpt-chunks"
+#: A shard file's chunk folder: the store beside its sharded checkpoint's directory.
+NESTED_CHUNK_DIR = "../" + CHUNK_DIR
 HASH = "sha256"
 DIGEST_BYTES = 32
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
@@ -76,9 +82,12 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, memo
     return [name, list(arr.shape), _io.crc32c(view), chunks]
 
 
-def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]]) -> bytes:
-    """The bytes of an incremental checkpoint file."""
-    index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata, "chunk_dir": CHUNK_DIR,
+def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]],
+               nested: bool = False) -> bytes:
+    """The bytes of an incremental checkpoint file (``nested``: a shard file of a sharded checkpoint,
+    whose chunks are in the store beside the checkpoint's directory)."""
+    chunk_dir = NESTED_CHUNK_DIR if nested else CHUNK_DIR
+    index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata, "chunk_dir": chunk_dir,
                    "chunk_bytes": chunk_bytes, "hash": HASH, "tensors": tensors})
     return packb([{"format": FORMAT_NAME, "version": VERSION}, index, _io.crc32c(index)])
 
@@ -117,9 +126,12 @@ class IncrementalReader(FileReader):
             raise CorruptCheckpointError(f"{path}: the index's chunk_bytes {chunk_bytes!r} is not a positive int")
         self.chunk_bytes: int = chunk_bytes
         chunk_dir = index.get("chunk_dir")
-        if chunk_dir != CHUNK_DIR:
-            raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r}")
-        self.directory = os.path.dirname(path)
+        if chunk_dir not in (CHUNK_DIR, NESTED_CHUNK_DIR):
+            raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r} "
+                                         f"(or {NESTED_CHUNK_DIR!r} in a sharded checkpoint)")
+        #: the directory holding the chunk folder
+        self.directory = os.path.dirname(path) if chunk_dir == CHUNK_DIR else \
+            os.path.normpath(os.path.join(os.path.dirname(path), os.pardir))
         self._metadata = check_metadata(index.get("metadata", {}), path)
         self._tensors = {key: self._entry(key, entry) for key, entry in index["tensors"].items()}
 
@@ -186,6 +198,27 @@ class IncrementalReader(FileReader):
             crc = _io.crc32c(piece, crc)
         if crc != location.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
+
+    def byte_reader(self, key: str) -> Callable[[int, memoryview], None] | None:
+        """Reads the chunks holding the bytes asked for (a sharded checkpoint's partial reads,
+        which check them against the commit record's block checksums)."""
+        info = self.info(key)
+        if dtypes.is_string(info.dtype):
+            return None
+        step = self.chunk_bytes
+
+        def fetch(start: int, out: memoryview) -> None:
+            end = start + len(out)
+            for i in range(start // step, -(-end // step)):
+                lo, hi = i * step, min((i + 1) * step, info.nbytes)
+                if start <= lo and hi <= end:  # a whole chunk: straight into place
+                    self._read_chunk(info, info.extra.chunks[i], out[lo - start:hi - start])
+                    continue
+                whole = memoryview(bytearray(hi - lo))
+                self._read_chunk(info, info.extra.chunks[i], whole)
+                a, b = max(lo, start), min(hi, end)
+                out[a - start:b - start] = whole[a - lo:b - lo]
+        return fetch
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """Every chunk read and its hash checked (naming the chunk file), then every tensor's crc32c."""

@@ -15,7 +15,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckpt.errors import UnsupportedCheckpointError
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.runtime.module import Module
 from ckpt.runtime.variables import Variable, global_variables
@@ -93,8 +92,7 @@ def best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) 
     return keep_best or None, best_metric, best_mode
 
 
-def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int,
-                        comm: Any) -> tuple[int | None, int] | None:
+def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int) -> tuple[int | None, int] | None:
     """(full_every, chunk_bytes) of an incremental Saver, checked; None when not incremental."""
     for name, value in (("full_every", full_every), ("chunk_bytes", chunk_bytes)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -102,8 +100,6 @@ def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: i
                              f"got {value!r}")
     if not incremental:
         return None
-    if comm is not None:
-        raise UnsupportedCheckpointError("incremental=True is not supported with comm= (sharded saves) yet")
     return full_every, chunk_bytes
 
 

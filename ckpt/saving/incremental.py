@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
-from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, get_format
+from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, Format, format_for_path, get_format
+from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
@@ -45,6 +46,15 @@ def chunked_format() -> ChunkedFormat:
         raise UnsupportedCheckpointError(f"the registered {FORMAT!r} format ({type(fmt).__name__}) is not a "
                                          "ChunkedFormat: incremental saves need one")
     return fmt
+
+
+def refuse_unsupported(path: str, fmt: Format, compression: str | None) -> None:
+    """Refuse, before anything is written, what incremental saves do not support yet."""
+    refused = "an object-store URL" if is_url(path) else "compression=" if compression is not None else \
+        f"the {fmt.name} format" if fmt.name != "msgpack" else None
+    if refused is not None:
+        raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
+                                         "save to a local .msgpack path", path=path)
 
 
 @dataclass
@@ -75,7 +85,7 @@ def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
     return True
 
 
-def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]], chunk_bytes: int,
+def _entries(fmt: ChunkedFormat, folder: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
              stats: IncrementalStats) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
@@ -89,24 +99,37 @@ def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]]
     return {key: fmt.tensor_entry(np.asarray(arr), chunk_bytes, put) for key, arr in tensors}
 
 
+def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
+                 stats: IncrementalStats, path: str) -> dict[str, list[Any]]:
+    """Write the chunks of ``tensors`` that the chunk store of ``directory`` lacks, durably (the
+    folder is fsynced once they are all written); return the index entries. The caller holds the
+    directory's lock, so no collection deletes a chunk found present before it is referenced.
+
+    Raises:
+        CheckpointWriteError: naming ``path`` (the checkpoint), when the store cannot be written.
+    """
+    folder = os.path.join(directory, fmt.chunk_dir)
+    try:
+        require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
+        entries = _entries(fmt, folder, tensors, chunk_bytes, stats)
+        fsync_directory(folder)
+    except OSError as exc:
+        raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
+                                   f"{exc.strerror or exc}; the previous checkpoint is still the latest",
+                                   path=path) from exc
+    return entries
+
+
 def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str, Any]],
                        metadata: Mapping[str, Any], chunk_bytes: int, change: StateChange, step: int | None,
                        metrics: Mapping[str, float] | None) -> tuple[CheckpointState, IncrementalStats]:
     """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record it."""
     fmt = chunked_format()
     path = store.join(name)
-    folder = os.path.join(store.location, fmt.chunk_dir)
     stats = IncrementalStats()
     require_directory(path)  # as every save does; the lock file lives there
     with state_lock(store.location):
-        try:
-            require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-            entries = _entries(fmt, folder, tensors, chunk_bytes, stats)
-            fsync_directory(folder)
-        except OSError as exc:
-            raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
-                                       f"{exc.strerror or exc}; the previous checkpoint is still the latest",
-                                       path=path) from exc
+        entries = write_chunks(fmt, store.location, tensors, chunk_bytes, stats, path)
         data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
         read: list[CheckpointState] = []
         with replace_atomically(path, before_rename=lambda: read.append(store.intend(name, step, tmp, metrics))) \
@@ -117,19 +140,41 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
     return state, stats
 
 
+def references_at(fmt: ChunkedFormat, path: str) -> set[bytes] | None:
+    """The chunks the checkpoint ``path`` references: an index file, or a sharded checkpoint's
+    directory (every shard file in it that is an index, committed or not: a save still running or
+    killed keeps its chunks until its files are gone); None when it references none.
+
+    Raises:
+        OSError, CheckpointError: a file that may be an index cannot be read.
+    """
+    if os.path.isdir(path):
+        if format_for_path(path) is None:  # not a checkpoint's name: not ours to read
+            return None
+        found: set[bytes] | None = None
+        for name in sorted(os.listdir(path)):
+            inner = os.path.join(path, name)
+            if not name.startswith(".") and os.path.isfile(inner) and _is_index(fmt, inner):
+                found = (found or set()) | fmt.references(inner)
+        return found
+    if os.path.isfile(path) and _is_index(fmt, path):
+        return set(fmt.references(path))
+    return None
+
+
+def _is_index(fmt: ChunkedFormat, path: str) -> bool:
+    with open(path, "rb") as f:
+        return bool(fmt.sniff(f.read(SNIFF_BYTES)))
+
+
 def referenced(store: LocalStore, fmt: ChunkedFormat) -> set[bytes] | None:
-    """Every chunk a checkpoint file of the directory references; None when a file that may be an
-    incremental checkpoint cannot be read (nothing may be collected then)."""
+    """Every chunk a checkpoint of the directory references (its index files and the shard files of
+    its sharded checkpoints); None when a file that may be an index cannot be read (nothing may be
+    collected then)."""
     found: set[bytes] = set()
     for name in store.list_names():
-        path = store.join(name)
         try:
-            if not os.path.isfile(path):
-                continue
-            with open(path, "rb") as f:
-                head = f.read(SNIFF_BYTES)
-            if fmt.sniff(head):
-                found |= fmt.references(path)
+            found |= references_at(fmt, store.join(name)) or set()
         except FileNotFoundError:
             continue  # removed meanwhile (not by a saver: they hold the lock)
         except (OSError, CheckpointError):
@@ -168,15 +213,12 @@ def chunk_usage(directory: str, names: list[str]) -> dict[str, tuple[int, int]]:
     fmt = chunked_format()
     refs: dict[str, set[bytes]] = {}
     for name in names:
-        path = os.path.join(directory, name)
         try:
-            if not os.path.isfile(path):
-                continue
-            with open(path, "rb") as f:
-                if fmt.sniff(f.read(SNIFF_BYTES)):
-                    refs[name] = fmt.references(path)
+            found = references_at(fmt, os.path.join(directory, name))
         except (OSError, CheckpointError):
             continue
+        if found is not None:
+            refs[name] = found
     counts: dict[bytes, int] = {}
     for chunks in refs.values():
         for c in chunks:

@@ -30,7 +30,6 @@ from ckpt.errors import (
     CheckpointWriteError,
     StorageError,
     UninitializedVariableError,
-    UnsupportedCheckpointError,
 )
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.gcpause import gc_paused
@@ -38,7 +37,8 @@ from ckpt.runtime.variables import Variable
 from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.intervals import SaveIntervals
-from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
+from ckpt.saving.incremental import (CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental,
+                                     refuse_unsupported)
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
@@ -90,8 +90,9 @@ class Saver:
             UnsupportedCheckpointError. None (the default) compresses nothing.
         incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
             once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
-            the store lacks (docs/incremental.md). Local saves only for now: with ``comm=``, an
-            object-store URL, ``compression=`` or an .h5 path it raises UnsupportedCheckpointError.
+            the store lacks (docs/incremental.md); with ``comm=`` each rank's shard file indexes the
+            same store. Local saves only for now: an object-store URL, ``compression=`` or an .h5
+            path raises UnsupportedCheckpointError.
         full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
             a self-contained checkpoint; None (the default): every save is incremental.
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
@@ -100,7 +101,6 @@ class Saver:
         ValueError: two variables under one key, one variable under two keys, an invalid
             key, nothing to save, a negative staging_bytes, keep_best without best_metric, an
             unknown compression, or a full_every or chunk_bytes that is not a positive int.
-        UnsupportedCheckpointError: ``incremental`` with ``comm``.
         TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
 
@@ -113,7 +113,7 @@ class Saver:
                  incremental: bool = False, full_every: int | None = None,
                  chunk_bytes: int = CHUNK_BYTES) -> None:
         self._vars = key_map(var_list)
-        self._incremental = incremental_policy(incremental, full_every, chunk_bytes, comm)
+        self._incremental = incremental_policy(incremental, full_every, chunk_bytes)
         self._saves = 0  # saves made, for full_every
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
@@ -262,6 +262,7 @@ class Saver:
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
             scores = check_metrics(metrics, path)
+            inc = self._sharded_incremental(path, fmt)
             tensors, missing = [], set()
             for key, var in self._vars.items():
                 if var.is_initialized():
@@ -290,7 +291,7 @@ class Saver:
             values: dict[str, Any] = dict.fromkeys(missing)
             values.update(sources)
             return self._saved_sharded(path, self._run_sharded(comm, path, fmt, step, metadata, values,
-                                                               metrics=scores))
+                                                               metrics=scores, incremental=inc), inc)
 
         return self._background.submit(path, tensors, write)
 
@@ -305,23 +306,41 @@ class Saver:
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
             scores = check_metrics(metrics, path)
+            inc = self._sharded_incremental(path, fmt)
         except Exception as exc:
             self._fail_together(self._comm, path_arg, exc)
             raise
-        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata, metrics=scores))
+        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata, metrics=scores,
+                                                           incremental=inc), inc)
 
     def _run_sharded(self, comm: Any, path: str, fmt: Any, step: int | None, metadata: dict[str, Any],
                      values: Mapping[str, Any] | None = None, failure: str | None = None,
-                     metrics: Mapping[str, float] | None = None) -> list[str]:
+                     metrics: Mapping[str, float] | None = None, incremental: Any = None) -> list[str]:
         """This rank's part of the collective save (``ckpt.distributed.save.save_sharded``)."""
         # lazy: only Savers given a comm load the distributed save (start-up of `import ckpt`)
         from ckpt.distributed.save import Job, save_sharded
 
-        job = Job(self._vars, self._retention, self._storage_options, metrics, self._compression)
+        job = Job(self._vars, self._retention, self._storage_options, metrics, self._compression, incremental)
         return save_sharded(job, comm, self._timeout, path, fmt, step, metadata, values, failure)
 
-    def _saved_sharded(self, path: str, kept: list[str]) -> str:
+    def _sharded_incremental(self, path: str, fmt: Any) -> Any:
+        """The ``IncrementalJob`` of an incremental Saver's sharded save (None for other Savers),
+        counted for full_every; an object-store URL or compression is refused here, on every rank."""
+        if self._incremental is None:
+            return None
+        refuse_unsupported(path, fmt, self._compression)
+        from ckpt.distributed.incremental import IncrementalJob  # lazy: only with comm=
+
+        full_every, chunk_bytes = self._incremental
+        job = IncrementalJob(chunk_bytes, full=full_every is not None and self._saves % full_every == 0)
+        self._saves += 1
+        self.last_incremental = None  # until this save commits
+        return job
+
+    def _saved_sharded(self, path: str, kept: list[str], incremental: Any = None) -> str:
         self._last_checkpoints, self._saved = kept, True
+        if incremental is not None:
+            self.last_incremental = incremental.stats  # this rank's chunks (and rank 0's collection)
         return path
 
     def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:
@@ -360,11 +379,7 @@ class Saver:
         """An incremental save (every full_every-th a self-contained one), then chunk collection."""
         assert self._incremental is not None
         full_every, chunk_bytes = self._incremental
-        refused = "an object-store URL" if not isinstance(store, LocalStore) else "compression=" \
-            if self._compression is not None else f"the {fmt.name} format" if fmt.name != "msgpack" else None
-        if refused is not None:
-            raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
-                                             "save to a local .msgpack path", path=path)
+        refuse_unsupported(path, fmt, self._compression)
         assert isinstance(store, LocalStore)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1

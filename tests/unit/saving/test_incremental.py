@@ -149,12 +149,10 @@ def test_hdf5_paths_are_refused(tmp_path: object, blocking: bool) -> None:
     assert os.listdir(str(tmp_path)) == []
 
 
-def test_compression_and_comm_are_refused(tmp_path: object) -> None:
+def test_compression_is_refused(tmp_path: object) -> None:
     v = _vars(np.random.default_rng(7))
     with pytest.raises(UnsupportedCheckpointError, match="compression="):
         ckpt.Saver(v, incremental=True, compression="zstd").save(os.path.join(str(tmp_path), "m.msgpack"))
-    with pytest.raises(UnsupportedCheckpointError, match="comm="):
-        ckpt.Saver(v, incremental=True, comm=object())
     with pytest.raises(ValueError, match="chunk_bytes"):
         ckpt.Saver(v, incremental=True, chunk_bytes=0)
 

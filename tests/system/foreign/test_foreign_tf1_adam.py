@@ -66,3 +66,14 @@ def test_the_averages_restore_into_the_model_as_tf1_evaluates():
     for key, variable in model.items():
         assert_bit_exact(want[f"{key}/ExponentialMovingAverage"], variable.numpy())
         assert not np.array_equal(want[key], variable.numpy())  # the averages, not the weights
+
+
+def test_it_averages_with_a_converted_copy_into_hdf5(tmp_path):
+    # the average of a checkpoint and its own copy is the checkpoint (x/4 + 3x/4 is exact in float64)
+    want = expected()
+    copy = ckpt.convert(CHECKPOINT, tmp_path / "copy.msgpack").path
+    out = ckpt.average_checkpoints([CHECKPOINT, copy], tmp_path / "avg.h5", weights=[1, 3])
+    got = ckpt.load_file(out)
+    assert sorted(got) == sorted(want)
+    for key, value in got.items():
+        assert_bit_exact(want[key], value)  # global_step (int64) copied, the floats averaged

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,10 +37,19 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, chec
 
 from . import _io
 from ._codec import packb, unpack
+from ._planes import decode_chunk, encode_chunk
 from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
 
 FORMAT_NAME = "ckpt-incremental"
-VERSION = 1
+#: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
+VERSION = 2
+READS = (1, 2)
+#: Default bound on a delta chain (deltas between a chunk and the whole chunk it rests on): with
+#: 1% of a table's rows changing per save, 8 writes ~14% per save, 16 ~7%, so 16 (docs/incremental.md);
+#: a restore reads up to max_chain + 1 files per chunk.
+MAX_CHAIN = 16
+#: a longer chain in an index is damage, not a save's (max_chain is a small int)
+_LONGEST = 1 << 10
 #: The chunk store's folder, beside the checkpoint files that reference it.
 CHUNK_DIR = ".ckpt-chunks"
 #: A shard file's chunk folder: the store beside its sharded checkpoint's directory.
@@ -65,20 +74,129 @@ def chunk_path(directory: str, chunk: bytes) -> str:
     return os.path.join(directory, CHUNK_DIR, chunk.hex())
 
 
-def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
+class ChunkEncoding:
+    """How a save encodes the chunks it writes (the store callbacks and the options).
+
+    ``exists(name)`` tells whether the store holds the chunk file ``name.hex()`` and ``get(name)``
+    returns its stored bytes (the caller holds the directory's lock, so neither changes under
+    it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
+    is stored as its XOR with its previous version while that chain is shorter than
+    ``max_chain`` (0: never).
+    """
+
+    def __init__(self, exists: Callable[[bytes], bool] = lambda name: False,
+                 get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                 max_chain: int = 0) -> None:
+        self.exists, self.get, self.compression, self.max_chain = exists, get, compression, max_chain
+
+    def chunk(self, x: bytes, piece: memoryview, itemsize: int, base: Any,
+              put: Callable[[bytes, bytes | memoryview], None]) -> bytes | list[bytes]:
+        """The reference of the chunk ``piece`` (digest ``x``), writing what the store lacks."""
+        if base is not None and chain_of(base)[0] == x and all(map(self.exists, links(base))):
+            return base  # type: ignore[no-any-return]  # unchanged since the previous save: the same chain
+        if self.exists(x):
+            return x
+        if base is not None and self.get is not None and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
+            delta = self._delta(piece, itemsize, base)
+            if delta is not None:
+                put(x + chain_of(base)[0], delta)
+                return [x, *chain_of(base)]
+        put(x, encode_whole(piece, itemsize) if self.compression else piece)
+        return x
+
+    def _delta(self, piece: memoryview, itemsize: int, base: Any) -> bytes | None:
+        """``piece`` XOR its previous version, encoded, when that pays (under half the chunk);
+        None when not, or when the previous version cannot be read back exactly."""
+        assert self.get is not None
+        if not all(map(self.exists, links(base))):
+            return None
+        old = bytearray(len(piece))
+        try:
+            assemble(lambda name: memoryview(self.get(name)), base, memoryview(old), "the previous version")  # type: ignore[misc]
+        except (OSError, CorruptCheckpointError):
+            return None
+        if digest(memoryview(old)) != chain_of(base)[0]:
+            return None  # never encode against bytes that are not the base the chain names
+        new = np.frombuffer(piece, np.uint8)
+        np.bitwise_xor(new, np.frombuffer(old, np.uint8), out=np.frombuffer(old, np.uint8))
+        stored = encode_whole(memoryview(old), itemsize)
+        return bytes(stored) if len(stored) * 2 <= len(piece) else None
+
+
+def chain_of(ref: bytes | list[bytes]) -> list[bytes]:
+    """The digests of a chunk reference: [the chunk, its base, the base's base, ... a whole chunk]."""
+    return [ref] if isinstance(ref, bytes) else ref
+
+
+def links(ref: bytes | list[bytes]) -> list[bytes]:
+    """The chunk files a reference reads (names; a file is ``name.hex()``): one per delta (the
+    chunk's digest then its base's), then the whole chunk the chain ends on."""
+    chain = chain_of(ref)
+    return [chain[i] + chain[i + 1] for i in range(len(chain) - 1)] + [chain[-1]]
+
+
+def chain_bound(ref: bytes | list[bytes], max_chain: int) -> int:
+    """How many deltas a chain may hold before its chunk is written whole again: between half of
+    ``max_chain`` and all of it, picked by the whole base's digest, so that the chunks of a table
+    that all started in one save do not all restart in one later save."""
+    low = (max_chain + 1) // 2
+    return low + chain_of(ref)[-1][0] % (max_chain - low + 1) if max_chain > 0 else 0
+
+
+def encode_whole(piece: memoryview, itemsize: int) -> bytes | memoryview:
+    """A chunk's stored bytes: byte planes + zstd behind a small header, or the raw bytes when
+    that is not smaller (a stored file shorter than its chunk is encoded, one as long is raw)."""
+    planes = itemsize if itemsize > 1 and len(piece) % itemsize == 0 else 1
+    if len(piece) <= 1 + 4 * planes:
+        return piece
+    packed, sizes = encode_chunk(piece, planes)
+    head = bytes([planes]) + np.asarray(sizes, "<u4").tobytes()
+    return head + packed if len(head) + len(packed) < len(piece) else piece
+
+
+def decode_into(stored: memoryview, out: memoryview, what: str) -> None:
+    """Fill ``out`` (the chunk's bytes) from a chunk file's stored bytes (``what`` names it)."""
+    if len(stored) == len(out):
+        out[:] = stored
+        return
+    planes = stored[0] if len(stored) else 0
+    sizes = np.frombuffer(stored[1:1 + 4 * planes], "<u4").tolist() if len(stored) >= 1 + 4 * planes else []
+    if len(stored) > len(out) or not planes or len(out) % planes or 1 + 4 * planes + sum(sizes) != len(stored):
+        raise CorruptCheckpointError(f"{what}: holds {len(stored)} bytes, neither the chunk's {len(out)} "
+                                     "nor an encoded chunk")
+    decode_chunk(stored[1 + 4 * planes:], sizes, planes, out, what)
+
+
+def assemble(load: Callable[[bytes], memoryview], ref: bytes | list[bytes], out: memoryview, what: str) -> None:
+    """Fill ``out`` with the chunk ``ref``: its whole base, then every delta XORed in."""
+    names = links(ref)
+    decode_into(load(names[-1]), out, f"{what}: chunk {names[-1].hex()}")
+    if len(names) > 1:
+        acc, tmp = np.frombuffer(out, np.uint8), bytearray(len(out))
+        for name in names[:-1]:
+            decode_into(load(name), memoryview(tmp), f"{what}: chunk {name.hex()}")
+            np.bitwise_xor(acc, np.frombuffer(tmp, np.uint8), out=acc)
+
+
+def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None],
+                 encoding: ChunkEncoding | None = None, previous: list[Any] | None = None) -> list[Any]:
     """The index entry of ``array``: a numeric tensor's bytes cut into chunks of ``chunk_bytes``,
-    each handed to ``put(digest, bytes)``; a string tensor's items inline."""
+    each stored with ``put(name, stored bytes)`` unless the store holds it (``encoding`` says
+    how; ``previous``, the tensor's entry in the previous save, gives the bases of deltas); a
+    string tensor's items inline."""
     arr = _io.c_contiguous(array)
     name = dtypes.dtype_name(arr.dtype)
     if dtypes.is_string(arr.dtype):
         items = [bytes(x) for x in arr.reshape(-1)]
         return [name, list(arr.shape), _io.crc32c(packb(items)), items]
+    enc = ChunkEncoding() if encoding is None else encoding
+    same = previous is not None and previous[0] == name and list(previous[1]) == list(arr.shape)
+    bases: list[Any] = list(previous[3]) if same and previous is not None else []
     view = _io.byte_view(arr)
-    chunks = []
-    for start in range(0, len(view), chunk_bytes):
+    chunks: list[bytes | list[bytes]] = []
+    for i, start in enumerate(range(0, len(view), chunk_bytes)):
         piece = view[start:start + chunk_bytes]
-        chunks.append(digest(piece))
-        put(chunks[-1], piece)
+        chunks.append(enc.chunk(digest(piece), piece, arr.dtype.itemsize, bases[i] if bases else None, put))
     return [name, list(arr.shape), _io.crc32c(view), chunks]
 
 
@@ -96,13 +214,22 @@ class ChunkedLocation(NamedTuple):
     """A tensor's chunks (TensorInfo.extra of IncrementalReader)."""
 
     crc32c: int
-    #: digests of a numeric tensor's chunks; the items of a string tensor
-    chunks: list[bytes]
+    #: the reference of each chunk of a numeric tensor (a digest, or a chain of digests); the
+    #: items of a string tensor
+    chunks: list[Any]
+
+
+def _valid_ref(ref: Any) -> bool:
+    if type(ref) is bytes:
+        return len(ref) == DIGEST_BYTES
+    return (type(ref) is list and 2 <= len(ref) <= _LONGEST
+            and all(type(d) is bytes and len(d) == DIGEST_BYTES for d in ref))
 
 
 class IncrementalReader(FileReader):
     """Reads the index on open; tensors from the chunk store on request (crc32c checked),
-    ``verify`` checks every chunk's hash too and names the chunk file that fails."""
+    ``verify`` checks every chunk's hash along its whole delta chain and names the chunk file
+    that fails."""
 
     format_name = "ckpt-incremental"
 
@@ -113,9 +240,10 @@ class IncrementalReader(FileReader):
         if type(outer) is not list or len(outer) != 3 or type(outer[1]) is not bytes or type(outer[2]) is not int:
             raise CorruptCheckpointError(f"{path}: not an incremental checkpoint index (bad framing)")
         header, packed, crc = outer
-        if not isinstance(header, dict) or header.get("version") != VERSION:
+        if not isinstance(header, dict) or header.get("version") not in READS:
             raise UnsupportedCheckpointError(f"{path}: incremental checkpoint version {header.get('version')!r} "
-                                             f"(this ckpt reads version {VERSION})")
+                                             f"(this ckpt reads versions {', '.join(map(str, READS))})")
+        self.version: int = header["version"]
         if _io.crc32c(packed) != crc:
             raise checksum_error(path, "the index")
         index = unpack(packed, path, "the index")
@@ -145,42 +273,59 @@ class IncrementalReader(FileReader):
         name, shape, crc, chunks = entry
         dtype = dtype_or_raise(name, path, key)
         shape = check_shape(shape, path, key)
-        if type(crc) is not int or type(chunks) is not list or not all(type(c) is bytes for c in chunks):
+        if type(crc) is not int or type(chunks) is not list:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed chunks or checksum")
-        nbytes = _io.expected_nbytes(dtype, shape) if not dtypes.is_string(dtype) else sum(map(len, chunks))
         if dtypes.is_string(dtype):
+            if not all(type(c) is bytes for c in chunks):
+                raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed chunks or checksum")
             if len(chunks) != int(np.prod(shape)):
                 raise CorruptCheckpointError(f"{path}: tensor {key!r}: {list(shape)} needs {int(np.prod(shape))} "
                                              f"strings, the index holds {len(chunks)}")
-        elif len(chunks) != -(-nbytes // self.chunk_bytes) or any(len(c) != DIGEST_BYTES for c in chunks):
+            return TensorInfo(key, dtype, shape, sum(map(len, chunks)), ChunkedLocation(crc, chunks))
+        nbytes = _io.expected_nbytes(dtype, shape)
+        refs_ok = all(type(c) is bytes and len(c) == DIGEST_BYTES for c in chunks) if self.version == 1 \
+            else all(map(_valid_ref, chunks))
+        if len(chunks) != -(-nbytes // self.chunk_bytes) or not refs_ok:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: {nbytes} bytes need "
-                                         f"{-(-nbytes // self.chunk_bytes)} chunk digests of {DIGEST_BYTES} bytes")
+                                         f"{-(-nbytes // self.chunk_bytes)} chunk references (a {DIGEST_BYTES}-byte "
+                                         "digest or a chain of them)")
         return TensorInfo(key, dtype, shape, nbytes, ChunkedLocation(crc, chunks))
 
     def chunks_of(self, key: str) -> list[bytes]:
-        """The digests of a numeric tensor's chunks ([] for strings)."""
+        """The names of every chunk file a numeric tensor reads, deltas and their bases included
+        ([] for strings); a file is ``.ckpt-chunks/<name.hex()>``."""
         info = self.info(key)
-        return [] if dtypes.is_string(info.dtype) else list(info.extra.chunks)
+        return [] if dtypes.is_string(info.dtype) else [n for ref in info.extra.chunks for n in links(ref)]
 
-    def _pieces(self, info: TensorInfo, view: memoryview) -> Iterator[tuple[bytes, memoryview]]:
-        for i, chunk in enumerate(info.extra.chunks):
-            yield chunk, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-
-    def _read_chunk(self, info: TensorInfo, chunk: bytes, piece: memoryview) -> None:
-        where = chunk_path(self.directory, chunk)
+    def _load(self, info: TensorInfo, name: bytes) -> memoryview:
+        """The stored bytes of the chunk file ``name`` (errors name it and the tensor)."""
+        where = chunk_path(self.directory, name)
         try:
             with open(where, "rb", buffering=0) as f:
-                got = f.readinto(piece)
-                extra = f.read(1)
+                return memoryview(f.read())
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {where} is missing",
                                          path=self.path, key=info.key) from None
         except OSError as exc:
             raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: cannot read its chunk {where}: "
                                          f"{exc.strerror or exc}", path=self.path, key=info.key) from exc
-        if got != len(piece) or extra:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {where} should hold "
-                                         f"{len(piece)} bytes", path=self.path, key=info.key)
+
+    def _read_raw(self, name: bytes, piece: memoryview) -> bool:
+        """Read a whole raw chunk straight into place; False when it is not one (missing, encoded,
+        short: the slow path names the problem)."""
+        try:
+            with open(chunk_path(self.directory, name), "rb", buffering=0) as f:
+                return os.fstat(f.fileno()).st_size == len(piece) and f.readinto(piece) == len(piece)
+        except OSError:
+            return False
+
+    def _read_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
+        if isinstance(ref, bytes) and self._read_raw(ref, piece):
+            return
+        try:
+            assemble(lambda name: self._load(info, name), ref, piece, f"{self.path}: tensor {info.key!r}")
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra
@@ -193,8 +338,9 @@ class IncrementalReader(FileReader):
             return
         view = _io.byte_view(out)
         crc = 0
-        for chunk, piece in self._pieces(info, view):
-            self._read_chunk(info, chunk, piece)
+        for i, ref in enumerate(location.chunks):
+            piece = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+            self._read_chunk(info, ref, piece)
             crc = _io.crc32c(piece, crc)
         if crc != location.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
@@ -220,21 +366,38 @@ class IncrementalReader(FileReader):
                 out[a - start:b - start] = whole[a - lo:b - lo]
         return fetch
 
+    def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
+        """Rebuild the chunk from its whole base up, checking the hash at every step: the first
+        file whose result does not match is the damaged one."""
+        chain, names = chain_of(ref), links(ref)
+        acc, tmp = np.frombuffer(piece, np.uint8), bytearray(len(piece))
+        for j in range(len(chain) - 1, -1, -1):
+            where = chunk_path(self.directory, names[j])
+            stored = self._load(info, names[j])
+            try:
+                decode_into(stored, piece if j == len(chain) - 1 else memoryview(tmp), f"{self.path}: tensor "
+                            f"{info.key!r}: its chunk {where}")
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
+            if j < len(chain) - 1:
+                np.bitwise_xor(acc, np.frombuffer(tmp, np.uint8), out=acc)
+            if digest(piece) != chain[j]:
+                raise CorruptCheckpointError(
+                    f"{self.path}: tensor {info.key!r}: its chunk {where} does not match its hash: the chunk is "
+                    "damaged", path=self.path, key=info.key)
+
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
-        """Every chunk read and its hash checked (naming the chunk file), then every tensor's crc32c."""
+        """Every chunk rebuilt along its chain and its hashes checked (naming the chunk file that
+        fails), then every tensor's crc32c."""
         problems = []
         for key, info in self._tensors.items():
             try:
                 if not dtypes.is_string(info.dtype):
                     buf = memoryview(bytearray(min(self.chunk_bytes, info.nbytes)))
                     crc = 0
-                    for i, chunk in enumerate(info.extra.chunks):
+                    for i, ref in enumerate(info.extra.chunks):
                         piece = buf[:min(self.chunk_bytes, info.nbytes - i * self.chunk_bytes)]
-                        self._read_chunk(info, chunk, piece)
-                        if digest(piece) != chunk:
-                            raise CorruptCheckpointError(
-                                f"{self.path}: tensor {key!r}: its chunk {chunk_path(self.directory, chunk)} "
-                                "does not match its hash: the chunk is damaged", path=self.path, key=key)
+                        self._verify_chunk(info, ref, piece)
                         crc = _io.crc32c(piece, crc)
                     if crc != info.extra.crc32c:
                         raise checksum_error(self.path, f"tensor {key!r}", crc, info.extra.crc32c, key=key)
@@ -248,7 +411,8 @@ class IncrementalReader(FileReader):
 
 
 def referenced_chunks(path: str) -> set[bytes]:
-    """Every chunk digest the incremental checkpoint ``path`` references."""
+    """The names of every chunk file the incremental checkpoint ``path`` reads (its deltas' bases
+    included: the closure retention keeps)."""
     reader = IncrementalReader(path)
     with reader:
         return {c for key in reader.tensors for c in reader.chunks_of(key)}

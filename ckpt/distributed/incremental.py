@@ -28,7 +28,7 @@ import numpy as np
 from ckpt import dtypes
 from ckpt.formats import _io
 from ckpt.formats._blocks import block_crcs
-from ckpt.saving.incremental import IncrementalStats, chunked_format, collect_chunks, write_chunks
+from ckpt.saving.incremental import Encoding, IncrementalStats, chunked_format, collect_chunks, write_chunks
 from ckpt.storage.local import LocalStore
 
 __all__ = ["IncrementalJob", "write_index_shard", "collect"]
@@ -60,7 +60,7 @@ def write_index_shard(files: LocalStore, name: str, blocks: list[Any], job: Incr
             yield block.key, array
 
     parent = os.path.dirname(os.path.abspath(files.location))
-    entries = write_chunks(fmt, parent, arrays(), job.chunk_bytes, job.stats, files.location)
+    entries = write_chunks(fmt, parent, arrays(), job.chunk_bytes, job.stats, files.location, Encoding())
     data = fmt.pack_index({}, job.chunk_bytes, entries, nested=True)
     report: list[Any] = []
 

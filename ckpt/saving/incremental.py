@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ckpt import dtypes
 from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
 from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, Format, format_for_path, get_format
+from ckpt.formats.incremental import MAX_CHAIN as MAX_CHAIN  # the default of Saver(max_chain=)
 from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.storage.local import LocalStore, fill_file
@@ -48,8 +50,9 @@ def chunked_format() -> ChunkedFormat:
     return fmt
 
 
-def refuse_unsupported(path: str, fmt: Format, compression: str | None) -> None:
-    """Refuse, before anything is written, what incremental saves do not support yet."""
+def refuse_unsupported(path: str, fmt: Format, compression: str | None = None) -> None:
+    """Refuse, before anything is written, what incremental saves do not support yet (``compression``:
+    the compression of a save that cannot store compressed chunks, None when it can)."""
     refused = "an object-store URL" if is_url(path) else "compression=" if compression is not None else \
         f"the {fmt.name} format" if fmt.name != "msgpack" else None
     if refused is not None:
@@ -65,9 +68,11 @@ class IncrementalStats:
     bytes_written: int = 0
     chunks_reused: int = 0
     chunks_collected: int = 0
+    #: the index entries the save wrote (key -> entry)
+    entries: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)
 
 
-def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
+def _put_chunk(folder: str, name: str, data: bytes | memoryview) -> bool:
     """Store ``data`` as ``folder/name`` unless it is there; True when written."""
     final = os.path.join(folder, name)
     if os.path.exists(final):
@@ -85,22 +90,47 @@ def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
     return True
 
 
+def _get_chunk(folder: str, name: bytes) -> bytes:
+    with open(os.path.join(folder, name.hex()), "rb") as f:
+        return f.read()
+
+
+@dataclass
+class Encoding:
+    """How an incremental save encodes its chunks: whole chunks compressed or not, changed
+    chunks as deltas against ``previous`` (key -> the entry of the Saver's previous save) up to
+    ``max_chain`` deep."""
+
+    compression: str | None = None
+    max_chain: int = 0
+    previous: Mapping[str, list[Any]] = field(default_factory=dict)
+
+
 def _entries(fmt: ChunkedFormat, folder: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
-             stats: IncrementalStats) -> dict[str, list[Any]]:
+             stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
-    def put(chunk: bytes, piece: memoryview) -> None:
-        if _put_chunk(folder, chunk.hex(), piece):
+    def put(chunk: bytes, data: bytes | memoryview) -> None:
+        if _put_chunk(folder, chunk.hex(), data):
             stats.chunks_written += 1
-            stats.bytes_written += len(piece)
-        else:
-            stats.chunks_reused += 1
+            stats.bytes_written += len(data)
 
-    return {key: fmt.tensor_entry(np.asarray(arr), chunk_bytes, put) for key, arr in tensors}
+    def exists(chunk: bytes) -> bool:
+        return os.path.exists(os.path.join(folder, chunk.hex()))
+
+    entries, refs = {}, 0
+    for key, arr in tensors:
+        value = np.asarray(arr)
+        entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key), exists=exists,
+                                        get=lambda name: _get_chunk(folder, name), compression=encoding.compression,
+                                        max_chain=encoding.max_chain)
+        refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
+    stats.chunks_reused = refs - stats.chunks_written
+    return entries
 
 
 def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
-                 stats: IncrementalStats, path: str) -> dict[str, list[Any]]:
+                 stats: IncrementalStats, path: str, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the chunks of ``tensors`` that the chunk store of ``directory`` lacks, durably (the
     folder is fsynced once they are all written); return the index entries. The caller holds the
     directory's lock, so no collection deletes a chunk found present before it is referenced.
@@ -111,7 +141,7 @@ def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str
     folder = os.path.join(directory, fmt.chunk_dir)
     try:
         require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-        entries = _entries(fmt, folder, tensors, chunk_bytes, stats)
+        entries = _entries(fmt, folder, tensors, chunk_bytes, stats, encoding)
         fsync_directory(folder)
     except OSError as exc:
         raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
@@ -122,14 +152,16 @@ def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str
 
 def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str, Any]],
                        metadata: Mapping[str, Any], chunk_bytes: int, change: StateChange, step: int | None,
-                       metrics: Mapping[str, float] | None) -> tuple[CheckpointState, IncrementalStats]:
-    """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record it."""
+                       metrics: Mapping[str, float] | None,
+                       encoding: Encoding | None = None) -> tuple[CheckpointState, IncrementalStats]:
+    """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record
+    it; ``stats.entries`` holds its index entries (the next save's ``encoding.previous``)."""
     fmt = chunked_format()
     path = store.join(name)
     stats = IncrementalStats()
     require_directory(path)  # as every save does; the lock file lives there
     with state_lock(store.location):
-        entries = write_chunks(fmt, store.location, tensors, chunk_bytes, stats, path)
+        entries = write_chunks(fmt, store.location, tensors, chunk_bytes, stats, path, encoding or Encoding())
         data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
         read: list[CheckpointState] = []
         with replace_atomically(path, before_rename=lambda: read.append(store.intend(name, step, tmp, metrics))) \
@@ -137,6 +169,7 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
             fill_file(tmp, lambda blob: blob.write_at(data, 0))
         state = store.record(name, change, state=read[0])
         stats.chunks_collected = collect_chunks(store, fmt)
+        stats.entries = entries
     return state, stats
 
 

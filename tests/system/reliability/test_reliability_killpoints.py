@@ -184,14 +184,19 @@ def _incremental_saver(kind: str = "file") -> tuple[ckpt.Saver, dict[str, ckpt.V
                       comm=comm), variables
 
 
-def _referenced_chunks(path: str) -> set[str]:
+def _referenced_names(path: str) -> set[bytes]:
+    """The chunk files ``path`` reads (64-byte names: deltas, each with its base)."""
     if os.path.isdir(path):  # a sharded checkpoint: its shard files are the indexes
         with open_reader(path) as sharded:
             files = [os.path.join(path, name) for name, _ in sharded.files]  # type: ignore[attr-defined]
-        return set().union(*(_referenced_chunks(f) for f in files))
+        return set().union(*(_referenced_names(f) for f in files))
     with open_reader(path) as reader:
         assert isinstance(reader, IncrementalReader)
-        return {c.hex() for key in reader.tensors for c in reader.chunks_of(key)}
+        return {c for key in reader.tensors for c in reader.chunks_of(key)}
+
+
+def _referenced_chunks(path: str) -> set[str]:
+    return {c.hex() for c in _referenced_names(path)}
 
 
 def _incremental_problems(directory: str, kind: str = "file") -> list[str]:
@@ -256,4 +261,8 @@ def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(
         zygote.close()
     print(f"\nincremental {kind} .msgpack blocking={blocking}: {points} kill points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
+    complete = ckpt.latest_checkpoint(directory)  # the run no kill reached: its saves wrote deltas
+    assert complete is not None
+    assert kind == "sharded" or any(len(name) == 64 for name in _referenced_names(complete)), \
+        "no save wrote a delta chunk: the kills did not cover delta-writing saves"
     assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -259,11 +259,12 @@ def main() -> None:
         ckpt.Saver(variables, comm=comm_used, timeout=5).save(os.path.join(directory, "model.msgpack"),
                                                               global_step=2)
         report(comm, {"saved": 2})
-    elif MODE == "incremental":  # three incremental saves, 'emb' changed only for the first
+    elif MODE == "incremental":  # three incremental saves (compressed), 'emb' changed only for the first
         directory, = ARGS
         variables = make_variables(tensors(), "rows", comm.rank, comm.size)
         original = variables["emb"].numpy().copy()
-        saver = ckpt.Saver(variables, comm=comm, timeout=30, incremental=True, chunk_bytes=4096, max_to_keep=2)
+        saver = ckpt.Saver(variables, comm=comm, timeout=30, incremental=True, chunk_bytes=4096, max_to_keep=2,
+                           compression="zstd")
         stats = []
         for step in (1, 2, 3):
             variables["emb"].assign(original + (1 if step == 1 else 0))

@@ -37,12 +37,15 @@ __all__ = ["IncrementalJob", "write_index_shard", "collect"]
 @dataclass
 class IncrementalJob:
     """What an incremental sharded save needs: the chunk size, whether this save writes
-    self-contained shard files (``full_every``), and the stats it fills in (this rank's chunks;
-    rank 0's collection)."""
+    self-contained shard files (``full_every``), how chunks are encoded, and the stats it fills in
+    (this rank's chunks and index entries; rank 0's collection)."""
 
     chunk_bytes: int
     full: bool = False
     stats: IncrementalStats = field(default_factory=IncrementalStats)
+    #: compression and delta chains; ``previous`` is this rank's entries of its last save, keyed
+    #: by block key (a delta's base is checked present and its bytes rebuilt before it is used)
+    encoding: Encoding = field(default_factory=Encoding)
 
 
 def write_index_shard(files: LocalStore, name: str, blocks: list[Any], job: IncrementalJob) -> tuple[int, list[Any]]:
@@ -60,7 +63,7 @@ def write_index_shard(files: LocalStore, name: str, blocks: list[Any], job: Incr
             yield block.key, array
 
     parent = os.path.dirname(os.path.abspath(files.location))
-    entries = write_chunks(fmt, parent, arrays(), job.chunk_bytes, job.stats, files.location, Encoding())
+    entries = write_chunks(fmt, parent, arrays(), job.chunk_bytes, job.stats, files.location, job.encoding)
     data = fmt.pack_index({}, job.chunk_bytes, entries, nested=True)
     report: list[Any] = []
 
@@ -71,6 +74,7 @@ def write_index_shard(files: LocalStore, name: str, blocks: list[Any], job: Incr
                                crcs[block.key]])
 
     size = files.write_file(name, lambda blob: blob.write_at(data, 0), check)
+    job.stats.entries = entries  # the next save's delta bases
     return size, report
 
 

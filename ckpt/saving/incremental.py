@@ -50,11 +50,9 @@ def chunked_format() -> ChunkedFormat:
     return fmt
 
 
-def refuse_unsupported(path: str, fmt: Format, compression: str | None = None) -> None:
-    """Refuse, before anything is written, what incremental saves do not support yet (``compression``:
-    the compression of a save that cannot store compressed chunks, None when it can)."""
-    refused = "an object-store URL" if is_url(path) else "compression=" if compression is not None else \
-        f"the {fmt.name} format" if fmt.name != "msgpack" else None
+def refuse_unsupported(path: str, fmt: Format) -> None:
+    """Refuse, before anything is written, what incremental saves do not support yet."""
+    refused = "an object-store URL" if is_url(path) else f"the {fmt.name} format" if fmt.name != "msgpack" else None
     if refused is not None:
         raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
                                          "save to a local .msgpack path", path=path)

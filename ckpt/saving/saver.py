@@ -330,14 +330,15 @@ class Saver:
 
     def _sharded_incremental(self, path: str, fmt: Any) -> Any:
         """The ``IncrementalJob`` of an incremental Saver's sharded save (None for other Savers),
-        counted for full_every; an object-store URL or compression is refused here, on every rank."""
+        counted for full_every; an object-store URL is refused here, on every rank."""
         if self._incremental is None:
             return None
-        refuse_unsupported(path, fmt, self._compression)
+        refuse_unsupported(path, fmt)
         from ckpt.distributed.incremental import IncrementalJob  # lazy: only with comm=
 
-        full_every, chunk_bytes, _ = self._incremental  # whole chunks: no delta chains in shard files
-        job = IncrementalJob(chunk_bytes, full=full_every is not None and self._saves % full_every == 0)
+        full_every, chunk_bytes, max_chain = self._incremental
+        job = IncrementalJob(chunk_bytes, full=full_every is not None and self._saves % full_every == 0,
+                             encoding=Encoding(self._compression, max_chain, self._previous))
         self._saves += 1
         self.last_incremental = None  # until this save commits
         return job
@@ -346,6 +347,7 @@ class Saver:
         self._last_checkpoints, self._saved = kept, True
         if incremental is not None:
             self.last_incremental = incremental.stats  # this rank's chunks (and rank 0's collection)
+            self._previous = incremental.stats.entries  # none after a full save: it cuts every chain
         return path
 
     def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:

@@ -269,7 +269,7 @@ def test_async_save_runs_its_collectives_beside_the_training_loops(scenarios):
 
 
 def test_incremental_saves_on_three_processes_restore_on_two(tmp_path):
-    """mpiexec -n 3: Saver(comm=, incremental=True) saves three steps (max_to_keep=2); the third
+    """mpiexec -n 3: Saver(comm=, incremental=True, compression="zstd") saves three steps (max_to_keep=2); the third
     writes no chunk (nothing changed since the second) and rank 0 collects the chunks only the dropped
     first step referenced; 2 processes restore the latest bit-exactly."""
     directory = str(tmp_path / "run")

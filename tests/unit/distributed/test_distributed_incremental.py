@@ -216,7 +216,7 @@ def test_compression_stores_compressed_chunks_that_restore_and_slice_bit_exact(t
     path, table = results[0][0][0], _weights(1)["table"]
     refs = _shard_refs(path)
     assert len(refs) == table.nbytes // 4096 and all(isinstance(r, bytes) for r in refs)
-    stored = _stored(directory, set(refs))  # type: ignore[arg-type]
+    stored = _stored(directory, set(refs))
     everything = _stored(directory, {bytes.fromhex(n) for n in _chunks(directory)})  # 'table' and 'step'
     assert sum(r[0][1].bytes_written for r in results) == everything
     assert stored * 1.1 <= table.nbytes  # float32 N(0, 0.02): the exponent plane compresses
@@ -247,6 +247,21 @@ def test_changed_chunks_are_stored_as_deltas_per_rank_and_every_kept_step_restor
     assert sum(r[-1][1].bytes_written for r in results) * 4 < chunks * 4096  # deltas, not whole chunks
     # retention dropped steps 1 and 2, but their chunks are the kept chains' bases
     assert _chunks(directory) == _referenced(directory, ["model-3.msgpack", "model-4.msgpack"])
+
+
+def test_a_damaged_delta_base_fails_every_checkpoint_whose_chain_rests_on_it(tmp_path):
+    results = _save_steps(str(tmp_path), 2, [1, 2, 3], chunk_bytes=4096, tensors=_weights, max_to_keep=None)
+    paths = [path for path, _ in results[0]]
+    base = _shard_refs(paths[2])[0][-1]  # the whole chunk step 1 wrote, under steps 2 and 3's deltas
+    with open(os.path.join(str(tmp_path), CHUNK_DIR, base.hex()), "r+b") as f:
+        f.write(b"\xff" * 8)
+    for path in paths:
+        with ckpt.load_checkpoint(path) as reader:
+            with pytest.raises(ckpt.CorruptCheckpointError, match="table") as info:
+                reader.get_tensor("table")
+            assert info.value.key == "table"
+            assert int(reader.get_tensor("step")) == 42  # the other tensors are unaffected
+            assert any(base.hex() in p for p in reader.verify())
 
 
 def test_a_full_save_cuts_the_delta_chains(tmp_path):

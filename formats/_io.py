@@ -9,6 +9,7 @@ Tensors move as ``memoryview``s of the arrays that hold them: nothing here copie
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -99,6 +100,23 @@ class Runs:
                 self.blob.lend_pieces(run, self._start)
             else:
                 self.blob.write_pieces(run, self._start)
+
+
+def write_checked(blob: WritableBlob, view: memoryview, offset: int, update: Callable[[memoryview], object]) -> None:
+    """Write a streamed chunk at ``offset`` while ``update`` (its running checksum) takes it in on
+    an I/O worker: the kernel's copy and crc32c release the GIL, so with a core free the checksum
+    costs no wall time. Both are done when this returns (the caller reuses the chunk's buffer)."""
+    if len(view) < BIG:
+        blob.write_at(view, offset)
+        update(view)
+        return
+    job = workers().submit(update, view)
+    try:
+        blob.write_at(view, offset)
+    except BaseException:
+        job.exception()  # the worker is done with the buffer before the error leaves
+        raise
+    job.result()
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

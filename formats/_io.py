@@ -24,6 +24,7 @@ from ckpt.storage.localfile import LocalFile as LocalFile
 from ckpt.storage.localfile import LocalSink as LocalSink
 from ckpt.storage.workers import BIG as BIG
 from ckpt.storage.workers import checksum_async as checksum_async
+from ckpt.storage.workers import steal, submit
 from ckpt.storage.workers import workers as workers
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
@@ -110,13 +111,18 @@ def write_checked(blob: WritableBlob, view: memoryview, offset: int, update: Cal
         blob.write_at(view, offset)
         update(view)
         return
-    job = workers().submit(update, view)
+
+    def checksum() -> int:
+        update(view)
+        return len(view)
+
+    piece = submit(checksum)
     try:
         blob.write_at(view, offset)
-    except BaseException:
-        job.exception()  # the worker is done with the buffer before the error leaves
-        raise
-    job.result()
+    finally:
+        steal(piece)  # still queued behind other pieces (a busy machine): this thread checksums it now
+        piece.job.exception()  # done with the buffer, whether or not the write failed
+    piece.job.result()
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

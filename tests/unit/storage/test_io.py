@@ -100,17 +100,31 @@ class _FailingSink:
         raise OSError(28, "No space left on device")
 
 
-def test_a_streamed_chunk_is_checksummed_on_a_worker_while_it_is_written(tmp_path):
+class _WaitingSink:
+    """A writable blob whose write waits until the chunk's checksum has started elsewhere."""
+
+    name = "waiting.bin"
+
+    def __init__(self, started: threading.Event) -> None:
+        self.started, self.written = started, b""
+
+    def write_at(self, data, offset):
+        assert self.started.wait(timeout=60), "the checksum did not start while the chunk was written"
+        self.written = bytes(data)
+
+
+def test_a_streamed_chunk_is_checksummed_on_a_worker_while_it_is_written():
     chunk = memoryview(np.random.default_rng(1).bytes(_io.BIG))
-    threads, crcs = [], []
+    started, threads, crcs = threading.Event(), [], []
 
     def update(view):
         threads.append(threading.get_ident())
+        started.set()
         crcs.append(crc32c.crc32c(view))
 
-    with _io.LocalSink(str(tmp_path / "out")) as sink:
-        _io.write_checked(sink, chunk, 3, update)
-    assert (tmp_path / "out").read_bytes()[3:] == bytes(chunk) and crcs == [crc32c.crc32c(chunk)]
+    sink = _WaitingSink(started)
+    _io.write_checked(sink, chunk, 3, update)
+    assert sink.written == bytes(chunk) and crcs == [crc32c.crc32c(chunk)]
     assert threads != [threading.get_ident()]  # the checksum ran beside the write, not after it
 
 

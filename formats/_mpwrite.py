@@ -195,8 +195,7 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
                 open_bin()
             take = min(len(view) - start, max_bin - done % max_bin, nbytes - done)
             piece = view[start:start + take]
-            blob.write_at(piece, pos)
-            running.update(piece)
+            _io.write_checked(blob, piece, pos, running.update)
             done, pos, start = done + take, pos + take, start + take
     if done != nbytes:
         raise ValueError(f"{what} gave {done} bytes; its dtype and shape hold {nbytes}")

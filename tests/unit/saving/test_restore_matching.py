@@ -69,6 +69,20 @@ def test_match_exact_declines_what_is_not_an_exact_match(tmp_path, ext_):
         assert reader.match_exact(keys, [(256,)] * 3, [f32, np.dtype(np.float64), f32]) is None
 
 
+def test_shapes_whose_dimensions_only_run_together_do_not_match(tmp_path, ext):
+    # back to back, (2, 3), (4,) and (2,), (3, 4) are the same dimensions: the ranks tell them apart
+    model = {"a": np.zeros((2, 3), np.float32), "b": np.ones(4, np.float32)}
+    path = _save(str(tmp_path / f"m.{ext}"), model)
+    f32 = np.dtype(np.float32)
+    with open_checkpoint(path) as reader:
+        assert reader.match_exact(["a", "b"], [(2, 3), (4,)], [f32, f32]) is not None
+        assert reader.match_exact(["a", "b"], [(2,), (3, 4)], [f32, f32]) is None
+        assert reader.match_exact(["b", "a"], [(3, 4), (2,)], [f32, f32]) is None
+    fresh = {"a": ckpt.Variable(np.zeros(2, np.float32), name="a2"), "b": ckpt.Variable(np.zeros((3, 4), np.float32))}
+    with pytest.raises(ckpt.MismatchError, match="a: shape \\(2,\\) in the model, \\(2, 3\\)"):
+        ckpt.Saver(fresh).restore(path)
+
+
 @pytest.mark.parametrize(("ext", "compression"), [("msgpack", None), ("h5", None), ("msgpack", "zstd")])
 def test_every_dtype_and_mixed_small_and_large_tensors_restore_in_any_order(tmp_path, ext, compression):
     rng = np.random.default_rng(1)

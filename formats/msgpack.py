@@ -273,8 +273,15 @@ class MsgpackReader(BlockSlicing, FileReader):
             super().read_matched(handles, buffers)
             return
         keys = columns.keys
-        spans = list(zip(map(columns.offsets.__getitem__, handles), _byte_views(buffers)))
-        crcs = self._source.read_spans(spans, lambda i: f"tensor {keys[handles[i]]!r}")
+        offsets = list(map(columns.offsets.__getitem__, handles))
+
+        def name(i: int) -> str:
+            return f"tensor {keys[handles[i]]!r}"
+
+        if isinstance(self._source, _io.LocalFile):  # preadv into the arrays themselves: no byte views
+            crcs = self._source.read_buffers(offsets, buffers, name, _io.byte_view)
+        else:
+            crcs = self._source.read_spans(list(zip(offsets, _byte_views(buffers))), name)
         expected = list(map(columns.crcs.__getitem__, handles))
         if crcs != expected:  # one list comparison for all; the first tensor that differs is named
             i = next(i for i, (got, crc) in enumerate(zip(crcs, expected)) if got != crc)

@@ -205,7 +205,8 @@ class LocalFile:
         scratch = memoryview(bytearray(GAP))
         fillers = {gap: scratch[:gap] for gap in set(gaps)}  # a few lengths (msgpack's bin headers)
         per_run = (MAX_IOV - 1) // 2  # a buffer and the gap before it: two iovecs
-        for first, last in itertools.pairwise([0, *[i + 1 for i, gap in enumerate(gaps) if gap > GAP], len(ends)]):
+        cuts = [i + 1 for i, gap in enumerate(gaps) if gap > GAP] if max(gaps, default=0) > GAP else []  # far apart
+        for first, last in itertools.pairwise([0, *cuts, len(ends)]):
             while first < last:  # at most per_run buffers, ending by _MAX_BATCH bytes past the run's start
                 stop = min(first + per_run,
                            max(first + 1, bisect.bisect_right(ends, offsets[first] + _MAX_BATCH, first, last)))

@@ -173,24 +173,16 @@ class LocalFile:
                      byte_view: Callable[[Any], memoryview]) -> list[int]:
         """``read_spans`` for buffers that need not be byte views: C-contiguous, writable objects
         with ``nbytes`` (numpy arrays of any dtype) at disjoint ``offsets``. Returns each buffer's
-        crc32c. Buffers of ``big`` bytes or more go to ``read_spans`` as ``byte_view(buffer)``.
+        crc32c. When any buffer has ``big`` bytes or more, all go to ``read_spans`` as
+        ``byte_view(buffer)`` (whose workers read the big ones while this thread reads the rest).
 
         Why: a byte view costs a buffer export and a cast per tensor, a tenth of a restore of
         10,000 small tensors, while ``preadv`` and crc32c take the arrays themselves. Buffers
         within GAP bytes of each other are read in runs, one ``preadv`` each, built by C loops.
         """
-        if max(map(_NBYTES, buffers), default=0) < self._big:
-            return self._read_small(offsets, buffers, name)
-        big = [i for i, buffer in enumerate(buffers) if buffer.nbytes >= self._big]
-        small = sorted(set(range(len(buffers))).difference(big))
-        crcs = [0] * len(buffers)
-        for i, crc in zip(small, self._read_small([offsets[i] for i in small], [buffers[i] for i in small],
-                                                  lambda j: name(small[j]))):
-            crcs[i] = crc
-        for i, crc in zip(big, self.read_spans([(offsets[i], byte_view(buffers[i])) for i in big],
-                                               lambda j: name(big[j]))):
-            crcs[i] = crc
-        return crcs
+        if max(map(_NBYTES, buffers), default=0) >= self._big:
+            return self.read_spans(list(zip(offsets, map(byte_view, buffers))), name)
+        return self._read_small(offsets, buffers, name)
 
     def _read_small(self, offsets: Sequence[int], buffers: Sequence[Any], name: Callable[[int], str]) -> list[int]:
         """``read_buffers`` of buffers under ``big`` bytes."""

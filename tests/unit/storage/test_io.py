@@ -297,15 +297,17 @@ def _layout(rng, sizes, gaps):
     return offsets, rng.bytes(pos + 100)
 
 
+@pytest.mark.parametrize("with_big", [False, True])  # True: one big buffer sends them all through read_spans
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
-def test_read_buffers_fills_arrays_near_and_far_in_any_order(tmp_path, dtype):
+def test_read_buffers_fills_arrays_near_and_far_in_any_order(tmp_path, dtype, with_big):
     import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 
     rng = np.random.default_rng(7)
     count = 700  # more than one preadv's worth of iovecs
     itemsize = np.dtype(dtype).itemsize
     elements = [int(n) for n in rng.integers(1, 40, count)]
-    elements[10] = BIG // itemsize + 5  # a big one: read in pieces through read_spans
+    if with_big:
+        elements[10] = BIG // itemsize + 5  # read in pieces by the workers
     gaps = [int(g) for g in rng.choice([0, 2, 3, 100, GAP_FAR], count)]
     offsets, data = _layout(rng, [n * itemsize for n in elements], gaps)
     path = tmp_path / "data"

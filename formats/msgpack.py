@@ -31,9 +31,10 @@ Example:
 from __future__ import annotations
 
 import itertools
+import operator
 import struct
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -124,6 +125,19 @@ class MsgpackLocation(NamedTuple):
     crc32c: int
 
 
+class _Columns(NamedTuple):
+    """An index as ckpt writes it, as the columns ``_parse_plain_entries`` checked: what a
+    restore of every tensor needs without building a TensorInfo per tensor."""
+
+    rows: dict[str, int]
+    keys: list[str]
+    dtypes: list[np.dtype]
+    dims: list[int]  # every shape, back to back: row r's is dims[bounds[r]:bounds[r + 1]]
+    bounds: list[int]
+    offsets: tuple[int, ...]
+    crcs: tuple[int, ...]
+
+
 class MsgpackReader(BlockSlicing, FileReader):
     """Reads the footer and index on open; tensors (or blocks of them: ``read_slice``) on
     request, straight into caller buffers."""
@@ -166,7 +180,7 @@ class MsgpackReader(BlockSlicing, FileReader):
             raise CorruptCheckpointError(f"{path}: the index lacks its metadata or tensors map")
         self._metadata = check_metadata(metadata, path)
         compressed = _compressed_table(index, path) if version >= COMPRESSED_VERSION else {}
-        self._tensors, objects = _parse_entries(tensors, path, start, index_offset, compressed)
+        self._tensors, objects, self._columns = _parse_entries(tensors, path, start, index_offset, compressed)
         if count is not None and count != objects:
             raise CorruptCheckpointError(f"{path}: the file's array header counts {count} objects, its "
                                          f"index describes {objects}: the file is damaged")
@@ -231,6 +245,48 @@ class MsgpackReader(BlockSlicing, FileReader):
         for info, crc in zip(simple, crcs):
             if crc != info.extra.crc32c:
                 self._check_crc(info, crc, info.extra.crc32c)
+
+    def match_exact(self, keys: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                    dtypes: Sequence[np.dtype]) -> Sequence[Any] | None:
+        columns = self._columns
+        if columns is None:  # an index read entry by entry: TensorInfos as handles
+            return super().match_exact(keys, shapes, dtypes)
+        # row numbers as handles, matched column by column in C loops: no TensorInfo is built
+        found = list(map(columns.rows.get, keys))
+        if None in found:
+            return None
+        rows = cast(list[int], found)
+        if list(map(columns.dtypes.__getitem__, rows)) != dtypes:
+            return None
+        bounds = columns.bounds
+        if len(rows) == len(columns.keys) and rows == list(range(len(rows))):  # every tensor, in file order
+            # the shapes back to back and where each starts: two list comparisons, no tuple per tensor
+            same = list(itertools.chain.from_iterable(shapes)) == columns.dims and \
+                list(itertools.accumulate(map(len, shapes), initial=0)) == bounds
+            return rows if same else None
+        ranges = map(slice, map(bounds.__getitem__, rows), map(bounds.__getitem__, map((1).__add__, rows)))
+        return rows if list(map(tuple, map(columns.dims.__getitem__, ranges))) == shapes else None
+
+    def read_matched(self, handles: Sequence[Any], buffers: Sequence[np.ndarray]) -> None:
+        columns = self._columns
+        if columns is None:
+            super().read_matched(handles, buffers)
+            return
+        keys = columns.keys
+        offsets = list(map(columns.offsets.__getitem__, handles))
+
+        def name(i: int) -> str:
+            return f"tensor {keys[handles[i]]!r}"
+
+        if isinstance(self._source, _io.LocalFile):  # preadv into the arrays themselves: no byte views
+            crcs = self._source.read_buffers(offsets, buffers, name, _io.byte_view)
+        else:
+            crcs = self._source.read_spans(list(zip(offsets, _byte_views(buffers))), name)
+        expected = list(map(columns.crcs.__getitem__, handles))
+        if crcs != expected:  # one list comparison for all; the first tensor that differs is named
+            i = next(i for i, (got, crc) in enumerate(zip(crcs, expected)) if got != crc)
+            raise checksum_error(self.path, f"tensor {keys[handles[i]]!r}", crcs[i], expected[i],
+                                 key=keys[handles[i]])
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         extents, expected = info.extra
@@ -325,6 +381,18 @@ class MsgpackReader(BlockSlicing, FileReader):
         return []
 
 
+def _byte_views(arrays: Sequence[np.ndarray]) -> list[memoryview]:
+    """``_io.byte_view`` of each numeric array (no object dtypes: the index columns hold none),
+    in C loops when every array exports a buffer numpy can describe (ml_dtypes' cannot)."""
+    try:
+        return list(map(_AS_BYTES, map(_DATA, arrays)))
+    except (ValueError, TypeError):
+        return list(map(_io.byte_view, arrays))
+
+
+_DATA, _AS_BYTES = operator.attrgetter("data"), operator.methodcaller("cast", "B")
+
+
 def _parse_head(head: bytes, path: str) -> tuple[int, int, int | None]:
     """(format version, payload start, array element count or None) from a file's first bytes."""
     if head.startswith(HEADER_PREFIX):  # version 1: a stream of objects, no array around them
@@ -351,16 +419,19 @@ def _dtype_name(dtype: np.dtype) -> str:
     return name
 
 
-def _parse_entries(tensors: dict[Any, Any], path: str, start: int, data_end: int,
-                   compressed: Mapping[Any, Any]) -> tuple[Mapping[str, TensorInfo], int]:
-    """Validate every index entry against the file before any data is read; return them and
-    the number of msgpack objects the file holds (header, payloads, padding, index, footer).
+def _parse_entries(tensors: dict[Any, Any], path: str, start: int, data_end: int, compressed: Mapping[Any, Any],
+                   ) -> tuple[Mapping[str, TensorInfo], int, _Columns | None]:
+    """Validate every index entry against the file before any data is read; return them, the
+    number of msgpack objects the file holds (header, payloads, padding, index, footer) and,
+    for an index as ckpt writes it, its columns.
 
     An index as ckpt writes it is checked on all entries at once; anything else entry by entry
     (so are indexes with compressed tensors, whose stored sizes ``_parse_planes`` checks).
     """
-    return (None if compressed else _parse_plain_entries(tensors, start, data_end)) or \
-        _check_entries(tensors, path, start, data_end, compressed)
+    plain = None if compressed else _parse_plain_entries(tensors, start, data_end)
+    if plain is not None:
+        return plain
+    return (*_check_entries(tensors, path, start, data_end, compressed), None)
 
 
 def _compressed_table(index: dict[str, Any], path: str) -> dict[Any, Any]:
@@ -455,7 +526,7 @@ _BYTE = np.dtype(np.uint8)
 
 
 def _parse_plain_entries(tensors: dict[Any, Any], start: int,
-                         data_end: int) -> tuple[Mapping[str, TensorInfo], int] | None:
+                         data_end: int) -> tuple[Mapping[str, TensorInfo], int, _Columns] | None:
     """``_parse_entries`` for an index as ckpt writes it, checked on all entries at once.
 
     Covers numeric tensors of one extent, no zero dimension, in file order: every check of
@@ -501,7 +572,8 @@ def _parse_plain_entries(tensors: dict[Any, Any], start: int,
         locations = map(new, itertools.repeat(MsgpackLocation), zip(([[o, n]] for o, n in zip(offsets, sizes)), crcs))
         return dict(zip(keys, map(new, itertools.repeat(TensorInfo), zip(keys, found, shaped, sizes, locations))))
 
-    return LazyIndex(dict(zip(keys, range(len(keys)))), build, build_all), objects
+    rows = dict(zip(keys, range(len(keys))))
+    return LazyIndex(rows, build, build_all), objects, _Columns(rows, keys, found, dims, bounds, offsets, crcs)
 
 
 def _check_disjoint(spans: list[tuple[int, int, str, int]], path: str, start: int) -> int:

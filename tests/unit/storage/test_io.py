@@ -362,3 +362,49 @@ def test_a_fifo_named_like_the_state_file_is_refused_without_blocking(tmp_path):
     first, second = child.stdout.splitlines()
     assert first.startswith(f"UnsupportedCheckpointError {tmp_path / 'checkpoint'}: a FIFO (named pipe)"), first
     assert second.startswith(f"1 Error: {tmp_path / 'checkpoint'}: a FIFO (named pipe)"), second
+
+
+GAP_FAR = 5000  # past the gap a run of one preadv reads through
+
+
+def _layout(rng, sizes, gaps):
+    """Buffers of ``sizes`` bytes at offsets ``gaps`` apart (the first after gaps[0]) in a file's data."""
+    offsets, pos = [], 0
+    for size, gap in zip(sizes, gaps):
+        offsets.append(pos + gap)
+        pos += gap + size
+    return offsets, rng.bytes(pos + 100)
+
+
+@pytest.mark.parametrize("with_big", [False, True])  # True: one big buffer sends them all through read_spans
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+def test_read_buffers_fills_arrays_near_and_far_in_any_order(tmp_path, dtype, with_big):
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+
+    rng = np.random.default_rng(7)
+    count = 700  # more than one preadv's worth of iovecs
+    itemsize = np.dtype(dtype).itemsize
+    elements = [int(n) for n in rng.integers(1, 40, count)]
+    if with_big:
+        elements[10] = BIG // itemsize + 5  # read in pieces by the workers
+    gaps = [int(g) for g in rng.choice([0, 2, 3, 100, GAP_FAR], count)]
+    offsets, data = _layout(rng, [n * itemsize for n in elements], gaps)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    order = rng.permutation(count).tolist()
+    buffers = [np.empty(elements[i], dtype) for i in order]
+    with LocalFile(str(path), piece=PIECE, big=BIG) as source:
+        crcs = source.read_buffers([offsets[i] for i in order], buffers, lambda i: f"buffer {i}", _io.byte_view)
+    for buffer, i, crc in zip(buffers, order, crcs):
+        expected = data[offsets[i]:offsets[i] + elements[i] * itemsize]
+        assert buffer.tobytes() == expected and crc == crc32c.crc32c(expected)
+
+
+def test_read_buffers_of_a_truncated_file_names_the_buffer_cut(tmp_path):
+    path = tmp_path / "data"
+    path.write_bytes(bytes(range(256)) * 4)  # 1024 bytes
+    buffers = [np.empty(100, np.uint8) for _ in range(12)]
+    offsets = [i * 102 for i in range(12)]  # 2-byte gaps; the 11th buffer (1020 + 100) runs past the end
+    with LocalFile(str(path)) as source, pytest.raises(
+            ckpt.CorruptCheckpointError, match=r"data: file ends in the middle of buffer 10 \(offset 1024\): it is truncated"):
+        source.read_buffers(offsets, buffers, lambda i: f"buffer {i}", _io.byte_view)

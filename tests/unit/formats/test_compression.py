@@ -161,6 +161,28 @@ def test_chunks_decoded_beside_the_first_group_round_trip_and_are_checked(tmp_pa
         reader.get_tensor("w")
 
 
+def test_a_task_reads_its_chunks_in_one_read_and_never_the_gaps_of_a_scattered_index(tmp_path, monkeypatch):
+    """Chunks stored back to back are one read per task (one GET on an object store); chunks an
+    index places apart are read one by one."""
+    path = str(tmp_path / "r.msgpack")
+    good = weights(6 * BLOCK // 4, seed=11)
+    ckpt.save_file({"a": good, "b": good}, path, compression="zstd")
+    with ckpt.formats.base.open_reader(path) as reader:
+        reads = []
+        source = reader._source
+        real = source.read_into
+        monkeypatch.setattr(source, "read_into", lambda view, offset, what: (reads.append(len(view)),
+                                                                              real(view, offset, what)))
+        assert_bit_exact(good, reader.read("a"))
+        stored = [n for _, n in reader.tensors["a"].extra.extents]
+        group = mpfmt._decode_group(len(stored))
+        assert len(reads) == -(-len(stored) // group)
+        reads.clear()
+        reader.tensors["a"].extra.extents[1] = reader.tensors["b"].extra.extents[1]  # the same bytes, far away
+        assert_bit_exact(good, reader.read("a"))
+        assert sum(reads) <= sum(stored) + 5 * len(stored)  # (the bin headers between chunks)
+
+
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("n", [1, 3, 4097])
 def test_byte_planes_split_and_join_every_width(itemsize, n):

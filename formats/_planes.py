@@ -100,14 +100,13 @@ def decode_chunk(stored: memoryview, sizes: Sequence[int], itemsize: int, out: m
     _join(planes, np.frombuffer(out, np.uint8))
 
 
-# Planes are split and joined with whole-word arithmetic and truncating casts (numpy ufuncs over contiguous
-# arrays, halving the word size per level) rather than strided byte copies such as
-# ``raw.reshape(n, itemsize).T``: 2-4x faster (a byte copy with a stride moves one byte per
-# step, a ufunc over uint16/32/64 words a word per step, vectorized). Byte i of an element is
-# bits 8i.. of the word only on little-endian machines; others, and widths without a numpy
-# unsigned word (complex128), take the strided copies.
+# Planes are split and joined with whole-word arithmetic and truncating casts (numpy ufuncs
+# over contiguous arrays, halving or doubling the word size per level) rather than strided byte
+# copies such as ``raw.reshape(n, itemsize).T``, which move a byte per step: 1.4-5x faster per
+# 1 MiB chunk (bfloat16 the most). Byte i of an element is bits 8i.. of its word only on
+# little-endian machines; others, and widths without a numpy word (complex128), copy strided.
 _WORDS: dict[int, np.dtype[Any]] = {2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
-_SHIFTS = sys.byteorder == "little"
+_LITTLE = sys.byteorder == "little"
 
 
 def _scratch(nbytes: int, name: str) -> np.ndarray:
@@ -122,11 +121,12 @@ def _scratch(nbytes: int, name: str) -> np.ndarray:
 
 
 def _split(raw: np.ndarray, itemsize: int) -> np.ndarray:
-    """The byte planes of ``raw`` (elements of ``itemsize`` bytes), back to back."""
+    """The byte planes of ``raw`` (elements of ``itemsize`` bytes), back to back: a scratch
+    buffer of this thread (or ``raw`` itself), valid until its next call."""
     if itemsize == 1:
         return raw
     n = raw.size // itemsize
-    if not _SHIFTS or itemsize not in _WORDS:
+    if not _LITTLE or itemsize not in _WORDS:
         return np.ascontiguousarray(raw.reshape(n, itemsize).T).reshape(-1)
     words = [raw.view(_WORDS[itemsize])]
     width = itemsize
@@ -150,7 +150,7 @@ def _join(planes: list[np.ndarray], out: np.ndarray) -> None:
         out[:] = planes[0]
         return
     n = out.size // itemsize
-    if not _SHIFTS or itemsize not in _WORDS:
+    if not _LITTLE or itemsize not in _WORDS:
         columns = out.reshape(n, itemsize)
         for i, plane in enumerate(planes):
             columns[:, i] = plane

@@ -319,12 +319,14 @@ class MsgpackReader(BlockSlicing, FileReader):
             self._framing_problems()
 
     def _decoded_crc(self, info: TensorInfo, sizes: np.ndarray) -> int:
-        """The crc32c of a compressed tensor's bytes, decoded one chunk at a time (``verify``)."""
-        buf = memoryview(bytearray(min(self._block_bytes, info.nbytes)))
+        """The crc32c of a compressed tensor's bytes, decoded a task's chunks at a time (``verify``)."""
+        group, block_bytes = _decode_group(len(sizes)), self._block_bytes
+        buf = memoryview(bytearray(min(block_bytes * group, info.nbytes)))
         crc = 0
-        for chunk in range(len(sizes)):
-            piece = buf[:min(self._block_bytes, info.nbytes - chunk * self._block_bytes)]
-            crc = crc32c_combine(crc, self._decode(info, sizes, chunk, chunk + 1, piece), len(piece))
+        for first in range(0, len(sizes), group):
+            piece = buf[:min(block_bytes * group, info.nbytes - first * block_bytes)]
+            crc = crc32c_combine(crc, self._decode(info, sizes, first, min(first + group, len(sizes)), piece),
+                                 len(piece))
         return crc
 
     def _framing_problems(self) -> list[str]:

@@ -178,6 +178,10 @@ def test_a_task_reads_its_chunks_in_one_read_and_never_the_gaps_of_a_scattered_i
         group = mpfmt._decode_group(len(stored))
         assert len(reads) == -(-len(stored) // group)
         reads.clear()
+        assert reader.verify() == []
+        chunk_reads = [n for n in reads if n > 5]  # (not the bin headers verify's framing check reads)
+        assert len(chunk_reads) == 2 * -(-len(stored) // group)  # "a" and "b" verified, a task at a time
+        reads.clear()
         reader.tensors["a"].extra.extents[1] = reader.tensors["b"].extra.extents[1]  # the same bytes, far away
         assert_bit_exact(good, reader.read("a"))
         assert sum(reads) <= sum(stored) + 5 * len(stored)  # (the bin headers between chunks)

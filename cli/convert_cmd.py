@@ -14,7 +14,7 @@ import click
 
 import ckpt
 
-from .errors import check_regex, reports_errors
+from .errors import check_compression, check_regex, reports_errors
 from .progress import byte_bar
 from .text import count
 
@@ -85,10 +85,7 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
         fmt = ckpt.writable_format(dst)
     except ckpt.UnsupportedCheckpointError as exc:
         raise click.BadParameter(str(exc), param_hint="DST") from exc
-    codec = None if compression.lower() == "none" else compression.lower()
-    if codec is not None and codec not in fmt.compressions:  # before SRC is opened (ckpt.convert checks too)
-        raise click.BadParameter(f"{dst}: the {fmt.name} format does not compress; .msgpack files offer "
-                                 f"{codec}", param_hint="--compression")
+    codec = check_compression(compression, fmt, dst)
     remote = "://" in dst and not dst.startswith("file://")  # an object store: committed create-only
     if remote and force:
         raise click.BadParameter("an object-store DST is written once (create-only): no --force",

@@ -151,3 +151,29 @@ def test_convert_of_a_compressed_source_recompresses(tmp_path):
     assert compressed_keys(dst) == BIG
     check_same(values, dst)
     assert pathlib.Path(dst).stat().st_size == pathlib.Path(src).stat().st_size
+
+
+def test_average_writes_compressed_msgpack(tmp_path):
+    rng = np.random.default_rng(8)
+    inputs = [{"w": (rng.standard_normal((3, BLOCK // 2 + 5)) * 0.02).astype(ckpt.dtypes.bfloat16),  # 4 chunks
+               "step": np.int64(7)} for _ in range(2)]
+    paths = [str(tmp_path / f"{i}.msgpack") for i in range(2)]
+    for values, path in zip(inputs, paths):
+        ckpt.save_file(values, path, compression="zstd" if path.endswith("0.msgpack") else None)
+    plain, packed = str(tmp_path / "avg.msgpack"), str(tmp_path / "avgz.msgpack")
+    ckpt.average_checkpoints(paths, plain)
+    result = CliRunner().invoke(main, ["average", *paths, "-o", packed, "--compression", "zstd"])
+    assert result.exit_code == 0, result.output
+    assert compressed_keys(plain) == set() and compressed_keys(packed) == {"w"}
+    check_same(ckpt.load_file(plain), packed)  # the same mean, bit for bit
+
+
+def test_average_refuses_compression_for_targets_that_cannot_compress(tmp_path):
+    path = str(tmp_path / "a.msgpack")
+    ckpt.save_file({"w": np.ones(3, np.float32)}, path)
+    with pytest.raises(ckpt.UnsupportedCheckpointError, match=r"avg\.h5.*does not compress"):
+        ckpt.average_checkpoints([path, path], tmp_path / "avg.h5", compression="zstd")
+    result = CliRunner().invoke(main, ["average", path, path, "-o", str(tmp_path / "avg.safetensors"),
+                                       "--compression", "zstd"])
+    assert result.exit_code == 2 and "avg.safetensors" in result.output and "--compression" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.msgpack"]

@@ -218,6 +218,12 @@ def main(args: Any) -> None:
         for directory in (args.tmpfs, args.disk):
             if directory:
                 print(run_compression(directory, args.reps))
+        try:
+            from .compression import object_store
+
+            print(object_store(args.reps))
+        except ImportError as exc:  # the test extra (moto[server]) is not installed
+            print(f"case compress, S3: skipped ({exc})")
     if "import" in cases:
         print(f"**import ckpt**: {1000 * import_seconds(args.reps):.0f} ms (fresh interpreter, start-up "
               "subtracted)\n")

@@ -48,7 +48,7 @@ from . import _io
 from ._blocks import BLOCK_BYTES, block_crcs, read_part
 from .base import (SNIFF_BYTES, BaseReader, LazySource, TensorInfo, WritableFormat, check_metadata, check_shape,
                    dtype_or_raise, format_for_path, get_format, open_blob, key_problem, normalize_metadata,
-                   validate_keys)
+                   validate_keys, write_with)
 from ._commitrecord import HEADER, CommitRecord, TensorEntry
 from .msgpack import _dtype_name
 
@@ -138,9 +138,10 @@ class LazyBlock(LazySource):
 def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                          read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
                          metadata: Mapping[str, Any], parts: int, step: int | None = None,
-                         ext: str = ".msgpack", save_id: str | None = None) -> None:
+                         ext: str = ".msgpack", save_id: str | None = None, compression: str | None = None) -> None:
     """Write a sharded checkpoint from one process: each tensor ``(key, dtype, shape)`` split
-    along axis 0 into ``parts`` blocks, block i into file i (``ckpt convert --shards``).
+    along axis 0 into ``parts`` blocks, block i into file i (``ckpt convert --shards``), each file
+    written with ``compression`` (None, or one its format offers).
 
     ``read(key, offset, shape)`` returns a block; it is called when that block is written, so
     memory holds one block at a time. ``directory`` must not exist yet. ``save_id`` (16 hex
@@ -160,13 +161,14 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
     if format_for_path("x" + ext) is None or parts < 1:
         raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
     os.mkdir(directory)
-    write_commit(directory, write_shards(LocalStore(directory), specs, read, metadata, parts, step, ext, save_id))
+    write_commit(directory, write_shards(LocalStore(directory), specs, read, metadata, parts, step, ext, save_id,
+                                         compression))
 
 
 def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
                  metadata: Mapping[str, Any], parts: int, step: int | None = None,
-                 ext: str = ".msgpack", save_id: str | None = None) -> CommitRecord:
+                 ext: str = ".msgpack", save_id: str | None = None, compression: str | None = None) -> CommitRecord:
     """Write the shard files of ``write_single_process`` into the Store ``files`` (a local
     directory, an object-store data prefix), each read back for its stored checksums; return
     the commit record naming them (the caller commits it: ``write_commit``, or an object
@@ -202,7 +204,7 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
                               None if entry.crcs is None else stored_crcs(reader, b.key))
 
         def write(blob: WritableBlob, items: list[LazyBlock] = items) -> None:
-            fmt.write_blob(blob, [(b.key, b) for b in items], {})
+            write_with(fmt, blob, [(b.key, b) for b in items], {}, compression)
 
         size = files.write_file(name, write, check)
         written.append([name, size])

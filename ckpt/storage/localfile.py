@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import operator
 import os
 from typing import Any
@@ -165,6 +167,72 @@ class LocalFile:
         if errors:
             raise errors[0]
         return crcs
+
+
+    def read_buffers(self, offsets: Sequence[int], buffers: Sequence[Any], name: Callable[[int], str],
+                     byte_view: Callable[[Any], memoryview]) -> list[int]:
+        """``read_spans`` for buffers that need not be byte views: C-contiguous, writable objects
+        with ``nbytes`` (numpy arrays of any dtype) at disjoint ``offsets``. Returns each buffer's
+        crc32c. When any buffer has ``big`` bytes or more, all go to ``read_spans`` as
+        ``byte_view(buffer)`` (whose workers read the big ones while this thread reads the rest).
+
+        Why: a byte view costs a buffer export and a cast per tensor, a tenth of a restore of
+        10,000 small tensors, while ``preadv`` and crc32c take the arrays themselves. Buffers
+        within GAP bytes of each other are read in runs, one ``preadv`` each, built by C loops.
+        """
+        if max(map(_NBYTES, buffers), default=0) >= self._big:
+            return self.read_spans(list(zip(offsets, map(byte_view, buffers))), name)
+        return self._read_small(offsets, buffers, name)
+
+    def _read_small(self, offsets: Sequence[int], buffers: Sequence[Any], name: Callable[[int], str]) -> list[int]:
+        """``read_buffers`` of buffers under ``big`` bytes."""
+        order: list[int] | None = None
+        if any(map(operator.gt, offsets, offsets[1:])):
+            order = sorted(range(len(offsets)), key=offsets.__getitem__)
+            offsets, buffers = list(map(offsets.__getitem__, order)), list(map(buffers.__getitem__, order))
+        ends = list(map(operator.add, offsets, map(_NBYTES, buffers)))
+        gaps = list(map(operator.sub, offsets[1:], ends[:-1]))  # gaps[i]: the bytes between buffers i and i + 1
+        if min(gaps, default=0) < 0:
+            raise ValueError("read_buffers takes disjoint buffers")
+        scratch = memoryview(bytearray(GAP))
+        fillers = {gap: scratch[:gap] for gap in set(gaps)}  # a few lengths (msgpack's bin headers)
+        per_run = (MAX_IOV - 1) // 2  # a buffer and the gap before it: two iovecs
+        cuts = [i + 1 for i, gap in enumerate(gaps) if gap > GAP] if max(gaps, default=0) > GAP else []  # far apart
+        for first, last in itertools.pairwise([0, *cuts, len(ends)]):
+            while first < last:  # at most per_run buffers, ending by _MAX_BATCH bytes past the run's start
+                stop = min(first + per_run,
+                           max(first + 1, bisect.bisect_right(ends, offsets[first] + _MAX_BATCH, first, last)))
+                iov = [buffers[first], *itertools.chain.from_iterable(
+                    zip(map(fillers.__getitem__, gaps[first:stop - 1]), buffers[first + 1:stop]))]
+                try:
+                    done = self._preadv_run(iov, offsets[first], ends[stop - 1])
+                except OSError as exc:
+                    what = name(first if order is None else order[first])
+                    raise CorruptCheckpointError(f"{self._name}: cannot read {what}: {exc.strerror or exc}") from exc
+                if done < ends[stop - 1]:
+                    cut = bisect.bisect_right(ends, done, first, stop)
+                    raise CorruptCheckpointError(f"{self._name}: file ends in the middle of "
+                                                 f"{name(cut if order is None else order[cut])} (offset {done}): "
+                                                 "it is truncated")
+                first = stop
+        crcs = list(map(checksums._crc32c or crc32c, buffers))  # the compiled function itself: many calls
+        if order is None:
+            return crcs
+        out = [0] * len(crcs)
+        for i, crc in zip(order, crcs):
+            out[i] = crc
+        return out
+
+    def _preadv_run(self, iov: list[Any], start: int, end: int) -> int:
+        """``preadv`` of a run from ``start``; return where the bytes read end (``end`` unless the
+        file is shorter; a short read is tried once more, in case the file was being extended)."""
+        done = start + os.preadv(self.fd, iov, start)
+        if done < end:
+            done = start + os.preadv(self.fd, iov, start)
+        return done
+
+
+_NBYTES = operator.attrgetter("nbytes")
 
 
 class LocalSink(WritableBlob):

@@ -33,7 +33,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, chec
 
 from . import _io
 from ._codec import packb, unpack
-from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
+from .base import FileReader, open_folder, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
 
 FORMAT_NAME = "ckpt-incremental"
 VERSION = 1
@@ -41,6 +41,8 @@ VERSION = 1
 CHUNK_DIR = ".ckpt-chunks"
 HASH = "sha256"
 DIGEST_BYTES = 32
+#: ``verify`` reads up to this many bytes of chunks at once (an object store's GETs side by side).
+_VERIFY_BYTES = 16 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -120,6 +122,7 @@ class IncrementalReader(FileReader):
         if chunk_dir != CHUNK_DIR:
             raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r}")
         self.directory = os.path.dirname(path)
+        self._chunks = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
         self._metadata = check_metadata(index.get("metadata", {}), path)
         self._tensors = {key: self._entry(key, entry) for key, entry in index["tensors"].items()}
 
@@ -154,21 +157,19 @@ class IncrementalReader(FileReader):
         for i, chunk in enumerate(info.extra.chunks):
             yield chunk, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
 
-    def _read_chunk(self, info: TensorInfo, chunk: bytes, piece: memoryview) -> None:
-        where = chunk_path(self.directory, chunk)
-        try:
-            with open(where, "rb", buffering=0) as f:
-                got = f.readinto(piece)
-                extra = f.read(1)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {where} is missing",
-                                         path=self.path, key=info.key) from None
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: cannot read its chunk {where}: "
-                                         f"{exc.strerror or exc}", path=self.path, key=info.key) from exc
-        if got != len(piece) or extra:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {where} should hold "
-                                         f"{len(piece)} bytes", path=self.path, key=info.key)
+    def _read_chunks(self, info: TensorInfo, pieces: list[tuple[bytes, memoryview]]) -> None:
+        """Fill each piece with its chunk, read through the checkpoint's own store (several at once
+        where it allows: an object store's GETs side by side)."""
+        problems = self._chunks.read_objects([(chunk.hex(), piece) for chunk, piece in pieces])
+        for (chunk, _), problem in zip(pieces, problems):
+            if problem is not None:
+                raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk "
+                                             f"{self._chunks.where(chunk.hex())} {problem}",
+                                             path=self.path, key=info.key)
+
+    def chunk_location(self, chunk: bytes) -> str:
+        """The path or URL of the chunk ``chunk`` (a digest) this checkpoint reads."""
+        return self._chunks.where(chunk.hex())
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra
@@ -180,9 +181,10 @@ class IncrementalReader(FileReader):
                 flat[i] = item
             return
         view = _io.byte_view(out)
+        pieces = list(self._pieces(info, view))
+        self._read_chunks(info, pieces)
         crc = 0
-        for chunk, piece in self._pieces(info, view):
-            self._read_chunk(info, chunk, piece)
+        for _, piece in pieces:
             crc = _io.crc32c(piece, crc)
         if crc != location.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
@@ -193,16 +195,22 @@ class IncrementalReader(FileReader):
         for key, info in self._tensors.items():
             try:
                 if not dtypes.is_string(info.dtype):
-                    buf = memoryview(bytearray(min(self.chunk_bytes, info.nbytes)))
+                    chunks = info.extra.chunks
+                    step = max(1, _VERIFY_BYTES // self.chunk_bytes)  # chunks read at once
+                    buf = memoryview(bytearray(min(self.chunk_bytes * step, info.nbytes)))
                     crc = 0
-                    for i, chunk in enumerate(info.extra.chunks):
-                        piece = buf[:min(self.chunk_bytes, info.nbytes - i * self.chunk_bytes)]
-                        self._read_chunk(info, chunk, piece)
-                        if digest(piece) != chunk:
-                            raise CorruptCheckpointError(
-                                f"{self.path}: tensor {key!r}: its chunk {chunk_path(self.directory, chunk)} "
-                                "does not match its hash: the chunk is damaged", path=self.path, key=key)
-                        crc = _io.crc32c(piece, crc)
+                    for first in range(0, len(chunks), step):
+                        start = first * self.chunk_bytes
+                        pieces = list(zip(chunks[first:first + step], (
+                            buf[i * self.chunk_bytes - start:min((i + 1) * self.chunk_bytes, info.nbytes) - start]
+                            for i in range(first, min(first + step, len(chunks))))))
+                        self._read_chunks(info, pieces)
+                        for chunk, piece in pieces:
+                            if digest(piece) != chunk:
+                                raise CorruptCheckpointError(
+                                    f"{self.path}: tensor {key!r}: its chunk {self.chunk_location(chunk)} "
+                                    "does not match its hash: the chunk is damaged", path=self.path, key=key)
+                            crc = _io.crc32c(piece, crc)
                     if crc != info.extra.crc32c:
                         raise checksum_error(self.path, f"tensor {key!r}", crc, info.extra.crc32c, key=key)
                 else:

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.storage import ReadableBlob
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 
 from . import _io
@@ -222,8 +223,14 @@ class IncrementalReader(FileReader):
         return problems
 
 
-def referenced_chunks(path: str) -> set[bytes]:
-    """Every chunk digest the incremental checkpoint ``path`` references."""
-    reader = IncrementalReader(path)
+def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:
+    """Every chunk digest the incremental checkpoint ``path`` (read from ``blob``, which this then
+    owns, where given) references."""
+    try:
+        reader = IncrementalReader(path, blob)
+    except BaseException:
+        if blob is not None:
+            blob.close()
+        raise
     with reader:
         return {c for key in reader.tensors for c in reader.chunks_of(key)}

@@ -38,7 +38,8 @@ from ckpt.runtime.variables import Variable
 from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.intervals import SaveIntervals
-from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats, collect_chunks, commit_incremental
+from ckpt.saving.chunkstores import collect, save_chunked
+from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
@@ -46,8 +47,7 @@ from ckpt.saving.stores import store_of
 from ckpt.storage import Store, WritableBlob
 from ckpt.storage import urls as _urls
 from ckpt.storage.atomic import require_directory
-from ckpt.storage.local import LocalStore
-from ckpt.storage.state import CheckpointState, state_lock
+from ckpt.storage.state import CheckpointState
 
 __all__ = ["Saver"]
 
@@ -90,8 +90,8 @@ class Saver:
             UnsupportedCheckpointError. None (the default) compresses nothing.
         incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
             once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
-            the store lacks (docs/incremental.md). Local saves only for now: with ``comm=``, an
-            object-store URL, ``compression=`` or an .h5 path it raises UnsupportedCheckpointError.
+            the store lacks (docs/incremental.md), locally or to an object-store URL; with ``comm=``,
+            ``compression=`` or an .h5 path it raises UnsupportedCheckpointError.
         full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
             a self-contained checkpoint; None (the default): every save is incremental.
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
@@ -360,34 +360,35 @@ class Saver:
         """An incremental save (every full_every-th a self-contained one), then chunk collection."""
         assert self._incremental is not None
         full_every, chunk_bytes = self._incremental
-        refused = "an object-store URL" if not isinstance(store, LocalStore) else "compression=" \
-            if self._compression is not None else f"the {fmt.name} format" if fmt.name != "msgpack" else None
+        refused = "compression=" if self._compression is not None else f"the {fmt.name} format" \
+            if fmt.name != "msgpack" else None
         if refused is not None:
             raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
-                                             "save to a local .msgpack path", path=path)
-        assert isinstance(store, LocalStore)
+                                             "save to a .msgpack path", path=path)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1
 
         def write(sources: Any, background: bool = True) -> str:
-            if full:
-                self._commit(store, path, fmt, sources, metadata, step, metrics, background)
-                with state_lock(store.location):  # what retention dropped may free chunks
-                    self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
-                return path
-            try:
-                state, self.last_incremental = commit_incremental(
-                    store, os.path.basename(path), sources, metadata, chunk_bytes,
-                    self._retention.change(store, path, step, metrics), step, metrics)
-            except StorageError as exc:
-                raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
-            self._saved_to(path, state)
+            if not full:
+                try:
+                    done = save_chunked(store, os.path.basename(path), sources, metadata, chunk_bytes,
+                                        self._retention.change(store, path, step, metrics), step, metrics)
+                except StorageError as exc:
+                    raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+                if done is not None:
+                    state, self.last_incremental = done
+                    self._saved_to(path, state)
+                    return path
+            # full_every, or an object store's collection held its chunk store: self-contained
+            self._commit(store, path, fmt, sources, metadata, step, metrics, background)
+            self.last_incremental = IncrementalStats(chunks_collected=collect(store))  # retention may free chunks
             return path
 
         self.last_incremental = None  # until this save commits (after wait() when in the background)
         if blocking:
             return write(tensors, background=False)
-        require_directory(path)
+        if not _urls.is_url(path):
+            require_directory(path)
         return self._background.submit(path, tensors, write)
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,

@@ -13,6 +13,7 @@ import pytest
 
 import ckpt
 from ckpt.errors import CorruptCheckpointError
+from ckpt.formats.base import open_reader
 
 CHUNK = 4096
 CHUNKS = ".ckpt-chunks"
@@ -59,3 +60,98 @@ def test_an_incremental_checkpoint_copied_to_a_store_reads_its_chunks_from_there
         with pytest.raises(CorruptCheckpointError, match=f"tensor 'frozen': its chunk {root}/{CHUNKS}/{chunk} "
                                                          "is missing"):
             reader["frozen"]
+
+
+def _chunk_names(root: str) -> set[str]:
+    fs = fsspec.filesystem("memory")
+    return {p.rsplit("/", 1)[1] for p in fs.find(f"{root}/{CHUNKS}") if len(p.rsplit("/", 1)[1]) == 64}
+
+
+def _references(url: str) -> set[str]:
+    with open_reader(url) as reader:
+        return {c.hex() for k in reader.tensors for c in reader.chunks_of(k)}  # type: ignore[attr-defined]
+
+
+def test_saves_to_a_url_write_only_missing_chunks_and_collect_what_retention_frees() -> None:
+    root = _root()
+    v = _vars(np.random.default_rng(2))
+    saver = ckpt.Saver(v, max_to_keep=2, incremental=True, chunk_bytes=CHUNK)
+    steps = {}
+    for step in range(4):
+        if step:
+            v["big"].assign(v["big"].numpy() + 1)  # "frozen" never changes: its chunks are reused
+        steps[step] = v["big"].numpy().copy()
+        saver.save(f"{root}/model.msgpack", global_step=step)
+        stats = saver.last_incremental
+        assert stats is not None
+        if step:
+            assert stats.chunks_written == 7 and stats.chunks_reused == 10  # big: 25600 B = 7 chunks
+    assert [os.path.basename(p) for p in saver.last_checkpoints] == ["model-2.msgpack", "model-3.msgpack"]
+    kept = _references(f"{root}/model-2.msgpack") | _references(f"{root}/model-3.msgpack")
+    assert _chunk_names(root) == kept  # model-0's and model-1's own chunks were collected
+    for step in (2, 3):
+        with ckpt.load_checkpoint(f"{root}/model-{step}.msgpack") as reader:
+            assert reader["big"].tobytes() == steps[step].tobytes()
+    assert [r.ok for r in ckpt.verify_directory(root)] == [True, True]
+    rows = {os.path.basename(r.path): r for r in ckpt.list_checkpoints(root)}
+    assert rows["model-3.msgpack"].shared == 5000 * 8 and rows["model-2.msgpack"].shared == 5000 * 8
+    restored = _vars(np.random.default_rng(9))
+    ckpt.Saver(restored).restore(root)
+    assert restored["big"].numpy().tobytes() == steps[3].tobytes()
+
+
+def test_an_async_save_to_a_url_and_full_every() -> None:
+    root = _root()
+    v = _vars(np.random.default_rng(3))
+    saver = ckpt.Saver(v, max_to_keep=1, incremental=True, chunk_bytes=CHUNK, full_every=2)
+    for step in range(3):
+        v["big"].assign(np.full((64, 100), step, np.float32))
+        saver.save(f"{root}/model.msgpack", global_step=step, blocking=False).result()
+    with open_reader(f"{root}/model-2.msgpack") as reader:  # full_every: a self-contained one
+        assert reader.format_name == "msgpack" and reader.read("big")[0, 0] == 2
+    assert _chunk_names(root) == set()  # nothing kept references a chunk any more
+
+
+def test_no_collection_while_another_save_holds_the_chunk_store() -> None:
+    """Saver A has listed the chunks it will reuse (it holds the store); saver B's retention drops
+    the only checkpoint referencing them: B's collection must leave them, A's commit keeps them."""
+    from ckpt.saving.incremental_remote import collect_remote
+    from ckpt.saving.stores import open_store
+    from ckpt.storage.leases import ChunkLeases
+
+    root = _root()
+    v = _vars(np.random.default_rng(4))
+    ckpt.Saver(v, incremental=True, chunk_bytes=CHUNK).save(f"{root}/a.msgpack", global_step=0)
+    listed_by_a = _references(f"{root}/a-0.msgpack")
+    store = open_store(root)
+    leases = ChunkLeases(store.store, f"{root}/{CHUNKS}")  # type: ignore[attr-defined]
+    assert leases.hold("saver-a")  # A is between its listing and its commit
+    b = ckpt.Saver(v, max_to_keep=1, incremental=True, chunk_bytes=CHUNK)
+    v["big"].assign(v["big"].numpy() * 2)
+    b.save(f"{root}/b.msgpack", global_step=1)
+    b.save(f"{root}/b.msgpack", global_step=2)  # retention drops a-0, then b-1
+    assert b.last_incremental is not None and b.last_incremental.chunks_collected == 0
+    assert [os.path.basename(p) for p in b.last_checkpoints] == ["b-2.msgpack"]
+    assert listed_by_a <= _chunk_names(root)  # A may still reuse every chunk it listed
+    assert not leases.release("saver-a", collect=False)
+    assert collect_remote(store) > 0  # with A's hold gone, what only a-0 and b-1 referenced goes
+    assert _chunk_names(root) == _references(f"{root}/b-2.msgpack")
+
+
+def test_a_save_whose_hold_expired_commits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _root()
+    v = _vars(np.random.default_rng(5))
+    saver = ckpt.Saver(v, incremental=True, chunk_bytes=CHUNK, storage_options={"ckpt_grace": 1000.0})
+    saver.save(f"{root}/model.msgpack", global_step=0)
+    clock = [time.time()]
+    real = time.time
+
+    def later() -> float:
+        clock[0] += 400.0  # each look at the clock: the save "pauses" past half the grace
+        return clock[0]
+
+    monkeypatch.setattr(time, "time", later)
+    with pytest.raises(ckpt.CheckpointWriteError, match="hold on the chunk store .* expired"):
+        saver.save(f"{root}/model.msgpack", global_step=1)
+    monkeypatch.setattr(time, "time", real)
+    assert ckpt.latest_checkpoint(root) == f"{root}/model-0.msgpack"

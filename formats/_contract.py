@@ -113,8 +113,14 @@ class ChunkedFormat(Format):
     chunk_dir: str = ""
 
     @abstractmethod
-    def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
-        """Cut ``array`` into chunks of ``chunk_bytes``, hand each to ``put(name, bytes)``, return its index entry."""
+    def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None], *,
+                     previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
+                     get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                     max_chain: int = 0) -> list[Any]:
+        """Cut ``array`` into chunks of ``chunk_bytes``, hand each the store lacks to
+        ``put(name, stored bytes)``, return its index entry. ``exists(name)`` and ``get(name)``
+        look into the store; ``previous`` is the tensor's entry in the previous save (the base of
+        delta-encoded chunks, at most ``max_chain`` deep); ``compression`` encodes whole chunks."""
 
     @abstractmethod
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:

@@ -129,10 +129,14 @@ class IncrementalFormat(ChunkedFormat):
 
         return incremental.IncrementalReader(path, blob)
 
-    def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
+    def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None], *,
+                     previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
+                     get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                     max_chain: int = 0) -> list[Any]:
         from . import incremental  # lazy: a format module loads on use
 
-        return incremental.tensor_entry(array, chunk_bytes, put)
+        encoding = incremental.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain)
+        return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous)
 
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
         from . import incremental  # lazy: a format module loads on use

@@ -34,16 +34,25 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, chec
 
 from . import _io
 from ._codec import packb, unpack
-from .base import FileReader, open_folder, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
+from ._planes import decode_chunk, encode_chunk
+from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem, open_folder
 
 FORMAT_NAME = "ckpt-incremental"
-VERSION = 1
+#: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
+VERSION = 2
+READS = (1, 2)
+#: Default bound on a delta chain (deltas between a chunk and the whole chunk it rests on): with
+#: 1% of a table's rows changing per save, 8 writes ~14% per save, 16 ~7%, so 16 (docs/incremental.md);
+#: a restore reads up to max_chain + 1 files per chunk.
+MAX_CHAIN = 16
+#: a longer chain in an index is damage, not a save's (max_chain is a small int)
+_LONGEST = 1 << 10
 #: The chunk store's folder, beside the checkpoint files that reference it.
 CHUNK_DIR = ".ckpt-chunks"
 HASH = "sha256"
 DIGEST_BYTES = 32
-#: ``verify`` reads up to this many bytes of chunks at once (an object store's GETs side by side).
-_VERIFY_BYTES = 16 << 20
+#: A read or ``verify`` fetches up to this many bytes of chunks at once (an object store's GETs side by side).
+_BATCH_BYTES = 16 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -62,20 +71,129 @@ def chunk_path(directory: str, chunk: bytes) -> str:
     return os.path.join(directory, CHUNK_DIR, chunk.hex())
 
 
-def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, memoryview], None]) -> list[Any]:
+class ChunkEncoding:
+    """How a save encodes the chunks it writes (the store callbacks and the options).
+
+    ``exists(name)`` tells whether the store holds the chunk file ``name.hex()`` and ``get(name)``
+    returns its stored bytes (the caller holds the directory's lock, so neither changes under
+    it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
+    is stored as its XOR with its previous version while that chain is shorter than
+    ``max_chain`` (0: never).
+    """
+
+    def __init__(self, exists: Callable[[bytes], bool] = lambda name: False,
+                 get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                 max_chain: int = 0) -> None:
+        self.exists, self.get, self.compression, self.max_chain = exists, get, compression, max_chain
+
+    def chunk(self, x: bytes, piece: memoryview, itemsize: int, base: Any,
+              put: Callable[[bytes, bytes | memoryview], None]) -> bytes | list[bytes]:
+        """The reference of the chunk ``piece`` (digest ``x``), writing what the store lacks."""
+        if base is not None and chain_of(base)[0] == x and all(map(self.exists, links(base))):
+            return base  # type: ignore[no-any-return]  # unchanged since the previous save: the same chain
+        if self.exists(x):
+            return x
+        if base is not None and self.get is not None and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
+            delta = self._delta(piece, itemsize, base)
+            if delta is not None:
+                put(x + chain_of(base)[0], delta)
+                return [x, *chain_of(base)]
+        put(x, encode_whole(piece, itemsize) if self.compression else piece)
+        return x
+
+    def _delta(self, piece: memoryview, itemsize: int, base: Any) -> bytes | None:
+        """``piece`` XOR its previous version, encoded, when that pays (under half the chunk);
+        None when not, or when the previous version cannot be read back exactly."""
+        assert self.get is not None
+        if not all(map(self.exists, links(base))):
+            return None
+        old = bytearray(len(piece))
+        try:
+            assemble(lambda name: memoryview(self.get(name)), base, memoryview(old), "the previous version")  # type: ignore[misc]
+        except (OSError, CorruptCheckpointError):
+            return None
+        if digest(memoryview(old)) != chain_of(base)[0]:
+            return None  # never encode against bytes that are not the base the chain names
+        new = np.frombuffer(piece, np.uint8)
+        np.bitwise_xor(new, np.frombuffer(old, np.uint8), out=np.frombuffer(old, np.uint8))
+        stored = encode_whole(memoryview(old), itemsize)
+        return bytes(stored) if len(stored) * 2 <= len(piece) else None
+
+
+def chain_of(ref: bytes | list[bytes]) -> list[bytes]:
+    """The digests of a chunk reference: [the chunk, its base, the base's base, ... a whole chunk]."""
+    return [ref] if isinstance(ref, bytes) else ref
+
+
+def links(ref: bytes | list[bytes]) -> list[bytes]:
+    """The chunk files a reference reads (names; a file is ``name.hex()``): one per delta (the
+    chunk's digest then its base's), then the whole chunk the chain ends on."""
+    chain = chain_of(ref)
+    return [chain[i] + chain[i + 1] for i in range(len(chain) - 1)] + [chain[-1]]
+
+
+def chain_bound(ref: bytes | list[bytes], max_chain: int) -> int:
+    """How many deltas a chain may hold before its chunk is written whole again: between half of
+    ``max_chain`` and all of it, picked by the whole base's digest, so that the chunks of a table
+    that all started in one save do not all restart in one later save."""
+    low = (max_chain + 1) // 2
+    return low + chain_of(ref)[-1][0] % (max_chain - low + 1) if max_chain > 0 else 0
+
+
+def encode_whole(piece: memoryview, itemsize: int) -> bytes | memoryview:
+    """A chunk's stored bytes: byte planes + zstd behind a small header, or the raw bytes when
+    that is not smaller (a stored file shorter than its chunk is encoded, one as long is raw)."""
+    planes = itemsize if itemsize > 1 and len(piece) % itemsize == 0 else 1
+    if len(piece) <= 1 + 4 * planes:
+        return piece
+    packed, sizes = encode_chunk(piece, planes)
+    head = bytes([planes]) + np.asarray(sizes, "<u4").tobytes()
+    return head + packed if len(head) + len(packed) < len(piece) else piece
+
+
+def decode_into(stored: memoryview, out: memoryview, what: str) -> None:
+    """Fill ``out`` (the chunk's bytes) from a chunk file's stored bytes (``what`` names it)."""
+    if len(stored) == len(out):
+        out[:] = stored
+        return
+    planes = stored[0] if len(stored) else 0
+    sizes = np.frombuffer(stored[1:1 + 4 * planes], "<u4").tolist() if len(stored) >= 1 + 4 * planes else []
+    if len(stored) > len(out) or not planes or len(out) % planes or 1 + 4 * planes + sum(sizes) != len(stored):
+        raise CorruptCheckpointError(f"{what}: holds {len(stored)} bytes, neither the chunk's {len(out)} "
+                                     "nor an encoded chunk")
+    decode_chunk(stored[1 + 4 * planes:], sizes, planes, out, what)
+
+
+def assemble(load: Callable[[bytes], memoryview], ref: bytes | list[bytes], out: memoryview, what: str) -> None:
+    """Fill ``out`` with the chunk ``ref``: its whole base, then every delta XORed in."""
+    names = links(ref)
+    decode_into(load(names[-1]), out, f"{what}: chunk {names[-1].hex()}")
+    if len(names) > 1:
+        acc, tmp = np.frombuffer(out, np.uint8), bytearray(len(out))
+        for name in names[:-1]:
+            decode_into(load(name), memoryview(tmp), f"{what}: chunk {name.hex()}")
+            np.bitwise_xor(acc, np.frombuffer(tmp, np.uint8), out=acc)
+
+
+def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None],
+                 encoding: ChunkEncoding | None = None, previous: list[Any] | None = None) -> list[Any]:
     """The index entry of ``array``: a numeric tensor's bytes cut into chunks of ``chunk_bytes``,
-    each handed to ``put(digest, bytes)``; a string tensor's items inline."""
+    each stored with ``put(name, stored bytes)`` unless the store holds it (``encoding`` says
+    how; ``previous``, the tensor's entry in the previous save, gives the bases of deltas); a
+    string tensor's items inline."""
     arr = _io.c_contiguous(array)
     name = dtypes.dtype_name(arr.dtype)
     if dtypes.is_string(arr.dtype):
         items = [bytes(x) for x in arr.reshape(-1)]
         return [name, list(arr.shape), _io.crc32c(packb(items)), items]
+    enc = ChunkEncoding() if encoding is None else encoding
+    same = previous is not None and previous[0] == name and list(previous[1]) == list(arr.shape)
+    bases: list[Any] = list(previous[3]) if same and previous is not None else []
     view = _io.byte_view(arr)
-    chunks = []
-    for start in range(0, len(view), chunk_bytes):
+    chunks: list[bytes | list[bytes]] = []
+    for i, start in enumerate(range(0, len(view), chunk_bytes)):
         piece = view[start:start + chunk_bytes]
-        chunks.append(digest(piece))
-        put(chunks[-1], piece)
+        chunks.append(enc.chunk(digest(piece), piece, arr.dtype.itemsize, bases[i] if bases else None, put))
     return [name, list(arr.shape), _io.crc32c(view), chunks]
 
 
@@ -90,13 +208,22 @@ class ChunkedLocation(NamedTuple):
     """A tensor's chunks (TensorInfo.extra of IncrementalReader)."""
 
     crc32c: int
-    #: digests of a numeric tensor's chunks; the items of a string tensor
-    chunks: list[bytes]
+    #: the reference of each chunk of a numeric tensor (a digest, or a chain of digests); the
+    #: items of a string tensor
+    chunks: list[Any]
+
+
+def _valid_ref(ref: Any) -> bool:
+    if type(ref) is bytes:
+        return len(ref) == DIGEST_BYTES
+    return (type(ref) is list and 2 <= len(ref) <= _LONGEST
+            and all(type(d) is bytes and len(d) == DIGEST_BYTES for d in ref))
 
 
 class IncrementalReader(FileReader):
     """Reads the index on open; tensors from the chunk store on request (crc32c checked),
-    ``verify`` checks every chunk's hash too and names the chunk file that fails."""
+    ``verify`` checks every chunk's hash along its whole delta chain and names the chunk file
+    that fails."""
 
     format_name = "ckpt-incremental"
 
@@ -107,9 +234,10 @@ class IncrementalReader(FileReader):
         if type(outer) is not list or len(outer) != 3 or type(outer[1]) is not bytes or type(outer[2]) is not int:
             raise CorruptCheckpointError(f"{path}: not an incremental checkpoint index (bad framing)")
         header, packed, crc = outer
-        if not isinstance(header, dict) or header.get("version") != VERSION:
+        if not isinstance(header, dict) or header.get("version") not in READS:
             raise UnsupportedCheckpointError(f"{path}: incremental checkpoint version {header.get('version')!r} "
-                                             f"(this ckpt reads version {VERSION})")
+                                             f"(this ckpt reads versions {', '.join(map(str, READS))})")
+        self.version: int = header["version"]
         if _io.crc32c(packed) != crc:
             raise checksum_error(path, "the index")
         index = unpack(packed, path, "the index")
@@ -137,40 +265,89 @@ class IncrementalReader(FileReader):
         name, shape, crc, chunks = entry
         dtype = dtype_or_raise(name, path, key)
         shape = check_shape(shape, path, key)
-        if type(crc) is not int or type(chunks) is not list or not all(type(c) is bytes for c in chunks):
+        if type(crc) is not int or type(chunks) is not list:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed chunks or checksum")
-        nbytes = _io.expected_nbytes(dtype, shape) if not dtypes.is_string(dtype) else sum(map(len, chunks))
         if dtypes.is_string(dtype):
+            if not all(type(c) is bytes for c in chunks):
+                raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed chunks or checksum")
             if len(chunks) != int(np.prod(shape)):
                 raise CorruptCheckpointError(f"{path}: tensor {key!r}: {list(shape)} needs {int(np.prod(shape))} "
                                              f"strings, the index holds {len(chunks)}")
-        elif len(chunks) != -(-nbytes // self.chunk_bytes) or any(len(c) != DIGEST_BYTES for c in chunks):
+            return TensorInfo(key, dtype, shape, sum(map(len, chunks)), ChunkedLocation(crc, chunks))
+        nbytes = _io.expected_nbytes(dtype, shape)
+        refs_ok = all(type(c) is bytes and len(c) == DIGEST_BYTES for c in chunks) if self.version == 1 \
+            else all(map(_valid_ref, chunks))
+        if len(chunks) != -(-nbytes // self.chunk_bytes) or not refs_ok:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: {nbytes} bytes need "
-                                         f"{-(-nbytes // self.chunk_bytes)} chunk digests of {DIGEST_BYTES} bytes")
+                                         f"{-(-nbytes // self.chunk_bytes)} chunk references (a {DIGEST_BYTES}-byte "
+                                         "digest or a chain of them)")
         return TensorInfo(key, dtype, shape, nbytes, ChunkedLocation(crc, chunks))
 
     def chunks_of(self, key: str) -> list[bytes]:
-        """The digests of a numeric tensor's chunks ([] for strings)."""
+        """The names of every chunk file a numeric tensor reads, deltas and their bases included
+        ([] for strings); a file is ``.ckpt-chunks/<name.hex()>``."""
         info = self.info(key)
-        return [] if dtypes.is_string(info.dtype) else list(info.extra.chunks)
+        return [] if dtypes.is_string(info.dtype) else [n for ref in info.extra.chunks for n in links(ref)]
 
-    def _pieces(self, info: TensorInfo, view: memoryview) -> Iterator[tuple[bytes, memoryview]]:
-        for i, chunk in enumerate(info.extra.chunks):
-            yield chunk, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+    def chunk_location(self, name: bytes) -> str:
+        """The path or URL of the chunk file ``name`` this checkpoint reads."""
+        return self._chunks.where(name.hex())
 
-    def _read_chunks(self, info: TensorInfo, pieces: list[tuple[bytes, memoryview]]) -> None:
-        """Fill each piece with its chunk, read through the checkpoint's own store (several at once
-        where it allows: an object store's GETs side by side)."""
-        problems = self._chunks.read_objects([(chunk.hex(), piece) for chunk, piece in pieces])
-        for (chunk, _), problem in zip(pieces, problems):
-            if problem is not None:
-                raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk "
-                                             f"{self._chunks.where(chunk.hex())} {problem}",
-                                             path=self.path, key=info.key)
+    def _damaged(self, info: TensorInfo, name: bytes, problem: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {self.chunk_location(name)} "
+                                      f"{problem}", path=self.path, key=info.key)
 
-    def chunk_location(self, chunk: bytes) -> str:
-        """The path or URL of the chunk ``chunk`` (a digest) this checkpoint reads."""
-        return self._chunks.where(chunk.hex())
+    def _fetch(self, info: TensorInfo, wanted: list[tuple[bytes, memoryview]]) -> list[memoryview]:
+        """The stored bytes of each chunk file ``(name, buffer)``, read through the checkpoint's own
+        store (several at once where it allows: an object store's GETs side by side): the buffer
+        filled when the file is as long (a raw chunk, read straight into place), else the shorter
+        file's bytes (an encoded chunk or a delta; a chunk file is never longer than its chunk)."""
+        got = self._chunks.read_objects([(name.hex(), buf) for name, buf in wanted])
+        out = []
+        for (name, buf), result in zip(wanted, got):
+            if isinstance(result, str):
+                raise self._damaged(info, name, result)
+            out.append(buf if result is None else memoryview(result))
+        return out
+
+    def _loader(self, info: TensorInfo, refs: list[Any]) -> Callable[[bytes], memoryview]:
+        """The stored bytes of every file of the chunks ``refs`` (whole, of any length), fetched at once."""
+        names = list(dict.fromkeys(n for ref in refs for n in links(ref)))
+        stored: dict[bytes, memoryview] = {}
+        for name, data in zip(names, self._chunks.read_whole([n.hex() for n in names])):
+            if isinstance(data, str):
+                raise self._damaged(info, name, data)
+            stored[name] = memoryview(data)
+        return stored.__getitem__
+
+    def _groups(self, info: TensorInfo, view: memoryview | None) -> Iterator[list[tuple[Any, memoryview]]]:
+        """The tensor's (chunk reference, its bytes), a batch of chunks at a time: in ``view`` (the
+        tensor's bytes), or in one buffer of a batch reused for each when None (``verify``)."""
+        refs, size, nbytes = info.extra.chunks, self.chunk_bytes, info.nbytes
+        step = max(1, _BATCH_BYTES // size)
+        buf = memoryview(bytearray(min(step * size, nbytes))) if view is None else None
+        for first in range(0, len(refs), step):
+            off = first * size
+            base = buf if buf is not None else view[off:]  # type: ignore[index]
+            yield [(ref, base[i * size - off:min((i + 1) * size, nbytes) - off])
+                   for i, ref in enumerate(refs[first:first + step], first)]
+
+    def _read_group(self, info: TensorInfo, pieces: list[tuple[Any, memoryview]]) -> None:
+        """Fill each piece with its chunk: whole chunks read into place (decoded when encoded),
+        chains assembled from their files."""
+        whole = [(ref, piece) for ref, piece in pieces if isinstance(ref, bytes)]
+        chained = [(ref, piece) for ref, piece in pieces if not isinstance(ref, bytes)]
+        what = f"{self.path}: tensor {info.key!r}"
+        try:
+            for (ref, piece), stored in zip(whole, self._fetch(info, whole)):
+                if stored is not piece:
+                    decode_into(stored, piece, f"{what}: chunk {ref.hex()}")
+            if chained:
+                load = self._loader(info, [ref for ref, _ in chained])
+                for ref, piece in chained:
+                    assemble(load, ref, piece, what)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra
@@ -182,35 +359,44 @@ class IncrementalReader(FileReader):
                 flat[i] = item
             return
         view = _io.byte_view(out)
-        pieces = list(self._pieces(info, view))
-        self._read_chunks(info, pieces)
         crc = 0
-        for _, piece in pieces:
-            crc = _io.crc32c(piece, crc)
+        for pieces in self._groups(info, view):
+            self._read_group(info, pieces)
+            for _, piece in pieces:
+                crc = _io.crc32c(piece, crc)
         if crc != location.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
 
+    def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview,
+                      load: Callable[[bytes], memoryview]) -> None:
+        """Rebuild the chunk from its whole base up, checking the hash at every step: the first
+        file whose result does not match is the damaged one."""
+        chain, names = chain_of(ref), links(ref)
+        acc, tmp = np.frombuffer(piece, np.uint8), bytearray(len(piece))
+        for j in range(len(chain) - 1, -1, -1):
+            where = self.chunk_location(names[j])
+            try:
+                decode_into(load(names[j]), piece if j == len(chain) - 1 else memoryview(tmp),
+                            f"{self.path}: tensor {info.key!r}: its chunk {where}")
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
+            if j < len(chain) - 1:
+                np.bitwise_xor(acc, np.frombuffer(tmp, np.uint8), out=acc)
+            if digest(piece) != chain[j]:
+                raise self._damaged(info, names[j], "does not match its hash: the chunk is damaged")
+
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
-        """Every chunk read and its hash checked (naming the chunk file), then every tensor's crc32c."""
+        """Every chunk rebuilt along its chain and its hashes checked (naming the chunk file that
+        fails), then every tensor's crc32c."""
         problems = []
         for key, info in self._tensors.items():
             try:
                 if not dtypes.is_string(info.dtype):
-                    chunks = info.extra.chunks
-                    step = max(1, _VERIFY_BYTES // self.chunk_bytes)  # chunks read at once
-                    buf = memoryview(bytearray(min(self.chunk_bytes * step, info.nbytes)))
                     crc = 0
-                    for first in range(0, len(chunks), step):
-                        start = first * self.chunk_bytes
-                        pieces = list(zip(chunks[first:first + step], (
-                            buf[i * self.chunk_bytes - start:min((i + 1) * self.chunk_bytes, info.nbytes) - start]
-                            for i in range(first, min(first + step, len(chunks))))))
-                        self._read_chunks(info, pieces)
-                        for chunk, piece in pieces:
-                            if digest(piece) != chunk:
-                                raise CorruptCheckpointError(
-                                    f"{self.path}: tensor {key!r}: its chunk {self.chunk_location(chunk)} "
-                                    "does not match its hash: the chunk is damaged", path=self.path, key=key)
+                    for pieces in self._groups(info, None):
+                        load = self._loader(info, [ref for ref, _ in pieces])
+                        for ref, piece in pieces:
+                            self._verify_chunk(info, ref, piece, load)
                             crc = _io.crc32c(piece, crc)
                     if crc != info.extra.crc32c:
                         raise checksum_error(self.path, f"tensor {key!r}", crc, info.extra.crc32c, key=key)
@@ -224,8 +410,8 @@ class IncrementalReader(FileReader):
 
 
 def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:
-    """Every chunk digest the incremental checkpoint ``path`` (read from ``blob``, which this then
-    owns, where given) references."""
+    """The names of every chunk file the incremental checkpoint ``path`` (read from ``blob``, which
+    this then owns, where given) reads (its deltas' bases included: the closure retention keeps)."""
     try:
         reader = IncrementalReader(path, blob)
     except BaseException:

@@ -93,18 +93,19 @@ def best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) 
     return keep_best or None, best_metric, best_mode
 
 
-def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int,
-                        comm: Any) -> tuple[int | None, int] | None:
-    """(full_every, chunk_bytes) of an incremental Saver, checked; None when not incremental."""
-    for name, value in (("full_every", full_every), ("chunk_bytes", chunk_bytes)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be a positive int{' or None' if name == 'full_every' else ''}, "
-                             f"got {value!r}")
+def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int, comm: Any,
+                       max_chain: int = 0) -> tuple[int | None, int, int] | None:
+    """(full_every, chunk_bytes, max_chain) of an incremental Saver, checked; None when not incremental."""
+    for name, value in (("full_every", full_every), ("chunk_bytes", chunk_bytes), ("max_chain", max_chain)):
+        low = 0 if name == "max_chain" else 1
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+            kind = "a non-negative int" if low == 0 else "a positive int"
+            raise ValueError(f"{name} must be {kind}{' or None' if name == 'full_every' else ''}, got {value!r}")
     if not incremental:
         return None
     if comm is not None:
         raise UnsupportedCheckpointError("incremental=True is not supported with comm= (sharded saves) yet")
-    return full_every, chunk_bytes
+    return full_every, chunk_bytes, max_chain
 
 
 def tree_pairs(tree: Mapping[Any, Any], prefix: str) -> list[tuple[Any, Any]]:

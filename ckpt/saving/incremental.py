@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ckpt import dtypes
 from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
 from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, get_format
+from ckpt.formats.incremental import MAX_CHAIN as MAX_CHAIN  # the default of Saver(max_chain=)
 from ckpt.storage.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
@@ -55,9 +57,11 @@ class IncrementalStats:
     bytes_written: int = 0
     chunks_reused: int = 0
     chunks_collected: int = 0
+    #: the index entries the save wrote (key -> entry)
+    entries: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)
 
 
-def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
+def _put_chunk(folder: str, name: str, data: bytes | memoryview) -> bool:
     """Store ``data`` as ``folder/name`` unless it is there; True when written."""
     final = os.path.join(folder, name)
     if os.path.exists(final):
@@ -75,24 +79,67 @@ def _put_chunk(folder: str, name: str, data: memoryview) -> bool:
     return True
 
 
-def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]], chunk_bytes: int,
-             stats: IncrementalStats) -> dict[str, list[Any]]:
+def _get_chunk(folder: str, name: bytes) -> bytes:
+    with open(os.path.join(folder, name.hex()), "rb") as f:
+        return f.read()
+
+
+@dataclass
+class Encoding:
+    """How an incremental save encodes its chunks: whole chunks compressed or not, changed
+    chunks as deltas against ``previous`` (key -> the entry of the Saver's previous save) up to
+    ``max_chain`` deep."""
+
+    compression: str | None = None
+    max_chain: int = 0
+    previous: Mapping[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class ChunkStore:
+    """What an incremental save asks of its chunk store, by chunk file name (a digest, or two):
+    ``put(name, stored bytes)`` writes it create-only (False: it was there already),
+    ``exists(name)`` and ``get(name)`` (its stored bytes) look into it. A local directory's
+    (``local_chunks``) or an object store's (``ckpt.saving.incremental_remote``)."""
+
+    put: Callable[[bytes, bytes | memoryview], bool]
+    exists: Callable[[bytes], bool]
+    get: Callable[[bytes], bytes]
+
+
+def local_chunks(folder: str) -> ChunkStore:
+    """The chunk store of the local folder ``folder`` (the caller holds the directory's lock)."""
+    return ChunkStore(lambda name, data: _put_chunk(folder, name.hex(), data),
+                      lambda name: os.path.exists(os.path.join(folder, name.hex())),
+                      lambda name: _get_chunk(folder, name))
+
+
+def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Sequence[tuple[str, Any]], chunk_bytes: int,
+                    stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
-    def put(chunk: bytes, piece: memoryview) -> None:
-        if _put_chunk(folder, chunk.hex(), piece):
+    def put(chunk: bytes, data: bytes | memoryview) -> None:
+        if chunks.put(chunk, data):
             stats.chunks_written += 1
-            stats.bytes_written += len(piece)
-        else:
-            stats.chunks_reused += 1
+            stats.bytes_written += len(data)
 
-    return {key: fmt.tensor_entry(np.asarray(arr), chunk_bytes, put) for key, arr in tensors}
+    entries, refs = {}, 0
+    for key, arr in tensors:
+        value = np.asarray(arr)
+        entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key),
+                                        exists=chunks.exists, get=chunks.get, compression=encoding.compression,
+                                        max_chain=encoding.max_chain)
+        refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
+    stats.chunks_reused = refs - stats.chunks_written
+    return entries
 
 
 def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str, Any]],
                        metadata: Mapping[str, Any], chunk_bytes: int, change: StateChange, step: int | None,
-                       metrics: Mapping[str, float] | None) -> tuple[CheckpointState, IncrementalStats]:
-    """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record it."""
+                       metrics: Mapping[str, float] | None,
+                       encoding: Encoding | None = None) -> tuple[CheckpointState, IncrementalStats]:
+    """Save ``tensors`` as the incremental checkpoint ``name`` of ``store``'s directory and record
+    it; ``stats.entries`` holds its index entries (the next save's ``encoding.previous``)."""
     fmt = chunked_format()
     path = store.join(name)
     folder = os.path.join(store.location, fmt.chunk_dir)
@@ -101,7 +148,7 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
     with state_lock(store.location):
         try:
             require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-            entries = _entries(fmt, folder, tensors, chunk_bytes, stats)
+            entries = encoded_entries(fmt, local_chunks(folder), tensors, chunk_bytes, stats, encoding or Encoding())
             fsync_directory(folder)
         except OSError as exc:
             raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
@@ -114,6 +161,7 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
             fill_file(tmp, lambda blob: blob.write_at(data, 0))
         state = store.record(name, change, state=read[0])
         stats.chunks_collected = collect_chunks(store, fmt)
+        stats.entries = entries
     return state, stats
 
 

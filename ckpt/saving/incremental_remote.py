@@ -21,11 +21,11 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 
-from ckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, UnsupportedCheckpointError
+from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError,
+                         UnsupportedCheckpointError)
 from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat
-from ckpt.saving.incremental import IncrementalStats, chunked_format
+from ckpt.saving.incremental import ChunkStore, Encoding, IncrementalStats, chunked_format, encoded_entries
 from ckpt.storage import StateChange
 from ckpt.storage.blobio import pread
 from ckpt.storage.commits import unique_token
@@ -42,7 +42,8 @@ _DELETE_BATCH = 100
 
 
 def _is_chunk(name: str) -> bool:
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+    """A chunk file's name: a digest (a whole chunk) or two (a delta: the chunk's, then its base's)."""
+    return len(name) in (64, 128) and all(c in "0123456789abcdef" for c in name)
 
 
 def _take_hold(leases: ChunkLeases, token: str) -> bool:
@@ -58,8 +59,8 @@ def _take_hold(leases: ChunkLeases, token: str) -> bool:
 
 def commit_incremental_remote(store: RemoteDirectory, name: str, tensors: Sequence[tuple[str, Any]],
                               metadata: Mapping[str, Any], chunk_bytes: int, change: StateChange,
-                              step: int | None, metrics: Mapping[str, float] | None
-                              ) -> tuple[CheckpointState, IncrementalStats] | None:
+                              step: int | None, metrics: Mapping[str, float] | None,
+                              encoding: Encoding | None = None) -> tuple[CheckpointState, IncrementalStats] | None:
     """Save ``tensors`` as the incremental checkpoint ``name`` of ``store`` and record it, then
     collect unreferenced chunks; None (nothing written) when a collection held the chunk store
     for all of ``HOLD_WAIT_S``: the caller saves a self-contained checkpoint instead."""
@@ -87,20 +88,20 @@ def commit_incremental_remote(store: RemoteDirectory, name: str, tensors: Sequen
                                            "ckpt_grace); the previous checkpoint is still the latest", path=path)
             since = now
 
-        def put(chunk: bytes, piece: memoryview) -> None:
-            hexname = chunk.hex()
-            if hexname not in present:
-                if time.time() - since > leases.grace / 4:
-                    renewed()
-                if _put_chunk(store, folder.where(hexname), piece):
-                    stats.chunks_written += 1
-                    stats.bytes_written += len(piece)
-                    present.add(hexname)
-                    return
-                present.add(hexname)
-            stats.chunks_reused += 1
+        def put(chunk: bytes, data: bytes | memoryview) -> bool:
+            if time.time() - since > leases.grace / 4:
+                renewed()
+            present.add(chunk.hex())
+            return _put_chunk(store, folder.where(chunk.hex()), data)
 
-        entries = {key: fmt.tensor_entry(np.asarray(arr), chunk_bytes, put) for key, arr in tensors}
+        def get(chunk: bytes) -> bytes:
+            data = folder.read_whole([chunk.hex()])[0]
+            if isinstance(data, str):  # listed under the hold, so never collected since: damage, not a race
+                raise CorruptCheckpointError(f"{folder.where(chunk.hex())} {data}")  # the chunk is written whole
+            return data
+
+        chunks = ChunkStore(put, lambda chunk: chunk.hex() in present, get)
+        entries = encoded_entries(fmt, chunks, tensors, chunk_bytes, stats, encoding or Encoding())
         data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
         state = store.commit(name, lambda blob: blob.write_at(data, 0), change, step, metrics, ready=renewed)
     except BaseException:
@@ -110,13 +111,14 @@ def commit_incremental_remote(store: RemoteDirectory, name: str, tensors: Sequen
             pass  # it expires after the grace
         raise
     stats.chunks_collected = collect_remote(store, fmt, leases, token)
+    stats.entries = entries
     return state, stats
 
 
-def _put_chunk(store: RemoteDirectory, url: str, piece: memoryview) -> bool:
+def _put_chunk(store: RemoteDirectory, url: str, data: bytes | memoryview) -> bool:
     """Upload a chunk create-only; False when it exists already (another save wrote it)."""
     try:
-        store.store.put(url, bytes(piece), create_only=True)
+        store.store.put(url, bytes(data), create_only=True)
     except CheckpointWriteError as exc:
         if isinstance(exc.__cause__, FileExistsError) or "PreconditionFailed" in str(exc):
             return False

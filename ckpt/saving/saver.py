@@ -39,7 +39,7 @@ from ckpt.saving.arguments import VarList, best_policy, check_global_step, incre
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.intervals import SaveIntervals
 from ckpt.saving.chunkstores import collect, save_chunked
-from ckpt.saving.incremental import CHUNK_BYTES, IncrementalStats
+from ckpt.saving.incremental import CHUNK_BYTES, MAX_CHAIN, Encoding, IncrementalStats
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
@@ -90,16 +90,21 @@ class Saver:
             UnsupportedCheckpointError. None (the default) compresses nothing.
         incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
             once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
-            the store lacks (docs/incremental.md), locally or to an object-store URL; with ``comm=``,
-            ``compression=`` or an .h5 path it raises UnsupportedCheckpointError.
+            the store lacks (docs/incremental.md), locally or to an object-store URL; with
+            ``compression="zstd"`` the chunks are stored compressed. With ``comm=`` or an .h5 path
+            it raises UnsupportedCheckpointError.
         full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
             a self-contained checkpoint; None (the default): every save is incremental.
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
+        max_chain: with ``incremental``, how many deltas deep a changed chunk may be stored as
+            its XOR with its previous version before it is written whole again (0: never;
+            a restore reads up to ``max_chain + 1`` files per chunk).
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid
             key, nothing to save, a negative staging_bytes, keep_best without best_metric, an
-            unknown compression, or a full_every or chunk_bytes that is not a positive int.
+            unknown compression, a full_every or chunk_bytes that is not a positive int, or a
+            max_chain that is not a non-negative int.
         UnsupportedCheckpointError: ``incremental`` with ``comm``.
         TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
@@ -111,10 +116,11 @@ class Saver:
                  best_metric: str | None = None, best_mode: str = "min", save_interval_steps: int | None = None,
                  save_interval_seconds: float | None = None, compression: str | None = None,
                  incremental: bool = False, full_every: int | None = None,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, max_chain: int = MAX_CHAIN) -> None:
         self._vars = key_map(var_list)
-        self._incremental = incremental_policy(incremental, full_every, chunk_bytes, comm)
+        self._incremental = incremental_policy(incremental, full_every, chunk_bytes, comm, max_chain)
         self._saves = 0  # saves made, for full_every
+        self._previous: dict[str, list[Any]] = {}  # the last incremental save's index entries (delta bases)
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
             raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
@@ -359,12 +365,10 @@ class Saver:
                           blocking: bool) -> str | SaveFuture:
         """An incremental save (every full_every-th a self-contained one), then chunk collection."""
         assert self._incremental is not None
-        full_every, chunk_bytes = self._incremental
-        refused = "compression=" if self._compression is not None else f"the {fmt.name} format" \
-            if fmt.name != "msgpack" else None
-        if refused is not None:
-            raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
-                                             "save to a .msgpack path", path=path)
+        full_every, chunk_bytes, max_chain = self._incremental
+        if fmt.name != "msgpack":
+            raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with the {fmt.name} "
+                                             "format yet; save to a .msgpack path", path=path)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1
 
@@ -372,14 +376,17 @@ class Saver:
             if not full:
                 try:
                     done = save_chunked(store, os.path.basename(path), sources, metadata, chunk_bytes,
-                                        self._retention.change(store, path, step, metrics), step, metrics)
+                                        self._retention.change(store, path, step, metrics), step, metrics,
+                                        Encoding(self._compression, max_chain, self._previous))
                 except StorageError as exc:
                     raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
                 if done is not None:
                     state, self.last_incremental = done
+                    self._previous = self.last_incremental.entries
                     self._saved_to(path, state)
                     return path
             # full_every, or an object store's collection held its chunk store: self-contained
+            self._previous = {}  # a self-contained save cuts every delta chain
             self._commit(store, path, fmt, sources, metadata, step, metrics, background)
             self.last_incremental = IncrementalStats(chunks_collected=collect(store))  # retention may free chunks
             return path

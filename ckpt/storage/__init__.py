@@ -167,10 +167,19 @@ class Folder(Protocol):
     def where(self, name: str) -> str:
         """The path or URL of the object ``name``, as error messages show it."""
 
-    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | None]:
-        """Fill each ``(name, view)``'s view with the whole object ``name`` (several at once where
-        the store allows); for each item None, or what is wrong with that object ("is missing",
-        "holds more than N bytes"): an object that is not exactly ``len(view)`` bytes is wrong.
+    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | bytes | None]:
+        """Read each ``(name, view)``'s object ``name`` (several at once where the store allows),
+        the fast path of raw chunks: None when it is exactly ``len(view)`` bytes (``view`` holds
+        them); its bytes when it is shorter (an encoded chunk, ``view`` is left unspecified);
+        otherwise what is wrong with it ("is missing", "holds more than N bytes").
+
+        Raises:
+            StorageError: the store failed (an outage, not the objects' fault).
+        """
+
+    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+        """The whole bytes of each object of ``names``, whatever their length (several at once
+        where the store allows), or what is wrong with it ("is missing").
 
         Raises:
             StorageError: the store failed (an outage, not the objects' fault).

@@ -241,19 +241,33 @@ class LocalFolder:
     def where(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | None]:
+    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | bytes | None]:
         return [self._read(name, view) for name, view in items]
 
-    def _read(self, name: str, view: memoryview) -> str | None:
+    def _read(self, name: str, view: memoryview) -> str | bytes | None:
         try:
             with open(self.where(name), "rb", buffering=0) as f:
-                got = f.readinto(view)
-                extra = f.read(1)
+                size = os.fstat(f.fileno()).st_size
+                if size < len(view):
+                    return f.read()  # an encoded chunk: the caller decodes it
+                got = f.readinto(view) if size == len(view) else 0
         except FileNotFoundError:
             return "is missing"
         except OSError as exc:
             return f"cannot be read: {exc.strerror or exc}"
-        return None if got == len(view) and not extra else f"should hold {len(view)} bytes"
+        return None if got == len(view) == size else f"holds more than {len(view)} bytes"
+
+    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+        out: list[bytes | str] = []
+        for name in names:
+            try:
+                with open(self.where(name), "rb") as f:
+                    out.append(f.read())
+            except FileNotFoundError:
+                out.append("is missing")
+            except OSError as exc:
+                out.append(f"cannot be read: {exc.strerror or exc}")
+        return out
 
     def sizes(self) -> dict[str, int]:
         try:

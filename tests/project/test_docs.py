@@ -73,7 +73,7 @@ def test_formats_md_incremental_recipe_runs():
     (recipe,) = [b for b in python_blocks("docs/formats.md") if 'index["chunk_dir"]' in b]
     scope: dict[str, object] = {}
     exec(recipe, scope)
-    assert scope["header"] == {"format": "ckpt-incremental", "version": 1}
+    assert scope["header"] == {"format": "ckpt-incremental", "version": 2}
     assert scope["index"]["hash"] == "sha256" and scope["index"]["chunk_dir"] == ".ckpt-chunks"
 
 

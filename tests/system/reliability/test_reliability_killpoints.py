@@ -179,10 +179,15 @@ def _incremental_saver() -> tuple[ckpt.Saver, dict[str, ckpt.Variable]]:
                       chunk_bytes=INCREMENTAL_CHUNK), variables
 
 
-def _referenced_chunks(path: str) -> set[str]:
+def _referenced_names(path: str) -> set[bytes]:
+    """The chunk files ``path`` reads (64-byte names: deltas, each with its base)."""
     with open_reader(path) as reader:
         assert isinstance(reader, IncrementalReader)
-        return {c.hex() for key in reader.tensors for c in reader.chunks_of(key)}
+        return {c for key in reader.tensors for c in reader.chunks_of(key)}
+
+
+def _referenced_chunks(path: str) -> set[str]:
+    return {c.hex() for c in _referenced_names(path)}
 
 
 def _incremental_problems(directory: str) -> list[str]:
@@ -246,4 +251,7 @@ def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(
         zygote.close()
     print(f"\nincremental .msgpack blocking={blocking}: {points} kill points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
+    complete = ckpt.latest_checkpoint(directory)  # the run no kill reached: its saves wrote deltas
+    assert complete is not None and any(len(name) == 64 for name in _referenced_names(complete)), \
+        "no save wrote a delta chunk: the kills did not cover delta-writing saves"
     assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -64,7 +64,7 @@ def test_an_incremental_checkpoint_copied_to_a_store_reads_its_chunks_from_there
 
 def _chunk_names(root: str) -> set[str]:
     fs = fsspec.filesystem("memory")
-    return {p.rsplit("/", 1)[1] for p in fs.find(f"{root}/{CHUNKS}") if len(p.rsplit("/", 1)[1]) == 64}
+    return {p.rsplit("/", 1)[1] for p in fs.find(f"{root}/{CHUNKS}") if len(p.rsplit("/", 1)[1]) in (64, 128)}
 
 
 def _references(url: str) -> set[str]:
@@ -155,3 +155,47 @@ def test_a_save_whose_hold_expired_commits_nothing(monkeypatch: pytest.MonkeyPat
         saver.save(f"{root}/model.msgpack", global_step=1)
     monkeypatch.setattr(time, "time", real)
     assert ckpt.latest_checkpoint(root) == f"{root}/model-0.msgpack"
+
+
+def _sparse_step(v: dict[str, ckpt.Variable], rng: np.random.Generator) -> None:
+    """Change a few elements of the numeric tensors (deltas pay)."""
+    for key in ("big", "frozen"):
+        value = v[key].numpy().copy()
+        flat = value.reshape(-1)
+        flat[rng.choice(flat.size, 8, replace=False)] += 1
+        v[key].assign(value)
+
+
+def test_a_url_gets_the_same_deltas_and_compression_as_a_local_directory(tmp_path: object) -> None:
+    """The same saves to a local directory and to memory:// write the same chunks (deltas against
+    the previous save, zstd), keep every file of every kept chain, and restore bit-exact."""
+    root, local = _root(), str(tmp_path)
+    v = {where: _vars(np.random.default_rng(6)) for where in ("local", "url")}
+    savers = {where: ckpt.Saver(v[where], max_to_keep=2, incremental=True, chunk_bytes=CHUNK, compression="zstd")
+              for where in v}
+    rng = {where: np.random.default_rng(7) for where in v}
+    for step in range(5):
+        for where, saver in savers.items():
+            if step:
+                _sparse_step(v[where], rng[where])
+            saver.save(f"{root}/m.msgpack" if where == "url" else os.path.join(local, "m.msgpack"), global_step=step)
+        got = {where: saver.last_incremental for where, saver in savers.items()}
+        assert got["url"] is not None and got["local"] is not None
+        assert (got["url"].chunks_written, got["url"].bytes_written) == \
+            (got["local"].chunks_written, got["local"].bytes_written)
+    names = _chunk_names(root)
+    assert names == set(os.listdir(os.path.join(local, CHUNKS)))
+    assert any(len(n) == 128 for n in names)  # deltas were written
+    assert names == _references(f"{root}/m-3.msgpack") | _references(f"{root}/m-4.msgpack")
+    with ckpt.load_checkpoint(f"{root}/m-4.msgpack") as reader:
+        assert reader["big"].tobytes() == v["url"]["big"].numpy().tobytes()
+        assert reader["frozen"].tobytes() == v["url"]["frozen"].numpy().tobytes()
+        assert reader.verify() == []
+    delta = next(n for n in sorted(_references(f"{root}/m-4.msgpack")) if len(n) == 128)
+    fs = fsspec.filesystem("memory")
+    data = bytearray(fs.cat_file(f"{root}/{CHUNKS}/{delta}"))
+    data[-1] ^= 0xFF
+    fs.pipe_file(f"{root}/{CHUNKS}/{delta}", bytes(data))
+    with ckpt.load_checkpoint(f"{root}/m-4.msgpack") as reader:
+        [problem] = reader.verify()
+    assert f"{root}/{CHUNKS}/{delta}" in problem

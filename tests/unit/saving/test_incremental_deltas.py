@@ -1,0 +1,215 @@
+"""Delta chunks of incremental saves (issue 28): a changed chunk stored as its XOR with its previous
+version, chains bounded by max_chain and cut by full_every, kept alive by retention, damage
+named; compression of whole chunks; version 1 indexes still read."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ckpt
+from ckpt import dtypes
+from ckpt.errors import CorruptCheckpointError
+from ckpt.formats import _codec, _io
+from ckpt.formats.base import open_reader
+from ckpt.formats.incremental import CHUNK_DIR, FORMAT_NAME, IncrementalReader, links
+
+CHUNK = 4096
+
+
+def _vars(rng: np.random.Generator) -> dict[str, ckpt.Variable]:
+    return {
+        "f32": ckpt.Variable(rng.standard_normal((64, 100)).astype(np.float32), name="f32"),  # 6.25 chunks
+        "f64": ckpt.Variable(rng.standard_normal(CHUNK // 8 * 2), name="f64"),  # exactly two chunks
+        "bf": ckpt.Variable(rng.standard_normal(3001).astype(dtypes.bfloat16), name="bf"),
+        "i16": ckpt.Variable(rng.integers(-500, 500, 5000, dtype=np.int16), name="i16"),
+        "u8": ckpt.Variable(rng.integers(0, 255, 9000, dtype=np.uint8), name="u8"),
+        "c64": ckpt.Variable((rng.standard_normal(700) + 1j).astype(np.complex64), name="c64"),
+        "flags": ckpt.Variable(rng.random(5000) < 0.5, name="flags"),
+        "small": ckpt.Variable(rng.standard_normal(10).astype(np.float32), name="small"),  # under a chunk
+        "scalar": ckpt.Variable(np.float64(2.5), name="scalar"),
+        "empty": ckpt.Variable(np.zeros((0, 3), np.int32), name="empty"),
+        "text": ckpt.Variable(np.array([b"a", b"", b"xyz"], dtype=dtypes.string), name="text"),
+    }
+
+
+def _touch(v: dict[str, ckpt.Variable], rng: np.random.Generator) -> None:
+    """Change a few elements of every numeric tensor (a sparse update: deltas pay)."""
+    for var in v.values():
+        value = var.numpy().copy()
+        if value.dtype.kind in "OSU" or value.size == 0:
+            continue
+        flat = value.reshape(-1)
+        at = rng.choice(flat.size, max(1, flat.size // 200), replace=False)
+        flat[at] = flat[(at + 1) % flat.size] if value.dtype != bool else ~flat[at]
+        var.assign(value)
+
+
+def _entries(path: str) -> dict[str, list[Any]]:
+    with open(path, "rb") as f:
+        _, packed, _ = _codec.unpack(f.read(), path, "the file")
+    return dict(_codec.unpack(packed, path, "the index")["tensors"])
+
+
+def _chains(path: str) -> list[int]:
+    """The delta count of every numeric chunk reference of the checkpoint ``path``."""
+    return [len(ref) - 1 if isinstance(ref, list) else 0
+            for name, _, _, refs in _entries(path).values() if name != "string" for ref in refs]
+
+
+def _save_steps(d: str, steps: int, seed: int, **kw: Any) -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    v = _vars(rng)
+    saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK, **kw)
+    saved = {}
+    for step in range(steps):
+        if step:
+            _touch(v, rng)
+        path = saver.save(os.path.join(d, "m.msgpack"), global_step=step)
+        saved[path] = {k: var.numpy().copy() for k, var in v.items()}
+    return saved
+
+
+def _assert_restores(path: str, want: dict[str, np.ndarray]) -> None:
+    with ckpt.load_checkpoint(path) as got:
+        for key, value in want.items():
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape
+            assert got[key].tobytes() == value.tobytes() if value.dtype.kind != "O" else list(got[key]) == list(value)
+        assert np.array_equal(got.get_slice("f32", np.s_[3:5, 10:20]), want["f32"][3:5, 10:20])
+    assert ckpt.verify(path).ok
+
+
+def test_every_dtype_round_trips_through_delta_chains(tmp_path: Any) -> None:
+    saved = _save_steps(str(tmp_path), 6, seed=0, max_to_keep=None, max_chain=3)
+    for path, want in saved.items():
+        _assert_restores(path, want)
+    paths = list(saved)
+    assert min(_chains(paths[1])[:-2]) == 1, "the sparse changes were not stored as deltas"  # bar small, scalar
+    assert max(_chains(paths[3])) == 3 and max(max(_chains(p)) for p in paths) == 3
+
+
+def test_deltas_write_a_fraction_of_the_changed_chunks(tmp_path: Any) -> None:
+    rng = np.random.default_rng(3)
+    table = ckpt.Variable(rng.standard_normal((2048, 64)).astype(np.float32), name="table")  # 128 chunks
+    saver = ckpt.Saver({"t": table}, format="msgpack", incremental=True, chunk_bytes=CHUNK)
+    saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=0)
+    value = table.numpy().copy()
+    value[rng.choice(2048, 20, replace=False)] += 0.01  # 1% of rows: most chunks change
+    table.assign(value)
+    saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=1)
+    stats = saver.last_incremental
+    assert stats is not None and stats.chunks_written >= 15
+    assert stats.bytes_written < 0.05 * value.nbytes
+
+
+def test_chains_stop_at_max_chain_and_at_full_every(tmp_path: Any) -> None:
+    bounded = _save_steps(str(tmp_path / "bound"), 8, seed=1, max_to_keep=None, max_chain=2)
+    assert max(max(_chains(p)) for p in bounded) == 2
+    for path, want in bounded.items():
+        _assert_restores(path, want)
+    never = _save_steps(str(tmp_path / "never"), 3, seed=1, max_to_keep=None, max_chain=0)
+    assert all(max(_chains(p)) == 0 for p in never)
+    cut = _save_steps(str(tmp_path / "cut"), 6, seed=1, max_to_keep=None, full_every=3)
+    paths = list(cut)
+    assert max(_chains(paths[2])) == 1  # save 1 wrote whole chunks, save 2 deltas on them
+    assert max(_chains(paths[4])) == 0  # save 3 was self-contained: save 4 starts again
+    for path, want in cut.items():
+        _assert_restores(path, want)
+
+
+def test_retention_keeps_every_base_a_kept_checkpoint_reaches(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    saved = _save_steps(d, 6, seed=2, max_to_keep=1, max_chain=8)
+    [(path, want)] = [(p, w) for p, w in saved.items() if os.path.exists(p)]
+    assert max(_chains(path)) == 5  # its chains reach chunks written by checkpoints retention dropped
+    _assert_restores(path, want)
+    with open_reader(path) as reader:
+        assert isinstance(reader, IncrementalReader)
+        closure = {c.hex() for key in reader.tensors for c in reader.chunks_of(key)}
+    assert set(os.listdir(os.path.join(d, CHUNK_DIR))) == closure
+
+
+def test_a_damaged_base_fails_every_tensor_that_reaches_it_and_nothing_else(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    saved = _save_steps(d, 3, seed=4, max_to_keep=None, max_chain=4)
+    first, _, last = list(saved)
+    bf_refs = _entries(last)["bf"][3]
+    assert isinstance(bf_refs[0], list)
+    base = links(bf_refs[0])[-1]  # the whole chunk bf's first chain rests on, written by the first save
+    where = os.path.join(d, CHUNK_DIR, base.hex())
+    with open(where, "rb") as f:
+        data = bytearray(f.read())
+    data[100] ^= 0xFF
+    with open(where, "wb") as f:
+        f.write(data)
+    for path in (first, last):
+        with ckpt.load_checkpoint(path) as reader:
+            with pytest.raises(CorruptCheckpointError, match="'bf'") as info:
+                reader["bf"]
+            assert info.value.key == "bf" and info.value.path == path
+            for key in saved[path]:
+                if key != "bf":
+                    assert reader[key].tobytes() == saved[path][key].tobytes() or key == "text"
+        problems = ckpt.verify(path).problems
+        assert len(problems) == 1 and "'bf'" in problems[0] and base.hex() in problems[0] and "damaged" in problems[0]
+
+
+def test_a_damaged_previous_version_is_not_a_delta_base(tmp_path: Any) -> None:
+    """A save never encodes against bytes that are not what the chain names: it writes whole."""
+    d = str(tmp_path)
+    rng = np.random.default_rng(5)
+    v = _vars(rng)
+    saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK)
+    saver.save(os.path.join(d, "m.msgpack"), global_step=0)
+    [f64_first, _] = _entries(os.path.join(d, "m-0.msgpack"))["f64"][3]
+    where = os.path.join(d, CHUNK_DIR, f64_first.hex())
+    with open(where, "rb") as f:
+        data = bytearray(f.read())
+    data[0] ^= 1
+    with open(where, "wb") as f:
+        f.write(data)
+    _touch(v, rng)
+    path = saver.save(os.path.join(d, "m.msgpack"), global_step=1)
+    assert isinstance(_entries(path)["f64"][3][0], bytes)  # written whole
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader["f64"].tobytes() == v["f64"].numpy().tobytes()
+
+
+def test_compression_combines_with_incremental_saves(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    rng = np.random.default_rng(6)
+    w = ckpt.Variable((rng.standard_normal(CHUNK * 3) * 0.02).astype(dtypes.bfloat16), name="w")
+    path = ckpt.Saver({"w": w}, format="msgpack", incremental=True, chunk_bytes=CHUNK,
+                      compression="zstd").save(os.path.join(d, "m.msgpack"))
+    refs = _entries(path)["w"][3]
+    raw = w.numpy().tobytes()
+    for i, ref in enumerate(refs):
+        assert ref == hashlib.sha256(raw[i * CHUNK:(i + 1) * CHUNK]).digest()  # named by the uncompressed bytes
+        assert os.path.getsize(os.path.join(d, CHUNK_DIR, ref.hex())) < 0.9 * CHUNK
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader["w"].tobytes() == w.numpy().tobytes()
+    assert ckpt.verify(path).ok
+
+
+def test_version_1_indexes_still_read(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    value = np.arange(3000, dtype=np.float32)
+    raw = memoryview(value).cast("B")
+    chunks = [hashlib.sha256(raw[i:i + CHUNK]).digest() for i in range(0, len(raw), CHUNK)]
+    os.makedirs(os.path.join(d, CHUNK_DIR))
+    for i, c in enumerate(chunks):
+        with open(os.path.join(d, CHUNK_DIR, c.hex()), "wb") as f:
+            f.write(raw[i * CHUNK:(i + 1) * CHUNK])
+    index = _codec.packb({"format": FORMAT_NAME, "version": 1, "metadata": {}, "chunk_dir": CHUNK_DIR,
+                          "chunk_bytes": CHUNK, "hash": "sha256",
+                          "tensors": {"w": ["float32", [3000], _io.crc32c(raw), chunks]}})
+    path = os.path.join(d, "old.msgpack")
+    with open(path, "wb") as f:
+        f.write(_codec.packb([{"format": FORMAT_NAME, "version": 1}, index, _io.crc32c(index)]))
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader["w"].tobytes() == value.tobytes()
+    assert ckpt.verify(path).ok

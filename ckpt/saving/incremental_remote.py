@@ -39,6 +39,7 @@ __all__ = ["commit_incremental_remote", "collect_remote", "remote_chunk_usage"]
 #: How long a save waits for a running collection to end before it saves self-contained instead.
 HOLD_WAIT_S = 30.0
 _DELETE_BATCH = 100
+_END_ATTEMPTS = 3
 
 
 def _is_chunk(name: str) -> bool:
@@ -157,11 +158,20 @@ def collect_remote(store: RemoteDirectory, fmt: ChunkedFormat | None = None, lea
     except CheckpointError as exc:
         warnings.warn(f"{folder.location}: chunk collection stopped: {exc}", stacklevel=3)
     finally:
+        _end_collection(leases, token)
+    return deleted
+
+
+def _end_collection(leases: ChunkLeases, token: str) -> None:
+    """Give up the collect lease, retrying a failed request: a lease left behind would make every
+    save of the directory wait ``HOLD_WAIT_S``, then save self-contained, until it expires."""
+    for attempt in range(_END_ATTEMPTS):
         try:
             leases.end_collection(token)
+            return
         except CheckpointError:
-            pass  # it expires after the grace
-    return deleted
+            if attempt == _END_ATTEMPTS - 1:
+                return  # it expires after the grace
 
 
 def _refs(store: RemoteDirectory, fmt: ChunkedFormat, name: str) -> set[str] | None:

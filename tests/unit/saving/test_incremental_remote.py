@@ -4,6 +4,7 @@ in-flight checkpoint references."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -199,3 +200,26 @@ def test_a_url_gets_the_same_deltas_and_compression_as_a_local_directory(tmp_pat
     with ckpt.load_checkpoint(f"{root}/m-4.msgpack") as reader:
         [problem] = reader.verify()
     assert f"{root}/{CHUNKS}/{delta}" in problem
+
+
+def test_a_failed_request_ending_a_collection_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collect lease left behind would make every save wait, then save self-contained, for an hour."""
+    from ckpt.errors import StorageError
+    from ckpt.storage.leases import ChunkLeases
+
+    root = _root()
+    v = _vars(np.random.default_rng(8))
+    saver = ckpt.Saver(v, incremental=True, chunk_bytes=CHUNK)
+    real, failures = ChunkLeases.end_collection, []
+
+    def flaky(self: ChunkLeases, token: str) -> None:
+        if not failures:
+            failures.append(token)
+            raise StorageError("injected: the request failed")
+        real(self, token)
+
+    monkeypatch.setattr(ChunkLeases, "end_collection", flaky)
+    saver.save(f"{root}/model.msgpack", global_step=0)
+    assert failures
+    with fsspec.open(f"{root}/{CHUNKS}/leases", "rb") as f:
+        assert json.loads(f.read())["collect"] is None

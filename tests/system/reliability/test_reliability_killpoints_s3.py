@@ -127,6 +127,8 @@ def test_a_kill_or_fault_at_any_store_call_of_incremental_s3_saves_never_loses_a
     print(f"\nincremental s3 {'faults' if fault else 'kills'}: {points} store-call points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
     assert ckpt.latest_checkpoint(last) == f"{last}/model-{SAVES}.msgpack", "the run no point reached did not finish"
+    assert any(len(name) == 128 for name in _references(f"{last}/model-{SAVES}.msgpack")), \
+        "no save wrote a delta chunk: the points did not cover delta-writing saves"
     assert not bad, f"{len(bad)} of {points} points went wrong:\n" + "\n".join(bad)
 
 

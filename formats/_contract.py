@@ -130,8 +130,9 @@ class ChunkedFormat(Format):
         beside that directory."""
 
     @abstractmethod
-    def references(self, path: str) -> set[bytes]:
-        """The names of every chunk the checkpoint file ``path`` references."""
+    def references(self, path: str, blob: ReadableBlob | None = None) -> set[bytes]:
+        """The names of every chunk the checkpoint ``path`` references (read from ``blob``, which
+        it then owns, where given: an object opened with the caller's storage options)."""
 
 
 class WritableFormat(Format):

@@ -144,10 +144,10 @@ class IncrementalFormat(ChunkedFormat):
 
         return incremental.pack_index(metadata, chunk_bytes, entries, nested)
 
-    def references(self, path: str) -> set[bytes]:
+    def references(self, path: str, blob: ReadableBlob | None = None) -> set[bytes]:
         from . import incremental  # lazy: a format module loads on use
 
-        return incremental.referenced_chunks(path)
+        return incremental.referenced_chunks(path, blob)
 
 
 class CkptShardedFormat(Format):

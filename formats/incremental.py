@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.storage import ReadableBlob
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 
 from . import _io
 from ._codec import packb, unpack
 from ._planes import decode_chunk, encode_chunk
-from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
+from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem, open_folder
 
 FORMAT_NAME = "ckpt-incremental"
 #: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
@@ -56,6 +57,8 @@ CHUNK_DIR = ".ckpt-chunks"
 NESTED_CHUNK_DIR = "../" + CHUNK_DIR
 HASH = "sha256"
 DIGEST_BYTES = 32
+#: A read or ``verify`` fetches up to this many bytes of chunks at once (an object store's GETs side by side).
+_BATCH_BYTES = 16 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -260,6 +263,7 @@ class IncrementalReader(FileReader):
         #: the directory holding the chunk folder
         self.directory = os.path.dirname(path) if chunk_dir == CHUNK_DIR else \
             os.path.normpath(os.path.join(os.path.dirname(path), os.pardir))
+        self._chunks = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
         self._metadata = check_metadata(index.get("metadata", {}), path)
         self._tensors = {key: self._entry(key, entry) for key, entry in index["tensors"].items()}
 
@@ -297,33 +301,63 @@ class IncrementalReader(FileReader):
         info = self.info(key)
         return [] if dtypes.is_string(info.dtype) else [n for ref in info.extra.chunks for n in links(ref)]
 
-    def _load(self, info: TensorInfo, name: bytes) -> memoryview:
-        """The stored bytes of the chunk file ``name`` (errors name it and the tensor)."""
-        where = chunk_path(self.directory, name)
-        try:
-            with open(where, "rb", buffering=0) as f:
-                return memoryview(f.read())
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {where} is missing",
-                                         path=self.path, key=info.key) from None
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: cannot read its chunk {where}: "
-                                         f"{exc.strerror or exc}", path=self.path, key=info.key) from exc
+    def chunk_location(self, name: bytes) -> str:
+        """The path or URL of the chunk file ``name`` this checkpoint reads."""
+        return self._chunks.where(name.hex())
 
-    def _read_raw(self, name: bytes, piece: memoryview) -> bool:
-        """Read a whole raw chunk straight into place; False when it is not one (missing, encoded,
-        short: the slow path names the problem)."""
-        try:
-            with open(chunk_path(self.directory, name), "rb", buffering=0) as f:
-                return os.fstat(f.fileno()).st_size == len(piece) and f.readinto(piece) == len(piece)
-        except OSError:
-            return False
+    def _damaged(self, info: TensorInfo, name: bytes, problem: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {self.chunk_location(name)} "
+                                      f"{problem}", path=self.path, key=info.key)
 
-    def _read_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
-        if isinstance(ref, bytes) and self._read_raw(ref, piece):
-            return
+    def _fetch(self, info: TensorInfo, wanted: list[tuple[bytes, memoryview]]) -> list[memoryview]:
+        """The stored bytes of each chunk file ``(name, buffer)``, read through the checkpoint's own
+        store (several at once where it allows: an object store's GETs side by side): the buffer
+        filled when the file is as long (a raw chunk, read straight into place), else the shorter
+        file's bytes (an encoded chunk or a delta; a chunk file is never longer than its chunk)."""
+        got = self._chunks.read_objects([(name.hex(), buf) for name, buf in wanted])
+        out = []
+        for (name, buf), result in zip(wanted, got):
+            if isinstance(result, str):
+                raise self._damaged(info, name, result)
+            out.append(buf if result is None else memoryview(result))
+        return out
+
+    def _loader(self, info: TensorInfo, refs: list[Any]) -> Callable[[bytes], memoryview]:
+        """The stored bytes of every file of the chunks ``refs`` (whole, of any length), fetched at once."""
+        names = list(dict.fromkeys(n for ref in refs for n in links(ref)))
+        stored: dict[bytes, memoryview] = {}
+        for name, data in zip(names, self._chunks.read_whole([n.hex() for n in names])):
+            if isinstance(data, str):
+                raise self._damaged(info, name, data)
+            stored[name] = memoryview(data)
+        return stored.__getitem__
+
+    def _groups(self, info: TensorInfo, view: memoryview | None) -> Iterator[list[tuple[Any, memoryview]]]:
+        """The tensor's (chunk reference, its bytes), a batch of chunks at a time: in ``view`` (the
+        tensor's bytes), or in one buffer of a batch reused for each when None (``verify``)."""
+        refs, size, nbytes = info.extra.chunks, self.chunk_bytes, info.nbytes
+        step = max(1, _BATCH_BYTES // size)
+        buf = memoryview(bytearray(min(step * size, nbytes))) if view is None else None
+        for first in range(0, len(refs), step):
+            off = first * size
+            base = buf if buf is not None else view[off:]  # type: ignore[index]
+            yield [(ref, base[i * size - off:min((i + 1) * size, nbytes) - off])
+                   for i, ref in enumerate(refs[first:first + step], first)]
+
+    def _read_group(self, info: TensorInfo, pieces: list[tuple[Any, memoryview]]) -> None:
+        """Fill each piece with its chunk: whole chunks read into place (decoded when encoded),
+        chains assembled from their files."""
+        whole = [(ref, piece) for ref, piece in pieces if isinstance(ref, bytes)]
+        chained = [(ref, piece) for ref, piece in pieces if not isinstance(ref, bytes)]
+        what = f"{self.path}: tensor {info.key!r}"
         try:
-            assemble(lambda name: self._load(info, name), ref, piece, f"{self.path}: tensor {info.key!r}")
+            for (ref, piece), stored in zip(whole, self._fetch(info, whole)):
+                if stored is not piece:
+                    decode_into(stored, piece, f"{what}: chunk {ref.hex()}")
+            if chained:
+                load = self._loader(info, [ref for ref, _ in chained])
+                for ref, piece in chained:
+                    assemble(load, ref, piece, what)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
 
@@ -338,10 +372,10 @@ class IncrementalReader(FileReader):
             return
         view = _io.byte_view(out)
         crc = 0
-        for i, ref in enumerate(location.chunks):
-            piece = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-            self._read_chunk(info, ref, piece)
-            crc = _io.crc32c(piece, crc)
+        for pieces in self._groups(info, view):
+            self._read_group(info, pieces)
+            for _, piece in pieces:
+                crc = _io.crc32c(piece, crc)
         if crc != location.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
 
@@ -358,33 +392,31 @@ class IncrementalReader(FileReader):
             for i in range(start // step, -(-end // step)):
                 lo, hi = i * step, min((i + 1) * step, info.nbytes)
                 if start <= lo and hi <= end:  # a whole chunk: straight into place
-                    self._read_chunk(info, info.extra.chunks[i], out[lo - start:hi - start])
+                    self._read_group(info, [(info.extra.chunks[i], out[lo - start:hi - start])])
                     continue
                 whole = memoryview(bytearray(hi - lo))
-                self._read_chunk(info, info.extra.chunks[i], whole)
+                self._read_group(info, [(info.extra.chunks[i], whole)])
                 a, b = max(lo, start), min(hi, end)
                 out[a - start:b - start] = whole[a - lo:b - lo]
         return fetch
 
-    def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
+    def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview,
+                      load: Callable[[bytes], memoryview]) -> None:
         """Rebuild the chunk from its whole base up, checking the hash at every step: the first
         file whose result does not match is the damaged one."""
         chain, names = chain_of(ref), links(ref)
         acc, tmp = np.frombuffer(piece, np.uint8), bytearray(len(piece))
         for j in range(len(chain) - 1, -1, -1):
-            where = chunk_path(self.directory, names[j])
-            stored = self._load(info, names[j])
+            where = self.chunk_location(names[j])
             try:
-                decode_into(stored, piece if j == len(chain) - 1 else memoryview(tmp), f"{self.path}: tensor "
-                            f"{info.key!r}: its chunk {where}")
+                decode_into(load(names[j]), piece if j == len(chain) - 1 else memoryview(tmp),
+                            f"{self.path}: tensor {info.key!r}: its chunk {where}")
             except CorruptCheckpointError as exc:
                 raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
             if j < len(chain) - 1:
                 np.bitwise_xor(acc, np.frombuffer(tmp, np.uint8), out=acc)
             if digest(piece) != chain[j]:
-                raise CorruptCheckpointError(
-                    f"{self.path}: tensor {info.key!r}: its chunk {where} does not match its hash: the chunk is "
-                    "damaged", path=self.path, key=info.key)
+                raise self._damaged(info, names[j], "does not match its hash: the chunk is damaged")
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """Every chunk rebuilt along its chain and its hashes checked (naming the chunk file that
@@ -393,12 +425,12 @@ class IncrementalReader(FileReader):
         for key, info in self._tensors.items():
             try:
                 if not dtypes.is_string(info.dtype):
-                    buf = memoryview(bytearray(min(self.chunk_bytes, info.nbytes)))
                     crc = 0
-                    for i, ref in enumerate(info.extra.chunks):
-                        piece = buf[:min(self.chunk_bytes, info.nbytes - i * self.chunk_bytes)]
-                        self._verify_chunk(info, ref, piece)
-                        crc = _io.crc32c(piece, crc)
+                    for pieces in self._groups(info, None):
+                        load = self._loader(info, [ref for ref, _ in pieces])
+                        for ref, piece in pieces:
+                            self._verify_chunk(info, ref, piece, load)
+                            crc = _io.crc32c(piece, crc)
                     if crc != info.extra.crc32c:
                         raise checksum_error(self.path, f"tensor {key!r}", crc, info.extra.crc32c, key=key)
                 else:
@@ -410,9 +442,14 @@ class IncrementalReader(FileReader):
         return problems
 
 
-def referenced_chunks(path: str) -> set[bytes]:
-    """The names of every chunk file the incremental checkpoint ``path`` reads (its deltas' bases
-    included: the closure retention keeps)."""
-    reader = IncrementalReader(path)
+def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:
+    """The names of every chunk file the incremental checkpoint ``path`` (read from ``blob``, which
+    this then owns, where given) reads (its deltas' bases included: the closure retention keeps)."""
+    try:
+        reader = IncrementalReader(path, blob)
+    except BaseException:
+        if blob is not None:
+            blob.close()
+        raise
     with reader:
         return {c for key in reader.tensors for c in reader.chunks_of(key)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,12 +50,15 @@ def chunked_format() -> ChunkedFormat:
     return fmt
 
 
-def refuse_unsupported(path: str, fmt: Format) -> None:
-    """Refuse, before anything is written, what incremental saves do not support yet."""
-    refused = "an object-store URL" if is_url(path) else f"the {fmt.name} format" if fmt.name != "msgpack" else None
+def refuse_unsupported(path: str, fmt: Format, *, sharded: bool = False) -> None:
+    """Refuse, before anything is written, what incremental saves do not support yet: formats
+    other than msgpack, and object-store URLs for sharded saves."""
+    refused = "the sharded saves (comm=) of an object-store URL" if sharded and is_url(path) else \
+        f"the {fmt.name} format" if fmt.name != "msgpack" else None
     if refused is not None:
         raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
-                                         "save to a local .msgpack path", path=path)
+                                         "save to a .msgpack path" + (" in a local directory" if sharded else ""),
+                                         path=path)
 
 
 @dataclass
@@ -104,23 +107,39 @@ class Encoding:
     previous: Mapping[str, list[Any]] = field(default_factory=dict)
 
 
-def _entries(fmt: ChunkedFormat, folder: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
-             stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
+@dataclass
+class ChunkStore:
+    """What an incremental save asks of its chunk store, by chunk file name (a digest, or two):
+    ``put(name, stored bytes)`` writes it create-only (False: it was there already),
+    ``exists(name)`` and ``get(name)`` (its stored bytes) look into it. A local directory's
+    (``local_chunks``) or an object store's (``ckpt.saving.incremental_remote``)."""
+
+    put: Callable[[bytes, bytes | memoryview], bool]
+    exists: Callable[[bytes], bool]
+    get: Callable[[bytes], bytes]
+
+
+def local_chunks(folder: str) -> ChunkStore:
+    """The chunk store of the local folder ``folder`` (the caller holds the directory's lock)."""
+    return ChunkStore(lambda name, data: _put_chunk(folder, name.hex(), data),
+                      lambda name: os.path.exists(os.path.join(folder, name.hex())),
+                      lambda name: _get_chunk(folder, name))
+
+
+def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
+                    stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
     def put(chunk: bytes, data: bytes | memoryview) -> None:
-        if _put_chunk(folder, chunk.hex(), data):
+        if chunks.put(chunk, data):
             stats.chunks_written += 1
             stats.bytes_written += len(data)
-
-    def exists(chunk: bytes) -> bool:
-        return os.path.exists(os.path.join(folder, chunk.hex()))
 
     entries, refs = {}, 0
     for key, arr in tensors:
         value = np.asarray(arr)
-        entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key), exists=exists,
-                                        get=lambda name: _get_chunk(folder, name), compression=encoding.compression,
+        entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key),
+                                        exists=chunks.exists, get=chunks.get, compression=encoding.compression,
                                         max_chain=encoding.max_chain)
         refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
     stats.chunks_reused = refs - stats.chunks_written
@@ -139,7 +158,7 @@ def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str
     folder = os.path.join(directory, fmt.chunk_dir)
     try:
         require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-        entries = _entries(fmt, folder, tensors, chunk_bytes, stats, encoding)
+        entries = encoded_entries(fmt, local_chunks(folder), tensors, chunk_bytes, stats, encoding)
         fsync_directory(folder)
     except OSError as exc:
         raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "

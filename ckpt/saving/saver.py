@@ -37,8 +37,8 @@ from ckpt.runtime.variables import Variable
 from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.intervals import SaveIntervals
-from ckpt.saving.incremental import CHUNK_BYTES, MAX_CHAIN, Encoding, IncrementalStats, collect_chunks, \
-    commit_incremental, refuse_unsupported
+from ckpt.saving.chunkstores import collect, save_chunked
+from ckpt.saving.incremental import CHUNK_BYTES, MAX_CHAIN, Encoding, IncrementalStats, refuse_unsupported
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
@@ -46,8 +46,7 @@ from ckpt.saving.stores import store_of
 from ckpt.storage import Store, WritableBlob
 from ckpt.storage import urls as _urls
 from ckpt.storage.atomic import require_directory
-from ckpt.storage.local import LocalStore
-from ckpt.storage.state import CheckpointState, state_lock
+from ckpt.storage.state import CheckpointState
 
 __all__ = ["Saver"]
 
@@ -90,9 +89,10 @@ class Saver:
             UnsupportedCheckpointError. None (the default) compresses nothing.
         incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
             once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
-            the store lacks (docs/incremental.md); with ``compression="zstd"`` the chunks are stored
-            compressed; with ``comm=`` each rank's shard file indexes the same store. Local saves
-            only for now: an object-store URL or an .h5 path raises UnsupportedCheckpointError.
+            the store lacks (docs/incremental.md), locally or to an object-store URL; with
+            ``compression="zstd"`` the chunks are stored compressed; with ``comm=`` each rank's shard
+            file indexes the same store (local directories only). An .h5 path raises
+            UnsupportedCheckpointError.
         full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
             a self-contained checkpoint; None (the default): every save is incremental.
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
@@ -333,7 +333,7 @@ class Saver:
         counted for full_every; an object-store URL is refused here, on every rank."""
         if self._incremental is None:
             return None
-        refuse_unsupported(path, fmt)
+        refuse_unsupported(path, fmt, sharded=True)
         from ckpt.distributed.incremental import IncrementalJob  # lazy: only with comm=
 
         full_every, chunk_bytes, max_chain = self._incremental
@@ -387,32 +387,33 @@ class Saver:
         assert self._incremental is not None
         full_every, chunk_bytes, max_chain = self._incremental
         refuse_unsupported(path, fmt)
-        assert isinstance(store, LocalStore)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1
 
         def write(sources: Any, background: bool = True) -> str:
-            if full:
-                self._previous = {}  # a self-contained save cuts every delta chain
-                self._commit(store, path, fmt, sources, metadata, step, metrics, background)
-                with state_lock(store.location):  # what retention dropped may free chunks
-                    self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
-                return path
-            try:
-                state, self.last_incremental = commit_incremental(
-                    store, os.path.basename(path), sources, metadata, chunk_bytes,
-                    self._retention.change(store, path, step, metrics), step, metrics,
-                    Encoding(self._compression, max_chain, self._previous))
-            except StorageError as exc:
-                raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
-            self._previous = self.last_incremental.entries
-            self._saved_to(path, state)
+            if not full:
+                try:
+                    done = save_chunked(store, os.path.basename(path), sources, metadata, chunk_bytes,
+                                        self._retention.change(store, path, step, metrics), step, metrics,
+                                        Encoding(self._compression, max_chain, self._previous))
+                except StorageError as exc:
+                    raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+                if done is not None:
+                    state, self.last_incremental = done
+                    self._previous = self.last_incremental.entries
+                    self._saved_to(path, state)
+                    return path
+            # full_every, or an object store's collection held its chunk store: self-contained
+            self._previous = {}  # a self-contained save cuts every delta chain
+            self._commit(store, path, fmt, sources, metadata, step, metrics, background)
+            self.last_incremental = IncrementalStats(chunks_collected=collect(store))  # retention may free chunks
             return path
 
         self.last_incremental = None  # until this save commits (after wait() when in the background)
         if blocking:
             return write(tensors, background=False)
-        require_directory(path)
+        if not _urls.is_url(path):
+            require_directory(path)
         return self._background.submit(path, tensors, write)
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,

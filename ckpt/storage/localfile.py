@@ -32,7 +32,7 @@ from ckpt.storage.blobio import read_checked
 from ckpt.storage.regular import open_regular
 from ckpt.storage.workers import BIG, Piece, steal, submit
 
-__all__ = ["GAP", "MAX_IOV", "PIECE", "LocalFile", "LocalSink", "pwrite_all", "pwritev_all"]
+__all__ = ["GAP", "MAX_IOV", "PIECE", "LocalFile", "LocalFolder", "LocalSink", "pwrite_all", "pwritev_all"]
 
 #: Reads of nearby spans are merged when the gap between them is at most this many bytes.
 GAP = 4096
@@ -293,3 +293,53 @@ def pwritev_all(fd: int, pieces: Sequence[Any], offset: int) -> None:
         if done < total:  # a short write (a signal, a full quota): finish piece by piece
             pwrite_all(fd, b"".join(batch)[done:], offset + done)
         offset += total
+
+
+class LocalFolder:
+    """A local folder's files read whole: the :class:`ckpt.storage.Folder` of a local
+    incremental checkpoint's chunk store (one ``readinto`` per file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @property
+    def location(self) -> str:
+        return self.path
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | bytes | None]:
+        return [self._read(name, view) for name, view in items]
+
+    def _read(self, name: str, view: memoryview) -> str | bytes | None:
+        try:
+            with open(self.where(name), "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < len(view):
+                    return f.read()  # an encoded chunk: the caller decodes it
+                got = f.readinto(view) if size == len(view) else 0
+        except FileNotFoundError:
+            return "is missing"
+        except OSError as exc:
+            return f"cannot be read: {exc.strerror or exc}"
+        return None if got == len(view) == size else f"holds more than {len(view)} bytes"
+
+    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+        out: list[bytes | str] = []
+        for name in names:
+            try:
+                with open(self.where(name), "rb") as f:
+                    out.append(f.read())
+            except FileNotFoundError:
+                out.append("is missing")
+            except OSError as exc:
+                out.append(f"cannot be read: {exc.strerror or exc}")
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        try:
+            with os.scandir(self.path) as entries:
+                return {e.name: e.stat().st_size for e in entries if e.is_file()}
+        except FileNotFoundError:
+            return {}

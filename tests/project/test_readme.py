@@ -42,6 +42,7 @@ print(_json.dumps({
     "train_steps": [train_steps, resumed_from, evaluated],
     "resumed": [int(global_step), json.loads(rng_state.numpy()) == rng.bit_generator.state],
     "averaged": [averaged, ckpt.load_variable(averaged, "train/w").tolist()],
+    "incremental": [written, usage, ckpt.load_variable(ckpt.latest_checkpoint("tune"), "head").tolist()[0][0]],
     "preempted": (step, guard.requested, guard.signal == signal.SIGTERM, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL),
 }))
 '''
@@ -77,7 +78,11 @@ def test_every_readme_python_block_runs_as_written(tmp_path):
     assert facts["listed"][:2] == [["model-300.h5", {"val_loss": 0.6, "acc": 0.4}],
                                ["model-400.h5", {"val_loss": 0.7, "acc": 1 - 0.7}]]
     assert sorted(os.listdir(tmp_path)) == ["pretrained", "readme.py", "run", "sharded_run", "tests", "train",
-                                            "train_run", "weights"]
+                                            "train_run", "tune", "weights"]
+    written, usage, head = facts["incremental"]
+    assert 0 < written <= 256 * 8 * 4 + 1024 and abs(head - 0.3) < 1e-6  # the head's chunk (or its delta) only
+    assert [row[0] for row in usage] == ["model-1.msgpack", "model-2.msgpack"]  # max_to_keep=2
+    assert all(shared >= 256 * 256 * 4 for _, _, shared in usage)  # both reference the backbone's chunks
     assert facts["train_latest"] == "train/model-3.h5" and facts["resumed"] == [3, True]
     assert facts["train_steps"] == [[[1, 2, 3], 3], "train/model-3.h5", "train/model-3.h5"]
     assert facts["train"] == ["model/layers/0/bias", "model/layers/0/kernel", "model/layers/1/bias",

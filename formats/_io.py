@@ -23,6 +23,7 @@ from ckpt.storage.localfile import LocalFile as LocalFile
 from ckpt.storage.localfile import LocalSink as LocalSink
 from ckpt.storage.workers import BIG as BIG
 from ckpt.storage.workers import checksum_async as checksum_async
+from ckpt.storage.workers import waiters as waiters
 from ckpt.storage.workers import workers as workers
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian

@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.checksums import crc32c_combine
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 
 from . import _io
@@ -50,6 +51,7 @@ _LONGEST = 1 << 10
 CHUNK_DIR = ".ckpt-chunks"
 HASH = "sha256"
 DIGEST_BYTES = 32
+_T = TypeVar("_T")
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -68,6 +70,13 @@ def chunk_path(directory: str, chunk: bytes) -> str:
     return os.path.join(directory, CHUNK_DIR, chunk.hex())
 
 
+#: After a delta against a chunk did not pay (a chunk rewritten wholesale, such as a trained
+#: head), its successors are written whole without trying for this many saves.
+RETRY_AFTER = 4
+#: Tensors at least this big have their chunks hashed, encoded and written side by side.
+PARALLEL_BYTES = 4 << 20
+
+
 class ChunkEncoding:
     """How a save encodes the chunks it writes (the store callbacks and the options).
 
@@ -76,45 +85,85 @@ class ChunkEncoding:
     it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
     is stored as its XOR with its previous version while that chain is shorter than
     ``max_chain`` (0: never).
+
+    ``recall`` holds what the previous save of the same Saver noted about the chunks it wrote, by
+    digest: the chunk's bytes (hashed to that digest in this process: a delta against it needs
+    no read-back) or, after a delta did not pay, how many more saves to write its successors
+    whole. Each note is taken (popped) when used; ``chunk`` returns this save's note.
     """
 
     def __init__(self, exists: Callable[[bytes], bool] = lambda name: False,
                  get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
-                 max_chain: int = 0) -> None:
+                 max_chain: int = 0, recall: dict[bytes, Any] | None = None) -> None:
         self.exists, self.get, self.compression, self.max_chain = exists, get, compression, max_chain
+        self.recall: dict[bytes, Any] = {} if recall is None else recall
 
-    def chunk(self, x: bytes, piece: memoryview, itemsize: int, base: Any,
-              put: Callable[[bytes, bytes | memoryview], None]) -> bytes | list[bytes]:
-        """The reference of the chunk ``piece`` (digest ``x``), writing what the store lacks."""
+    def chunk(self, piece: memoryview, itemsize: int, base: Any,
+              put: Callable[[bytes, bytes | memoryview], None]) -> tuple[Any, int | None, Any]:
+        """The reference of the chunk ``piece``, its crc32c (None when unchanged since the
+        previous save: the caller may not need it) and the note for the next save, writing what
+        the store lacks."""
+        deltas = base is not None and self.get is not None and self.max_chain > 0
+        old = self.recall.pop(chain_of(base)[0], None) if deltas else None
+        # a chunk that changed last time likely changes again: hash a private copy, kept as the
+        # next delta's base (hashed here, so its digest names exactly these bytes)
+        own = bytes(piece) if isinstance(old, bytes) else None
+        data = memoryview(own) if own is not None else piece
+        x = digest(data)
         if base is not None and chain_of(base)[0] == x and all(map(self.exists, links(base))):
-            return base  # type: ignore[no-any-return]  # unchanged since the previous save: the same chain
+            return base, None, None  # unchanged since the previous save: the same chain
+        crc = _io.crc32c(data)
         if self.exists(x):
-            return x
-        if base is not None and self.get is not None and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
-            delta = self._delta(piece, itemsize, base)
+            return x, crc, None
+        if deltas and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
+            if isinstance(old, int):  # a recent delta did not pay: skip the encoding
+                put(x, encode_whole(data, itemsize) if self.compression else data)
+                return x, crc, old - 1 or None
+            delta = self._delta(data, itemsize, base, old)
             if delta is not None:
                 put(x + chain_of(base)[0], delta)
-                return [x, *chain_of(base)]
-        put(x, encode_whole(piece, itemsize) if self.compression else piece)
-        return x
+                return [x, *chain_of(base)], crc, own or _private(data, x)
+            put(x, encode_whole(data, itemsize) if self.compression else data)
+            return x, crc, RETRY_AFTER
+        put(x, encode_whole(data, itemsize) if self.compression else data)
+        return x, crc, (own or _private(data, x)) if deltas else None
 
-    def _delta(self, piece: memoryview, itemsize: int, base: Any) -> bytes | None:
-        """``piece`` XOR its previous version, encoded, when that pays (under half the chunk);
-        None when not, or when the previous version cannot be read back exactly."""
+    def _delta(self, piece: memoryview, itemsize: int, base: Any, old: Any) -> bytes | None:
+        """``piece`` XOR its previous version (``old``, its bytes, or None: read back from the
+        store), encoded, when that pays (under half the chunk); None when not, or when the
+        previous version cannot be read back exactly."""
+        new = np.frombuffer(piece, np.uint8)
+        if isinstance(old, bytes) and len(old) == len(piece):
+            xor = np.bitwise_xor(new, np.frombuffer(old, np.uint8))
+        else:
+            back = self._read_back(len(piece), base)
+            if back is None:
+                return None
+            xor = np.frombuffer(back, np.uint8)
+            np.bitwise_xor(new, xor, out=xor)
+        stored = encode_whole(xor.data, itemsize)
+        return bytes(stored) if len(stored) * 2 <= len(piece) else None
+
+    def _read_back(self, size: int, base: Any) -> bytearray | None:
+        """The previous version rebuilt from the store, or None when a file of its chain is
+        missing or does not rebuild to the digest the chain names (never encode against bytes
+        that are not the base the chain names)."""
         assert self.get is not None
         if not all(map(self.exists, links(base))):
             return None
-        old = bytearray(len(piece))
+        old = bytearray(size)
         try:
             assemble(lambda name: memoryview(self.get(name)), base, memoryview(old), "the previous version")  # type: ignore[misc]
         except (OSError, CorruptCheckpointError):
             return None
-        if digest(memoryview(old)) != chain_of(base)[0]:
-            return None  # never encode against bytes that are not the base the chain names
-        new = np.frombuffer(piece, np.uint8)
-        np.bitwise_xor(new, np.frombuffer(old, np.uint8), out=np.frombuffer(old, np.uint8))
-        stored = encode_whole(memoryview(old), itemsize)
-        return bytes(stored) if len(stored) * 2 <= len(piece) else None
+        return old if digest(memoryview(old)) == chain_of(base)[0] else None
+
+
+def _private(data: memoryview, name: bytes) -> bytes | None:
+    """A copy of ``data`` known to hash to ``name`` (None when the bytes changed under the save:
+    a note must never hold bytes its digest does not name)."""
+    copy = bytes(data)
+    return copy if digest(copy) == name else None
 
 
 def chain_of(ref: bytes | list[bytes]) -> list[bytes]:
@@ -173,11 +222,14 @@ def assemble(load: Callable[[bytes], memoryview], ref: bytes | list[bytes], out:
 
 
 def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None],
-                 encoding: ChunkEncoding | None = None, previous: list[Any] | None = None) -> list[Any]:
+                 encoding: ChunkEncoding | None = None, previous: list[Any] | None = None,
+                 note: dict[bytes, Any] | None = None) -> list[Any]:
     """The index entry of ``array``: a numeric tensor's bytes cut into chunks of ``chunk_bytes``,
     each stored with ``put(name, stored bytes)`` unless the store holds it (``encoding`` says
-    how; ``previous``, the tensor's entry in the previous save, gives the bases of deltas); a
-    string tensor's items inline."""
+    how; ``previous``, the tensor's entry in the previous save, gives the bases of deltas;
+    ``note`` receives this save's notes for the next, see ChunkEncoding); a string tensor's
+    items inline. A large tensor's chunks are handled side by side on the I/O threads (``put``
+    is then called from several threads); every one is done when this returns."""
     arr = _io.c_contiguous(array)
     name = dtypes.dtype_name(arr.dtype)
     if dtypes.is_string(arr.dtype):
@@ -187,11 +239,29 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     same = previous is not None and previous[0] == name and list(previous[1]) == list(arr.shape)
     bases: list[Any] = list(previous[3]) if same and previous is not None else []
     view = _io.byte_view(arr)
-    chunks: list[bytes | list[bytes]] = []
-    for i, start in enumerate(range(0, len(view), chunk_bytes)):
-        piece = view[start:start + chunk_bytes]
-        chunks.append(enc.chunk(digest(piece), piece, arr.dtype.itemsize, bases[i] if bases else None, put))
-    return [name, list(arr.shape), _io.crc32c(view), chunks]
+    jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put)
+            for i, start in enumerate(range(0, len(view), chunk_bytes))]
+    if len(view) >= PARALLEL_BYTES and len(jobs) > 1:
+        results = _side_by_side(enc.chunk, jobs)
+    else:
+        results = [enc.chunk(*job) for job in jobs]
+    if note is not None:
+        note.update((chain_of(ref)[0], memo) for ref, _, memo in results if memo is not None)
+    if all(piece_crc is None for _, piece_crc, _ in results) and previous is not None and results:
+        return [name, list(arr.shape), previous[2], [ref for ref, _, _ in results]]  # every chunk unchanged
+    crc = 0
+    for (piece, *_), (_, piece_crc, _) in zip(jobs, results):
+        crc = crc32c_combine(crc, _io.crc32c(piece) if piece_crc is None else piece_crc, len(piece))
+    return [name, list(arr.shape), crc, [ref for ref, _, _ in results]]
+
+
+def _side_by_side(fn: Callable[..., _T], jobs: list[tuple[Any, ...]]) -> list[_T]:
+    """``fn(*job)`` of every job on the I/O threads; waits for all of them (none may still use
+    the tensor's memory or a chunk file once the caller moves on) before raising the first error."""
+    futures = [_io.waiters().submit(fn, *job) for job in jobs]
+    for future in futures:
+        future.exception()  # waits; errors are raised below, in order
+    return [future.result() for future in futures]
 
 
 def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]]) -> bytes:
@@ -315,6 +385,11 @@ class IncrementalReader(FileReader):
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
 
+    def _read_checked(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> int:
+        """Fill ``piece`` with the chunk ``ref``; its crc32c (taken while it is in this core's cache)."""
+        self._read_chunk(info, ref, piece)
+        return _io.crc32c(piece)
+
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra
         if dtypes.is_string(info.dtype):
@@ -325,11 +400,15 @@ class IncrementalReader(FileReader):
                 flat[i] = item
             return
         view = _io.byte_view(out)
+        jobs = [(info, ref, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes])
+                for i, ref in enumerate(location.chunks)]
+        if len(view) >= PARALLEL_BYTES and len(jobs) > 1:  # files read side by side: the disk's queue fills
+            crcs = _side_by_side(self._read_checked, jobs)
+        else:
+            crcs = [self._read_checked(*job) for job in jobs]
         crc = 0
-        for i, ref in enumerate(location.chunks):
-            piece = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-            self._read_chunk(info, ref, piece)
-            crc = _io.crc32c(piece, crc)
+        for (_, _, piece), piece_crc in zip(jobs, crcs):
+            crc = crc32c_combine(crc, piece_crc, len(piece))
         if crc != location.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
 

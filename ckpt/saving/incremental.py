@@ -13,6 +13,7 @@ next save.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ class IncrementalStats:
     chunks_collected: int = 0
     #: the index entries the save wrote (key -> entry)
     entries: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)
+    #: the format's notes on the chunks the save wrote (the next save's ``encoding.recall``): the
+    #: bytes of chunks that changed, as the next delta's base (at most the bytes that changed)
+    notes: dict[bytes, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def _put_chunk(folder: str, name: str, data: bytes | memoryview) -> bool:
@@ -93,16 +97,25 @@ class Encoding:
     compression: str | None = None
     max_chain: int = 0
     previous: Mapping[str, list[Any]] = field(default_factory=dict)
+    #: the previous save's ``stats.notes`` (taken from as they are used)
+    recall: dict[bytes, Any] = field(default_factory=dict)
 
 
 def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]], chunk_bytes: int,
              stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
-    def put(chunk: bytes, data: bytes | memoryview) -> None:
+    lock, claimed = threading.Lock(), set()
+
+    def put(chunk: bytes, data: bytes | memoryview) -> None:  # called from the I/O threads
+        with lock:
+            if chunk in claimed:  # the same bytes twice in one save: one writer is enough
+                return
+            claimed.add(chunk)
         if _put_chunk(folder, chunk.hex(), data):
-            stats.chunks_written += 1
-            stats.bytes_written += len(data)
+            with lock:
+                stats.chunks_written += 1
+                stats.bytes_written += len(data)
 
     def exists(chunk: bytes) -> bool:
         return os.path.exists(os.path.join(folder, chunk.hex()))
@@ -112,7 +125,7 @@ def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]]
         value = np.asarray(arr)
         entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key), exists=exists,
                                         get=lambda name: _get_chunk(folder, name), compression=encoding.compression,
-                                        max_chain=encoding.max_chain)
+                                        max_chain=encoding.max_chain, recall=encoding.recall, note=stats.notes)
         refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
     stats.chunks_reused = refs - stats.chunks_written
     return entries

@@ -122,6 +122,7 @@ class Saver:
         self._incremental = incremental_policy(incremental, full_every, chunk_bytes, comm, max_chain)
         self._saves = 0  # saves made, for full_every
         self._previous: dict[str, list[Any]] = {}  # the last incremental save's index entries (delta bases)
+        self._notes: dict[bytes, Any] = {}  # and the format's notes on its chunks (IncrementalStats.notes)
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
             raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
@@ -378,7 +379,7 @@ class Saver:
 
         def write(sources: Any, background: bool = True) -> str:
             if full:
-                self._previous = {}  # a self-contained save cuts every delta chain
+                self._previous, self._notes = {}, {}  # a self-contained save cuts every delta chain
                 self._commit(store, path, fmt, sources, metadata, step, metrics, background)
                 with state_lock(store.location):  # what retention dropped may free chunks
                     self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
@@ -387,10 +388,10 @@ class Saver:
                 state, self.last_incremental = commit_incremental(
                     store, os.path.basename(path), sources, metadata, chunk_bytes,
                     self._retention.change(store, path, step, metrics), step, metrics,
-                    Encoding(self._compression, max_chain, self._previous))
+                    Encoding(self._compression, max_chain, self._previous, self._notes))
             except StorageError as exc:
                 raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
-            self._previous = self.last_incremental.entries
+            self._previous, self._notes = self.last_incremental.entries, self.last_incremental.notes
             self._saved_to(path, state)
             return path
 

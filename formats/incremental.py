@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from . import _io
 from ._codec import packb, unpack
 from ._planes import decode_chunk, encode_chunk
 from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future  # lazy at run time: as in ckpt.storage.workers
 
 FORMAT_NAME = "ckpt-incremental"
 #: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
@@ -256,12 +259,17 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
 
 
 def _side_by_side(fn: Callable[..., _T], jobs: list[tuple[Any, ...]]) -> list[_T]:
-    """``fn(*job)`` of every job on the I/O threads; waits for all of them (none may still use
-    the tensor's memory or a chunk file once the caller moves on) before raising the first error."""
+    """``fn(*job)`` of every job on the I/O threads; the first error, in order, once all ended."""
+    return [future.result() for future in _run_all(fn, jobs)]
+
+
+def _run_all(fn: Callable[..., _T], jobs: list[tuple[Any, ...]]) -> list[Future[_T]]:
+    """``fn(*job)`` of every job on the I/O threads, all ended when this returns (none may still
+    use a tensor's memory or a chunk file once the caller moves on, even after an error)."""
     futures = [_io.waiters().submit(fn, *job) for job in jobs]
     for future in futures:
-        future.exception()  # waits; errors are raised below, in order
-    return [future.result() for future in futures]
+        future.exception()  # waits
+    return futures
 
 
 def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]]) -> bytes:
@@ -391,26 +399,38 @@ class IncrementalReader(FileReader):
         return _io.crc32c(piece)
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
+        self._read_many([(info, out)])
+
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        """Read every chunk of the batch, side by side on the I/O threads when it is large (the
+        disk's queue fills, and no tensor waits for the previous one's last chunk); then check
+        each tensor in order, so the first problem raised is the one a read in order meets."""
+        plan = []
+        for info, out in pairs:
+            view = None if dtypes.is_string(info.dtype) else _io.byte_view(out)
+            plan.append((info, out, None if view is None else [
+                (info, ref, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes])
+                for i, ref in enumerate(info.extra.chunks)]))
+        jobs = [job for _, _, chunks in plan for job in chunks or ()]
+        done = iter(_run_all(self._read_checked, jobs)) if sum(len(job[2]) for job in jobs) >= PARALLEL_BYTES \
+            and len(jobs) > 1 else None
+        for info, out, chunks in plan:
+            if chunks is None:
+                self._read_strings(info, out)
+                continue
+            crc = 0
+            for job in chunks:
+                crc = crc32c_combine(crc, next(done).result() if done else self._read_checked(*job), len(job[2]))
+            if crc != info.extra.crc32c:
+                raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
+
+    def _read_strings(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra
-        if dtypes.is_string(info.dtype):
-            if _io.crc32c(packb(location.chunks)) != location.crc32c:
-                raise checksum_error(self.path, f"tensor {info.key!r}", key=info.key)
-            flat = out.reshape(-1)
-            for i, item in enumerate(location.chunks):
-                flat[i] = item
-            return
-        view = _io.byte_view(out)
-        jobs = [(info, ref, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes])
-                for i, ref in enumerate(location.chunks)]
-        if len(view) >= PARALLEL_BYTES and len(jobs) > 1:  # files read side by side: the disk's queue fills
-            crcs = _side_by_side(self._read_checked, jobs)
-        else:
-            crcs = [self._read_checked(*job) for job in jobs]
-        crc = 0
-        for (_, _, piece), piece_crc in zip(jobs, crcs):
-            crc = crc32c_combine(crc, piece_crc, len(piece))
-        if crc != location.crc32c:
-            raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
+        if _io.crc32c(packb(location.chunks)) != location.crc32c:
+            raise checksum_error(self.path, f"tensor {info.key!r}", key=info.key)
+        flat = out.reshape(-1)
+        for i, item in enumerate(location.chunks):
+            flat[i] = item
 
     def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
         """Rebuild the chunk from its whole base up, checking the hash at every step: the first

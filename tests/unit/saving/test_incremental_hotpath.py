@@ -187,3 +187,24 @@ def test_a_base_damaged_after_it_was_noted_is_named_by_restore_and_verify(tmp_pa
         assert reader["small"].tobytes() == v["small"].numpy().tobytes()
     problems = ckpt.verify(path).problems
     assert len(problems) == 1 and "'big'" in problems[0] and os.path.basename(damaged) in problems[0]
+
+
+def test_a_restore_reads_a_batch_of_tensors_side_by_side_and_names_the_first_damaged(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    rng = np.random.default_rng(4)
+    n = PARALLEL_BYTES // 4 // 3  # each below the parallel threshold, together above it
+    v = {f"t{i}": ckpt.Variable(rng.standard_normal(n).astype(np.float32), name=f"t{i}") for i in range(4)}
+    want = {k: var.numpy().copy() for k, var in v.items()}
+    saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK)
+    path = saver.save(os.path.join(d, "m.msgpack"))
+    for var in v.values():
+        var.assign(np.zeros(n, np.float32))
+    saver.restore(path)
+    assert all(v[k].numpy().tobytes() == want[k].tobytes() for k in v)
+    for key in ("t2", "t3"):  # damage a chunk of each of the last two tensors
+        where = os.path.join(d, CHUNK_DIR, _refs(path, key)[3].hex())
+        with open(where, "r+b") as f:
+            f.write(b"\xff\xff")
+    with pytest.raises(CorruptCheckpointError) as info:
+        saver.restore(path)
+    assert str(info.value).startswith(f"{path}: tensor 't2'")  # the first in order, though t3's read too

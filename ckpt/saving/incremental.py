@@ -30,7 +30,7 @@ from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
 from ckpt.storage.state import CheckpointState, state_lock
 
-#: Default chunk size, chosen by `python -m benchmarks --cases incremental` (docs/benchmarks.md):
+#: Default chunk size, chosen by `python -m benchmarks --cases incremental-chunks` (docs/benchmarks.md):
 #: with a frozen backbone every size writes the same bytes, and 1 MiB saves fastest with the
 #: fewest files (1.5-1.8x a plain save's time on tmpfs, against 2.9-3.0x and 64x the files at 16 KiB); with 1% of
 #: an embedding table's rows changing, no size from 16 KiB up writes less than 48%, so smaller

@@ -13,17 +13,20 @@ printed next to the ratio its target names, measured in the same run, systems in
   (``--cli-gib``, 1 GiB by default) on tmpfs:
   ``ckpt convert`` h5 → msgpack, msgpack → h5 and msgpack → safetensors against ``cp`` of the same
   file (as processes, speed ≥ 0.7x: issue 29), ``ckpt diff`` against a raw read of both files (≥ 0.5x),
-  ``ckpt inspect --stats`` against a raw read (≥ 0.5x), each as a new process, as an
+  ``ckpt inspect --stats`` against a raw read (≥ 0.35x as a process: issue 29), each as a new process, as an
   in-process call of the command and as the library call doing the same work
-  (``ckpt.convert``, ``ckpt.compare``, ``ckpt.tensor_stats``), with the process's peak memory; ``ckpt --version`` and
+  (``ckpt.convert``, ``ckpt.compare``, ``ckpt.tensor_stats``), with the process's peak memory and CPU seconds
+  next to the reference's (CPU holds still on a shared machine); ``ckpt --version`` and
   ``--help`` against Python's start (no numpy), and ``ckpt inspect`` of a small file against
-  Python's start plus ``import numpy`` plus 0.1 s.
+  Python's start plus ``import numpy`` plus 0.1 s. Processes run without PYTHONDONTWRITEBYTECODE, as a
+  user's install has its .pyc files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -138,26 +141,44 @@ def _cp(src: str, dst: str) -> None:
     subprocess.run(["cp", src, dst], check=True)
 
 
-#: Runs the ckpt command as its console script does, then reports the process's peak memory.
+#: Runs the ckpt command as its console script does, then reports the process's peak memory and CPU time.
 _WRAPPER = ("import sys\nfrom ckpt.cli import main\ntry:\n    main(sys.argv[1:], prog_name='ckpt')\n"
-            "finally:\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
-            "    sys.stderr.write('\\nVmHWM ' + hwm[0].split()[1] + '\\n')\n")
+            "finally:\n    import os\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+            "    t = os.times()\n"
+            "    sys.stderr.write('\\nVmHWM ' + hwm[0].split()[1] + '\\nCPU ' + str(t.user + t.system) + '\\n')\n")
 
 
 #: Rows whose target is the whole process's speed (issue 29: the command line as people run it).
 _BY_PROCESS = ("diff (every value differs)", "convert h5 -> msgpack", "convert msgpack -> h5",
-               "convert msgpack -> safetensors")
+               "convert msgpack -> safetensors", "inspect --stats")
+
+#: A user's install has its .pyc files: without them (PYTHONDONTWRITEBYTECODE, as some sandboxes set)
+#: every process would compile ckpt and click again (~40 ms), which no user pays.
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _process(args: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak resident bytes of one ``ckpt`` process (exit status 0 or 1)."""
+def _process(args: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system, all threads) and peak resident bytes of one
+    ``ckpt`` process (exit status 0 or 1). CPU seconds hold still on a shared machine, wall
+    seconds do not."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _WRAPPER, *args], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=_ENV)
+    _, stderr = proc.communicate()
     seconds = time.perf_counter() - start
     if proc.returncode not in (0, 1):
-        raise RuntimeError(f"ckpt {' '.join(args)} failed: {proc.stderr}")
-    return seconds, int(proc.stderr.rsplit("VmHWM ", 1)[1].split()[0]) * 1024
+        raise RuntimeError(f"ckpt {' '.join(args)} failed: {stderr}")
+    fields = dict(line.split(" ", 1) for line in stderr.splitlines() if line.startswith(("VmHWM ", "CPU ")))
+    return seconds, float(fields["CPU"]), int(fields["VmHWM"].split()[0]) * 1024
+
+
+def _cpu_seconds(fn: Callable[[], Any]) -> float:
+    """CPU seconds (user + system) ``fn`` used in this process's threads and its child processes."""
+    before, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    fn()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (time.process_time() - before + after.ru_utime - children.ru_utime
+            + after.ru_stime - children.ru_stime)
 
 
 def _in_process(args: list[str]) -> None:
@@ -202,21 +223,23 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
         "diff (every value differs)": (["diff", h5, step], lambda: ckpt.compare(h5, step),
                                        lambda: _raw_read(h5, step), "raw read of both", 0.35),
         "inspect --stats": (["inspect", h5, "--stats"], lambda: ckpt.tensor_stats(h5), lambda: _raw_read(h5),
-                            "raw read", 0.5),
+                            "raw read", 0.35),
     }
     commands = {name: command for name, command in commands.items() if not only or name in only}
     rows = [f"**cli {label}: {total / (1 << 30):.2f} GiB in 8 float32 tensors, median of {reps}**", "",
             fmt_row(["command", "process s", "in-process s", "library call s", "reference s",
-                     "speed vs reference (process)", "(in-process)", "(library)", "target", "", "peak RSS MiB"]),
-            fmt_row(["---"] * 11)]
+                     "speed vs reference (process)", "(in-process)", "(library)", "target", "", "peak RSS MiB",
+                     "CPU s: process / reference"]),
+            fmt_row(["---"] * 12)]
     for name, (args, call, reference, ref_label, target) in commands.items():
-        proc, inproc, lib, ref, peak = [], [], [], [], 0
+        proc, inproc, lib, ref, peak, cpu, ref_cpu = [], [], [], [], 0, [], []
         for _ in range(reps):
             clean()
-            ref.append(timed(reference))
+            ref_cpu.append(_cpu_seconds(lambda: ref.append(timed(reference))))
             clean()
-            seconds, rss = _process(args)
+            seconds, used, rss = _process(args)
             proc.append(seconds)
+            cpu.append(used)
             peak = max(peak, rss)
             clean()
             inproc.append(timed(lambda: _in_process(args)))
@@ -228,7 +251,8 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
         rows.append(fmt_row([name, f"{p:.3f}", f"{i:.3f}", f"{c:.3f}", f"{r:.3f} ({ref_label})", f"{r / p:.2f}x",
                              f"{r / i:.2f}x", f"{r / c:.2f}x", f"≥ {target}x" + (" (process)" if name in _BY_PROCESS
                                                                                else ""),
-                             _verdict(judged >= target), f"{peak / MiB:.0f}"]))
+                             _verdict(judged >= target), f"{peak / MiB:.0f}",
+                             f"{statistics.median(cpu):.3f} / {statistics.median(ref_cpu):.3f}"]))
     rows += ["", "(the verdict uses the in-process speed, or the process's where the target says so: a process "
              "adds Python's start and imports, reported below; the library call is ckpt.convert / compare / "
              "tensor_stats doing the same work)", ""]
@@ -239,8 +263,8 @@ def cli_case(label: str, directory: str, gib: float, reps: int, only: tuple[str,
         return "\n".join(rows)
     small = os.path.join(directory, "small.h5")
     ckpt.Saver({"w": ckpt.Variable(np.arange(10.0))}, max_to_keep=None).save(small)
-    python = _median(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), reps)
-    numpy = _median(lambda: subprocess.run([sys.executable, "-c", "import numpy"], check=True), reps)
+    python = _median(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True, env=_ENV), reps)
+    numpy = _median(lambda: subprocess.run([sys.executable, "-c", "import numpy"], check=True, env=_ENV), reps)
     start = {what: statistics.median(_process(args)[0] for _ in range(reps))
              for what, args in (("ckpt --version", ["--version"]), ("ckpt --help", ["--help"]),
                                 ("ckpt inspect (small file)", ["inspect", small]))}

@@ -13,17 +13,19 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from importlib.abc import MetaPathFinder
-from importlib.machinery import ModuleSpec
-from importlib.util import spec_from_file_location
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.abc would load importlib.resources, tempfile, shutil, ...: ~10 ms of every start
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 #: package name -> the folder beside ckpt/ that holds it in the source tree (pyproject.toml's package-dir)
 SIBLINGS = {"ckpt.formats": "formats", "ckpt.cli": "cli"}
 
 
-class SourceTreeFinder(MetaPathFinder):
-    """Finds ckpt.formats and ckpt.cli in the folders beside a source ckpt/."""
+class SourceTreeFinder:
+    """Finds ckpt.formats and ckpt.cli in the folders beside a source ckpt/ (a meta path finder:
+    ``find_spec`` is the whole protocol, so no importlib.abc base class)."""
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -33,6 +35,8 @@ class SourceTreeFinder(MetaPathFinder):
         folder = SIBLINGS.get(fullname)
         if folder is None:
             return None
+        from importlib.util import spec_from_file_location  # lazy: only a source tree gets here
+
         where = os.path.join(self.root, folder)
         return spec_from_file_location(fullname, os.path.join(where, "__init__.py"),
                                        submodule_search_locations=[where])

@@ -13,7 +13,7 @@ import click
 
 import ckpt
 
-from .errors import reports_errors
+from .errors import check_compression, reports_errors
 from .text import count
 
 __all__ = ["parse_weights", "average"]
@@ -50,8 +50,10 @@ def parse_weights(value: str | None, inputs: int) -> list[float] | None:
               help="The averaged checkpoint to write (its extension names the format).")
 @click.option("--weights", metavar="W1,W2,...", help="One weight per checkpoint (divided by their sum).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--compression", type=click.Choice(["zstd", "none"], case_sensitive=False), default="none",
+              show_default=True, help="Store OUT's numeric tensors losslessly compressed (zstd; .msgpack only).")
 @reports_errors()
-def average(checkpoints: tuple[str, ...], out: str, weights: str | None, force: bool) -> None:
+def average(checkpoints: tuple[str, ...], out: str, weights: str | None, force: bool, compression: str) -> None:
     """Average checkpoints into one: the weighted mean of their float tensors.
 
     Every checkpoint must hold the same keys, shapes and dtypes; integer, bool and string
@@ -62,14 +64,16 @@ def average(checkpoints: tuple[str, ...], out: str, weights: str | None, force: 
     \b
     ckpt average run/model-800.h5 run/model-900.h5 run/model-1000.h5 -o avg.h5
     ckpt average a.msgpack b.msgpack -o avg.msgpack --weights 0.25,0.75
+    ckpt average a.msgpack b.msgpack -o avg.msgpack --compression zstd
     """
     shares = parse_weights(weights, len(checkpoints))
     try:
-        ckpt.writable_format(out)
+        fmt = ckpt.writable_format(out)
     except ckpt.UnsupportedCheckpointError as exc:
         raise click.BadParameter(str(exc), param_hint="-o") from exc
+    codec = check_compression(compression, fmt, out)
     if "://" not in out and os.path.lexists(out) and not force:
         raise click.BadParameter(f"{out} exists; pass --force to replace it", param_hint="-o")
-    ckpt.average_checkpoints(list(checkpoints), out, shares, overwrite=force)
+    ckpt.average_checkpoints(list(checkpoints), out, shares, overwrite=force, compression=codec)
     click.echo(f"{out}: the average of {count(len(checkpoints), 'checkpoint')}"
                + (f" (weights {weights})" if weights else ""))

@@ -14,7 +14,7 @@ import click
 
 import ckpt
 
-from .errors import check_regex, reports_errors
+from .errors import check_compression, check_regex, reports_errors
 from .progress import byte_bar
 from .text import count
 
@@ -63,9 +63,12 @@ def _in_flags(exc: ckpt.KeyNotFoundError, path: str, pattern: str | None) -> ckp
 @click.option("--shards", type=click.IntRange(1, 99999), metavar="N",
               help="Write a sharded checkpoint (a directory): each tensor split along its first axis "
                    "into N files.")
+@click.option("--compression", type=click.Choice(["zstd", "none"], case_sensitive=False), default="none",
+              show_default=True, help="Store DST's numeric tensors as losslessly compressed byte planes (zstd; "
+                                      ".msgpack only), or uncompressed (none), whatever SRC is.")
 @reports_errors()
 def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], force: bool,
-            shards: int | None) -> None:
+            shards: int | None, compression: str) -> None:
     """Convert a checkpoint between formats; extract or rename keys.
 
     DST's extension names the format; SRC's tensors and metadata are written to it. An
@@ -75,12 +78,14 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
     ckpt convert model.h5 model.msgpack
     ckpt convert run/ encoder.h5 --keys '^enc/' --rename enc=encoder
     ckpt convert model.h5 sharded.msgpack --shards 4
+    ckpt convert model.h5 small.msgpack --compression zstd
     ckpt convert run/model-100.msgpack whole.h5     (a sharded checkpoint to one file)
     """
     try:
-        ckpt.writable_format(dst)
+        fmt = ckpt.writable_format(dst)
     except ckpt.UnsupportedCheckpointError as exc:
         raise click.BadParameter(str(exc), param_hint="DST") from exc
+    codec = check_compression(compression, fmt, dst)
     remote = "://" in dst and not dst.startswith("file://")  # an object store: committed create-only
     if remote and force:
         raise click.BadParameter("an object-store DST is written once (create-only): no --force",
@@ -95,7 +100,7 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
         try:
             with byte_bar(2 * total, "converting") as progress:  # written, then read back and checked
                 done = ckpt.convert(reader, dst, pattern, renames=renames, shards=shards, overwrite=force,
-                                    progress=progress)
+                                    progress=progress, compression=codec)
         except ckpt.KeyNotFoundError as exc:
             raise _in_flags(exc, reader.path, pattern) from exc
         except ckpt.CheckpointError:
@@ -103,5 +108,6 @@ def convert(src: str, dst: str, pattern: str | None, rename: tuple[str, ...], fo
         except ValueError as exc:  # the renames give two keys one name, or make a key ckpt refuses
             raise click.BadParameter(str(exc), param_hint="--rename") from exc
     what = f"{done.format}, {done.shards} shards" if done.shards is not None else done.format
+    what += f", {codec}-compressed" if codec else ""
     click.echo(f"{dst} ({what}): {count(len(done.keys), 'tensor')} from {done.source} ({done.source_format})"
                + (f", {done.renamed} renamed" if done.renamed else "") + "; read back and checked")

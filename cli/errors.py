@@ -28,7 +28,7 @@ import click
 
 import ckpt
 
-__all__ = ["Failure", "reports_errors", "error_lines", "error_json", "check_regex"]
+__all__ = ["Failure", "reports_errors", "error_lines", "error_json", "check_regex", "check_compression"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _HINT = "; closest keys: "
@@ -97,6 +97,16 @@ def check_regex(pattern: str, param_hint: str) -> None:
         re.compile(pattern)
     except re.error as exc:
         raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint=param_hint) from exc
+
+
+def check_compression(compression: str, fmt: Any, path: str) -> str | None:
+    """The codec a ``--compression`` value asks for (None for "none"); a usage error (exit 2)
+    naming the file when its format does not offer it (checked before any input is opened)."""
+    codec = None if compression.lower() == "none" else compression.lower()
+    if codec is not None and codec not in fmt.compressions:
+        raise click.BadParameter(f"{path}: the {fmt.name} format does not compress; .msgpack files offer {codec}",
+                                 param_hint="--compression")
+    return codec
 
 
 def error_json(message: str, exc: click.ClickException) -> str:

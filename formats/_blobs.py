@@ -15,8 +15,11 @@ Example:
 
 from __future__ import annotations
 
+import os
+
 from ckpt.storage.urls import StorageOptions, is_url
-from ckpt.storage import ReadableBlob
+from ckpt.storage import Folder, ReadableBlob
+from ckpt.storage.localfile import LocalFolder
 
 from ._io import LocalFile
 
@@ -33,3 +36,17 @@ def open_blob(path: str, storage_options: StorageOptions | None = None) -> Reada
 
         return RemoteFile(path, storage_options=storage_options)
     return LocalFile(path)
+
+
+def open_folder(blob: ReadableBlob, name: str) -> Folder:
+    """The folder ``name`` beside ``blob`` (in the directory of the checkpoint it is), read through
+    the same store: for an object, the store (and storage options) that opened it, so a format's
+    side objects (an incremental checkpoint's chunks) are read as the checkpoint was."""
+    if isinstance(blob, LocalFile):
+        return LocalFolder(os.path.join(os.path.dirname(blob.name), name))
+    from ckpt.storage.objfolder import RemoteFolder  # lazy: object-store code loads only for objects
+    from ckpt.storage.remote import RemoteFile
+
+    if not isinstance(blob, RemoteFile):
+        raise TypeError(f"{blob.name}: cannot open the folder {name!r} beside a {type(blob).__name__}")
+    return RemoteFolder(blob.directory.store, blob.directory.join(name))

@@ -127,12 +127,16 @@ class ChunkedFormat(Format):
         between saves; the format may take entries out of it)."""
 
     @abstractmethod
-    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
-        """The bytes of a checkpoint file holding these index ``entries`` (by key)."""
+    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
+                   nested: bool = False) -> bytes:
+        """The bytes of a checkpoint file holding these index ``entries`` (by key); ``nested``: a
+        shard file inside a sharded checkpoint's directory, whose chunks are in the ``chunk_dir``
+        beside that directory."""
 
     @abstractmethod
-    def references(self, path: str) -> set[bytes]:
-        """The names of every chunk the checkpoint file ``path`` references."""
+    def references(self, path: str, blob: ReadableBlob | None = None) -> set[bytes]:
+        """The names of every chunk the checkpoint ``path`` references (read from ``blob``, which
+        it then owns, where given: an object opened with the caller's storage options)."""
 
 
 class WritableFormat(Format):

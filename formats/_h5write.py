@@ -297,8 +297,7 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], offset: int 
             raise ValueError(f"{path}: tensor {plan.key!r} gave more than the {plan.nbytes} bytes its dtype and "
                              "shape hold")
         assert offset is not None  # every tensor with data has a place
-        blob.write_at(view, offset + running.nbytes)
-        running.update(view)
+        _io.write_checked(blob, view, offset + running.nbytes, running.update)
     if running.nbytes != plan.nbytes:
         raise ValueError(f"{path}: tensor {plan.key!r} gave {running.nbytes} bytes; its dtype and shape hold "
                          f"{plan.nbytes}")

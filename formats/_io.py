@@ -9,6 +9,7 @@ Tensors move as ``memoryview``s of the arrays that hold them: nothing here copie
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +24,8 @@ from ckpt.storage.localfile import LocalFile as LocalFile
 from ckpt.storage.localfile import LocalSink as LocalSink
 from ckpt.storage.workers import BIG as BIG
 from ckpt.storage.workers import checksum_async as checksum_async
-from ckpt.storage.workers import waiters as waiters
+from ckpt.storage.workers import side_by_side as side_by_side
+from ckpt.storage.workers import steal, submit
 from ckpt.storage.workers import workers as workers
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
@@ -100,6 +102,28 @@ class Runs:
                 self.blob.lend_pieces(run, self._start)
             else:
                 self.blob.write_pieces(run, self._start)
+
+
+def write_checked(blob: WritableBlob, view: memoryview, offset: int, update: Callable[[memoryview], object]) -> None:
+    """Write a streamed chunk at ``offset`` while ``update`` (its running checksum) takes it in on
+    an I/O worker: the kernel's copy and crc32c release the GIL, so with a core free the checksum
+    costs no wall time. Both are done when this returns (the caller reuses the chunk's buffer)."""
+    if len(view) < BIG:
+        blob.write_at(view, offset)
+        update(view)
+        return
+
+    def checksum() -> int:
+        update(view)
+        return len(view)
+
+    piece = submit(checksum)
+    try:
+        blob.write_at(view, offset)
+    finally:
+        steal(piece)  # still queued behind other pieces (a busy machine): this thread checksums it now
+        piece.job.exception()  # done with the buffer, whether or not the write failed
+    piece.job.result()
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,9 +76,17 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
         if stream is not None:  # a streaming source: its bytes pass through in chunks
             runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
             dtype, shape = np.dtype(source.dtype), tuple(source.shape)
-            extents, checksum, packed, pos, written = _write_chunks(
-                blob, stream, _io.expected_nbytes(dtype, shape), pos, block_bytes, max_bin, f"{path}: tensor {key!r}")
-            objects += written
+            nbytes, what = _io.expected_nbytes(dtype, shape), f"{path}: tensor {key!r}"
+            if compression is not None and _compressible(nbytes, dtype.itemsize, block_bytes):
+                running = _blocks.RunningChecksums(block_bytes)
+                extents, planes[key], pos = _write_compressed(
+                    runs, _stream_blocks(stream, nbytes, block_bytes, running, what), dtype.itemsize, pos)
+                objects += len(extents)
+                checksum, packed = running.result()
+            else:
+                extents, checksum, packed, pos, written = _write_chunks(blob, stream, nbytes, pos, block_bytes,
+                                                                        max_bin, what)
+                objects += written
             if packed is not None:
                 blocks[key] = packed
             entries[key] = [_dtype_name(dtype), list(shape), extents, checksum]
@@ -94,10 +102,12 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
             runs.write(view, pos)
             pos += len(view)
             checksum = _io.crc32c(view)
-        elif compression is not None and _compressible(arr, block_bytes):
+        elif compression is not None and _compressible(arr.nbytes, arr.dtype.itemsize, block_bytes):
             view = _io.byte_view(arr)
             crc = checksums(view, block_bytes)  # over the uncompressed bytes; overlaps with compressing
-            extents, planes[key], pos = _write_compressed(runs, view, arr.dtype.itemsize, pos, block_bytes)
+            extents, planes[key], pos = _write_compressed(
+                runs, (view[start:start + block_bytes] for start in range(0, len(view), block_bytes)),
+                arr.dtype.itemsize, pos)
             objects += len(extents)
             checksum, packed = crc()
             if packed is not None:
@@ -136,21 +146,22 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
     blob.write_at(objects.to_bytes(4, "big"), 1)  # in the head (the first write): allowed last
 
 
-def _compressible(arr: np.ndarray, block_bytes: int) -> bool:
-    """Whether a numeric array is stored compressed: big enough to pay, and chunks of whole elements."""
-    return arr.nbytes >= COMPRESS_MIN and block_bytes % arr.dtype.itemsize == 0
+def _compressible(nbytes: int, itemsize: int, block_bytes: int) -> bool:
+    """Whether a numeric tensor is stored compressed: big enough to pay, and chunks of whole elements."""
+    return nbytes >= COMPRESS_MIN and block_bytes % itemsize == 0
 
 
-def _write_compressed(runs: _io.Runs, view: memoryview, itemsize: int, pos: int,
-                      block_bytes: int) -> tuple[list[list[int]], bytes, int]:
-    """Write a tensor's bytes as compressed chunks of ``block_bytes``, one bin object each; return
-    the extents, the packed stored size of every plane (chunk by chunk) and the new position."""
+def _write_compressed(runs: _io.Runs, chunks: Iterable[memoryview], itemsize: int,
+                      pos: int) -> tuple[list[list[int]], bytes, int]:
+    """Write a tensor's chunks (``block_bytes`` each, the last shorter) compressed, one bin object
+    each; return the extents, the packed stored size of every plane (chunk by chunk) and the new
+    position."""
     from ._planes import encode_chunk  # lazy: only compressed tensors need zstandard
 
     extents: list[list[int]] = []
     sizes: list[int] = []
-    for start in range(0, len(view), block_bytes):
-        stored, plane_sizes = encode_chunk(view[start:start + block_bytes], itemsize)
+    for chunk in chunks:
+        stored, plane_sizes = encode_chunk(chunk, itemsize)
         header = _bin_header(len(stored))
         runs.write(header, pos)
         runs.write(stored, pos + len(header))
@@ -159,6 +170,41 @@ def _write_compressed(runs: _io.Runs, view: memoryview, itemsize: int, pos: int,
         pos += len(stored)
         sizes.extend(plane_sizes)
     return extents, np.asarray(sizes, "<u4").tobytes(), pos
+
+
+def _stream_blocks(stream: Iterator[memoryview], nbytes: int, block_bytes: int, running: _blocks.RunningChecksums,
+                   what: str) -> Iterator[memoryview]:
+    """A streamed tensor's bytes cut into chunks of ``block_bytes`` (the last shorter), each added
+    to ``running`` as it passes. A chunk is a view of the stream's piece when one holds it whole,
+    else of a buffer reused for the next: the caller is done with a chunk when it asks for the next.
+
+    Raises:
+        ValueError: the stream gives more or fewer than ``nbytes`` bytes (``what`` names the tensor).
+    """
+    buf = memoryview(bytearray(min(block_bytes, nbytes)))
+    filled = done = 0
+    for view in stream:
+        done += len(view)
+        if done > nbytes:
+            raise ValueError(f"{what} gave more than the {nbytes} bytes its dtype and shape hold")
+        start = 0
+        while start < len(view):
+            if not filled and len(view) - start >= block_bytes:  # a whole chunk in the piece: no copy
+                chunk, start = view[start:start + block_bytes], start + block_bytes
+            else:
+                take = min(block_bytes - filled, len(view) - start)
+                buf[filled:filled + take] = view[start:start + take]
+                filled, start = filled + take, start + take
+                if filled < block_bytes:
+                    continue
+                chunk, filled = buf, 0
+            running.update(chunk)
+            yield chunk
+    if done != nbytes:
+        raise ValueError(f"{what} gave {done} bytes; its dtype and shape hold {nbytes}")
+    if filled:
+        running.update(buf[:filled])
+        yield buf[:filled]
 
 
 def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
@@ -195,13 +241,9 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
                 open_bin()
             take = min(len(view) - start, max_bin - done % max_bin, nbytes - done)
             piece = view[start:start + take]
-            blob.write_at(piece, pos)
-            running.update(piece)
+            _io.write_checked(blob, piece, pos, running.update)
             done, pos, start = done + take, pos + take, start + take
     if done != nbytes:
         raise ValueError(f"{what} gave {done} bytes; its dtype and shape hold {nbytes}")
     checksum, packed = running.result()
     return extents, checksum, packed, pos, objects
-
-
-#: Chunks of a compressed tensor one thread decodes at a time (the rest go to the I/O threads).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -118,6 +119,9 @@ def all_exactly(values: Iterable[Any], kind: type) -> bool:
     return set(map(type, values)) <= {kind}
 
 
+_ITEMSIZE = operator.attrgetter("itemsize")
+
+
 def plain_extents(shapes: Sequence[Any], offsets: Sequence[Any], sizes: Sequence[Any], crcs: Sequence[Any],
                   found: Sequence[np.dtype], start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The offsets and the ends of tensors' bytes as int64 columns, when every entry of an index
@@ -139,12 +143,12 @@ def plain_extents(shapes: Sequence[Any], offsets: Sequence[Any], sizes: Sequence
     if len(dim) and (dim.min() < 1 or dim.max() > MAX_ELEMENTS):  # zero dimensions: the loop
         return None
     counts = list(map(math.prod, shapes))  # exact: Python ints
-    if max(counts) > MAX_ELEMENTS or any(d.kind == "O" for d in found):
+    if max(counts) > MAX_ELEMENTS or any(d.kind == "O" for d in set(found)):  # a few distinct dtypes
         return None
     ends = offset + n
     if offset[0] < start or n.min() < 0 or ends.max() > end or (ends[:-1] > offset[1:]).any() or \
             crc.min() < 0 or crc.max() >= 2 ** 32 or \
-            not np.array_equal(np.array(counts, dtype=np.int64) * [d.itemsize for d in found], n):
+            not np.array_equal(np.array(counts, dtype=np.int64) * list(map(_ITEMSIZE, found)), n):
         return None
     return offset, ends
 

@@ -12,7 +12,7 @@ Each name is defined in a module with one job (patch a name there, where it is l
 - ``_readers``: TensorInfo, the Reader protocol, BaseReader, FileReader;
 - ``_contract``: Format, WritableFormat, ChunkedFormat, decline, Declined, check_compression, write_with;
 - ``_registry``: register_format, formats, get_format, format_for_path, open_reader;
-- ``_blobs``: open_blob (the one place a path becomes bytes: a local file or an object);
+- ``_blobs``: open_blob, open_folder (the one place a path becomes bytes: a local file or an object);
 - ``_writing``: stage, materialize, source_chunks (feeding a writer);
 - ``_validation``: keys, shapes, dtypes, versions and metadata checked against ckpt's rules.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ckpt.lazy import LazySource
 
-from ._blobs import open_blob
+from ._blobs import open_blob, open_folder
 from ._contract import ChunkedFormat, Declined, Format, WritableFormat, check_compression, decline, write_with
 from ._readers import BaseReader, FileReader, LazyIndex, Reader, TensorInfo, as_dict
 from ._registry import (
@@ -61,6 +61,6 @@ __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "LazyIndex", "as_
            "unregister_format", "Declined", "decline",
            "get_format", "formats", "format_for_path", "open_reader", "validate_keys",
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "LazySource", "check_tensors",
-           "open_blob",
+           "open_blob", "open_folder",
            "SNIFF_BYTES", "keys_plainly_valid", "all_lists", "all_exactly", "plain_extents", "unique_pairs",
            "check_version", "dtype_or_raise", "MAX_ELEMENTS", "check_shape", "check_metadata", "stage"]

@@ -139,15 +139,16 @@ class IncrementalFormat(ChunkedFormat):
         encoding = incremental.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain, recall)
         return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous, note)
 
-    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]]) -> bytes:
+    def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
+                   nested: bool = False) -> bytes:
         from . import incremental  # lazy: a format module loads on use
 
-        return incremental.pack_index(metadata, chunk_bytes, entries)
+        return incremental.pack_index(metadata, chunk_bytes, entries, nested)
 
-    def references(self, path: str) -> set[bytes]:
+    def references(self, path: str, blob: ReadableBlob | None = None) -> set[bytes]:
         from . import incremental  # lazy: a format module loads on use
 
-        return incremental.referenced_chunks(path)
+        return incremental.referenced_chunks(path, blob)
 
 
 class CkptShardedFormat(Format):

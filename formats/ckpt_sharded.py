@@ -46,9 +46,9 @@ from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckp
 
 from . import _io
 from ._blocks import BLOCK_BYTES, block_crcs, read_part
-from .base import (BaseReader, LazySource, TensorInfo, WritableFormat, check_metadata, check_shape,
-                   dtype_or_raise, format_for_path, open_blob, key_problem, normalize_metadata,
-                   validate_keys)
+from .base import (SNIFF_BYTES, BaseReader, LazySource, TensorInfo, WritableFormat, check_metadata, check_shape,
+                   dtype_or_raise, format_for_path, get_format, open_blob, key_problem, normalize_metadata,
+                   validate_keys, write_with)
 from ._commitrecord import HEADER, CommitRecord, TensorEntry
 from .msgpack import _dtype_name
 
@@ -62,6 +62,8 @@ __all__ = ["COMMIT", "ShardedReader", "is_sharded", "is_shard_file", "shard_file
 
 #: The commit record's file name inside a sharded checkpoint directory (the stores' name for it).
 COMMIT = SHARDED_COMMIT
+#: The registered format of shard files that are indexes over a chunk store.
+INCREMENTAL = "ckpt-incremental"
 _SHARD_FILE = re.compile(r"^[0-9a-f]{16}\.[0-9]{5}-of-[0-9]{5}\.[A-Za-z0-9]+$")
 
 
@@ -136,9 +138,10 @@ class LazyBlock(LazySource):
 def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                          read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
                          metadata: Mapping[str, Any], parts: int, step: int | None = None,
-                         ext: str = ".msgpack", save_id: str | None = None) -> None:
+                         ext: str = ".msgpack", save_id: str | None = None, compression: str | None = None) -> None:
     """Write a sharded checkpoint from one process: each tensor ``(key, dtype, shape)`` split
-    along axis 0 into ``parts`` blocks, block i into file i (``ckpt convert --shards``).
+    along axis 0 into ``parts`` blocks, block i into file i (``ckpt convert --shards``), each file
+    written with ``compression`` (None, or one its format offers).
 
     ``read(key, offset, shape)`` returns a block; it is called when that block is written, so
     memory holds one block at a time. ``directory`` must not exist yet. ``save_id`` (16 hex
@@ -158,13 +161,14 @@ def write_single_process(directory: str, specs: Sequence[tuple[str, np.dtype, tu
     if format_for_path("x" + ext) is None or parts < 1:
         raise ValueError(f"cannot write shards with extension {ext!r} in {parts} parts")
     os.mkdir(directory)
-    write_commit(directory, write_shards(LocalStore(directory), specs, read, metadata, parts, step, ext, save_id))
+    write_commit(directory, write_shards(LocalStore(directory), specs, read, metadata, parts, step, ext, save_id,
+                                         compression))
 
 
 def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  read: Callable[[str, tuple[int, ...], tuple[int, ...]], np.ndarray],
                  metadata: Mapping[str, Any], parts: int, step: int | None = None,
-                 ext: str = ".msgpack", save_id: str | None = None) -> CommitRecord:
+                 ext: str = ".msgpack", save_id: str | None = None, compression: str | None = None) -> CommitRecord:
     """Write the shard files of ``write_single_process`` into the Store ``files`` (a local
     directory, an object-store data prefix), each read back for its stored checksums; return
     the commit record naming them (the caller commits it: ``write_commit``, or an object
@@ -200,7 +204,7 @@ def write_shards(files: Store, specs: Sequence[tuple[str, np.dtype, tuple[int, .
                               None if entry.crcs is None else stored_crcs(reader, b.key))
 
         def write(blob: WritableBlob, items: list[LazyBlock] = items) -> None:
-            fmt.write_blob(blob, [(b.key, b) for b in items], {})
+            write_with(fmt, blob, [(b.key, b) for b in items], {}, compression)
 
         size = files.write_file(name, write, check)
         written.append([name, size])
@@ -368,6 +372,24 @@ def _open_shard(target: str, where: str | RemoteDirectory, size: int) -> Readabl
     return RemoteFile(target, where, size)
 
 
+def _shard_format(named: Any, blob: ReadableBlob) -> Any:
+    """The format that opens a shard file: the one its name says, or the registered incremental
+    format for an index over the shared chunk store (``Saver(comm=, incremental=True)``)."""
+    chunked = get_format(INCREMENTAL)
+    head = _io.pread(blob, 0, min(blob.size, SNIFF_BYTES), "the first bytes")
+    return chunked if chunked.sniff(head) else named
+
+
+def _parts(reader: Any, key: str, crcs: Any) -> tuple[list[tuple[int, int]] | None, Any]:
+    """How a block of ``key`` in a shard file can be read in parts: its bytes' file extents, or a
+    reader's ``byte_reader`` (chunks of an incremental shard); (None, None): only whole (strings,
+    formats without either)."""
+    if crcs is None:
+        return None, None
+    extents = reader.data_extents(key)
+    return extents, reader.byte_reader(key) if extents is None else None
+
+
 class ShardedReader(BaseReader):
     """A sharded checkpoint seen as global tensors; each shard file is opened when first needed.
 
@@ -419,6 +441,7 @@ class ShardedReader(BaseReader):
                 if blob.size != size:
                     raise CorruptCheckpointError(f"{target}: {blob.size} bytes, the commit record says {size}: the "
                                                  "file was truncated or replaced")
+                fmt = _shard_format(fmt, blob)
                 reader = self._open[index] = fmt.open(target, blob)  # the shard's reader reads through it
             except BaseException:
                 blob.close()
@@ -453,16 +476,16 @@ class ShardedReader(BaseReader):
             dst = out[tuple(slice(o - w, o - w + n) for o, w, n in zip(i_off, offset, i_shape)) + (Ellipsis,)]
             src = tuple(o - b for o, b in zip(i_off, b_off))
             reader, sinfo = self._shard_info(file_index, info.key, info.dtype, b_shape)
-            extents = None if crcs is None else reader.data_extents(info.key)
-            if i_shape == b_shape or extents is None:
+            extents, fetch = _parts(reader, info.key, crcs)
+            if i_shape == b_shape or (extents is None and fetch is None):
                 whole = dst if i_shape == b_shape and dst.flags.c_contiguous else np.empty(b_shape, info.dtype)
                 reader.read_into(info.key, whole)
                 self.bytes_read += sinfo.nbytes
                 if whole is not dst:
                     dst[...] = whole[tuple(slice(s, s + n) for s, n in zip(src, i_shape))]
                 continue
-            self.bytes_read += read_part(reader, extents, info.key, info.dtype, b_shape, crcs, self.block_bytes, src,
-                                         i_shape, dst)
+            self.bytes_read += read_part(reader, extents or [], info.key, info.dtype, b_shape, crcs, self.block_bytes,
+                                         src, i_shape, dst, fetch)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         problems: list[str] = []
@@ -475,11 +498,11 @@ class ShardedReader(BaseReader):
             for file_index, _, b_shape, nbytes, crcs in info.extra:
                 try:
                     reader, _ = self._shard_info(file_index, key, info.dtype, b_shape)
-                    extents = None if crcs is None else reader.data_extents(key)
-                    if extents is not None and nbytes:
+                    extents, fetch = _parts(reader, key, crcs)
+                    if (extents is not None or fetch is not None) and nbytes:
                         out = np.empty(b_shape, info.dtype)
-                        read_part(reader, extents, key, info.dtype, b_shape, crcs, self.block_bytes,
-                                  (0,) * len(b_shape), b_shape, out)
+                        read_part(reader, extents or [], key, info.dtype, b_shape, crcs, self.block_bytes,
+                                  (0,) * len(b_shape), b_shape, out, fetch)
                 except CorruptCheckpointError as exc:
                     problems.append(str(exc))
             if progress is not None:

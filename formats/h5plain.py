@@ -32,7 +32,7 @@ from ckpt import dtypes
 from ckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.storage import ReadableBlob
 
-from . import _h5child, _h5head
+from . import _h5head
 from ._io import LocalFile
 from .base import BaseReader, TensorInfo, check_metadata, check_tensors, check_version, key_problem, open_blob
 from ._codec import HDF5_VERSION as VERSION
@@ -59,6 +59,8 @@ class H5pyReader(BaseReader):
     def __init__(self, path: str, file: Any = None) -> None:
         """Open ``path``, or read ``file`` (a seekable binary file object) and name it ``path``."""
         import h5py  # lazy: only HDF5 files that are not ckpt's load h5py
+
+        from . import _h5child  # lazy as h5py: its subprocess costs every ckpt HDF5 read ~3 ms of start-up
 
         self.path = path
         if file is None:  # unverified bytes: libhdf5 reads them in a child process first (a crash stays there)

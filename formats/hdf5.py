@@ -131,6 +131,9 @@ class Hdf5Location(NamedTuple):
     lengths: list[int] | None
 
 
+_EXTRA, _OFFSET, _CRC, _ITEMSIZE = (operator.attrgetter(name) for name in ("extra", "offset", "crc32c", "itemsize"))
+
+
 class Hdf5Reader(BlockSlicing, FileReader):
     """Reads a ckpt HDF5 file through its user-block index, without libhdf5 (whole tensors, or
     blocks of them: ``read_slice``)."""
@@ -205,6 +208,19 @@ class Hdf5Reader(BlockSlicing, FileReader):
     def block_checksums(self, key: str) -> tuple[np.ndarray, int] | None:
         crcs = self._blocks.get(key)
         return None if crcs is None else (crcs, self._block_bytes)
+
+    def read_matched(self, handles: Sequence[Any], buffers: Sequence[np.ndarray]) -> None:
+        extras = list(map(_EXTRA, handles))
+        if not isinstance(self._source, _io.LocalFile) or list(map(_ITEMSIZE, extras)).count(None) != len(extras):
+            super().read_matched(handles, buffers)  # byte strings, or not a local file
+            return
+        # numbers from a local file: preadv into the arrays themselves (no byte view per tensor)
+        crcs = self._source.read_buffers(list(map(_OFFSET, extras)), buffers,
+                                         lambda i: f"tensor {handles[i].key!r}", _io.byte_view)
+        expected = list(map(_CRC, extras))
+        if crcs != expected:  # one list comparison for all; the first tensor that differs is named
+            i = next(i for i, (got, crc) in enumerate(zip(crcs, expected)) if got != crc)
+            raise checksum_error(self.path, f"tensor {handles[i].key!r}", crcs[i], expected[i], key=handles[i].key)
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         spans: list[tuple[int, memoryview]] = []

@@ -13,6 +13,10 @@ array of three objects, so plain msgpack walks it:
              "chunk_bytes": int, "hash": "sha256",
              "tensors": {key: [dtype, shape, crc32c, chunks]}}
 
+A shard file of a sharded incremental checkpoint (``Saver(comm=..., incremental=True)``) is such
+an index inside the checkpoint's directory; its ``chunk_dir`` is ``"../.ckpt-chunks"``, the chunk
+store beside that directory, shared with the directory's other checkpoints.
+
 ``chunks`` is the list of 32-byte SHA-256 digests of a numeric tensor's chunks in C order (the
 last one shorter), or, for a byte-string tensor, the list of its items (stored inline). The
 crc32c is over the tensor's bytes (over the packed list of items for strings). docs/formats.md
@@ -23,22 +27,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ckpt import dtypes
 from ckpt.checksums import crc32c_combine
+from ckpt.storage import ReadableBlob
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 
 from . import _io
 from ._codec import packb, unpack
 from ._planes import decode_chunk, encode_chunk
-from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future  # lazy at run time: as in ckpt.storage.workers
+from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem, open_folder
 
 FORMAT_NAME = "ckpt-incremental"
 #: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
@@ -52,9 +54,12 @@ MAX_CHAIN = 16
 _LONGEST = 1 << 10
 #: The chunk store's folder, beside the checkpoint files that reference it.
 CHUNK_DIR = ".ckpt-chunks"
+#: A shard file's chunk folder: the store beside its sharded checkpoint's directory.
+NESTED_CHUNK_DIR = "../" + CHUNK_DIR
 HASH = "sha256"
 DIGEST_BYTES = 32
-_T = TypeVar("_T")
+#: A read or ``verify`` fetches up to this many bytes of chunks at once (several files side by side).
+_BATCH_BYTES = 16 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -245,7 +250,7 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put)
             for i, start in enumerate(range(0, len(view), chunk_bytes))]
     if len(view) >= PARALLEL_BYTES and len(jobs) > 1:
-        results = _side_by_side(enc.chunk, jobs)
+        results = _io.side_by_side(enc.chunk, jobs)
     else:
         results = [enc.chunk(*job) for job in jobs]
     if note is not None:
@@ -258,23 +263,12 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     return [name, list(arr.shape), crc, [ref for ref, _, _ in results]]
 
 
-def _side_by_side(fn: Callable[..., _T], jobs: list[tuple[Any, ...]]) -> list[_T]:
-    """``fn(*job)`` of every job on the I/O threads; the first error, in order, once all ended."""
-    return [future.result() for future in _run_all(fn, jobs)]
-
-
-def _run_all(fn: Callable[..., _T], jobs: list[tuple[Any, ...]]) -> list[Future[_T]]:
-    """``fn(*job)`` of every job on the I/O threads, all ended when this returns (none may still
-    use a tensor's memory or a chunk file once the caller moves on, even after an error)."""
-    futures = [_io.waiters().submit(fn, *job) for job in jobs]
-    for future in futures:
-        future.exception()  # waits
-    return futures
-
-
-def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]]) -> bytes:
-    """The bytes of an incremental checkpoint file."""
-    index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata, "chunk_dir": CHUNK_DIR,
+def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]],
+               nested: bool = False) -> bytes:
+    """The bytes of an incremental checkpoint file (``nested``: a shard file of a sharded checkpoint,
+    whose chunks are in the store beside the checkpoint's directory)."""
+    chunk_dir = NESTED_CHUNK_DIR if nested else CHUNK_DIR
+    index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata, "chunk_dir": chunk_dir,
                    "chunk_bytes": chunk_bytes, "hash": HASH, "tensors": tensors})
     return packb([{"format": FORMAT_NAME, "version": VERSION}, index, _io.crc32c(index)])
 
@@ -323,9 +317,13 @@ class IncrementalReader(FileReader):
             raise CorruptCheckpointError(f"{path}: the index's chunk_bytes {chunk_bytes!r} is not a positive int")
         self.chunk_bytes: int = chunk_bytes
         chunk_dir = index.get("chunk_dir")
-        if chunk_dir != CHUNK_DIR:
-            raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r}")
-        self.directory = os.path.dirname(path)
+        if chunk_dir not in (CHUNK_DIR, NESTED_CHUNK_DIR):
+            raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r} "
+                                         f"(or {NESTED_CHUNK_DIR!r} in a sharded checkpoint)")
+        #: the directory holding the chunk folder
+        self.directory = os.path.dirname(path) if chunk_dir == CHUNK_DIR else \
+            os.path.normpath(os.path.join(os.path.dirname(path), os.pardir))
+        self._chunks = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
         self._metadata = check_metadata(index.get("metadata", {}), path)
         self._tensors = {key: self._entry(key, entry) for key, entry in index["tensors"].items()}
 
@@ -363,66 +361,119 @@ class IncrementalReader(FileReader):
         info = self.info(key)
         return [] if dtypes.is_string(info.dtype) else [n for ref in info.extra.chunks for n in links(ref)]
 
-    def _load(self, info: TensorInfo, name: bytes) -> memoryview:
-        """The stored bytes of the chunk file ``name`` (errors name it and the tensor)."""
-        where = chunk_path(self.directory, name)
-        try:
-            with open(where, "rb", buffering=0) as f:
-                return memoryview(f.read())
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {where} is missing",
-                                         path=self.path, key=info.key) from None
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: cannot read its chunk {where}: "
-                                         f"{exc.strerror or exc}", path=self.path, key=info.key) from exc
+    def chunk_location(self, name: bytes) -> str:
+        """The path or URL of the chunk file ``name`` this checkpoint reads."""
+        return self._chunks.where(name.hex())
 
-    def _read_raw(self, name: bytes, piece: memoryview) -> bool:
-        """Read a whole raw chunk straight into place; False when it is not one (missing, encoded,
-        short: the slow path names the problem)."""
-        try:
-            with open(chunk_path(self.directory, name), "rb", buffering=0) as f:
-                return os.fstat(f.fileno()).st_size == len(piece) and f.readinto(piece) == len(piece)
-        except OSError:
-            return False
+    def _damaged(self, info: TensorInfo, name: bytes, problem: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {self.chunk_location(name)} "
+                                      f"{problem}", path=self.path, key=info.key)
 
-    def _read_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
-        if isinstance(ref, bytes) and self._read_raw(ref, piece):
-            return
+    def _loader(self, info: TensorInfo, refs: list[Any]) -> Callable[[bytes], memoryview]:
+        """The stored bytes of every file of the chunks ``refs`` (whole, of any length), fetched at once."""
+        stored = self._whole(refs)
+        for name, data in stored.items():
+            if isinstance(data, str):
+                raise self._damaged(info, name, data)
+        return stored.__getitem__  # type: ignore[return-value]
+
+    def _whole(self, refs: list[Any]) -> dict[bytes, memoryview | str]:
+        """Every file of the chunks ``refs`` read whole (side by side where the Folder can), or
+        what is wrong with it."""
+        names = list(dict.fromkeys(n for ref in refs for n in links(ref)))
+        got = self._chunks.read_whole([n.hex() for n in names])
+        return {name: data if isinstance(data, str) else memoryview(data) for name, data in zip(names, got)}
+
+    def _groups(self, info: TensorInfo, view: memoryview | None) -> Iterator[list[tuple[Any, memoryview]]]:
+        """The tensor's (chunk reference, its bytes), a batch of chunks at a time: in ``view`` (the
+        tensor's bytes), or in one buffer of a batch reused for each when None (``verify``)."""
+        refs, size, nbytes = info.extra.chunks, self.chunk_bytes, info.nbytes
+        step = max(1, _BATCH_BYTES // size)
+        buf = memoryview(bytearray(min(step * size, nbytes))) if view is None else None
+        for first in range(0, len(refs), step):
+            off = first * size
+            base = buf if buf is not None else view[off:]  # type: ignore[index]
+            yield [(ref, base[i * size - off:min((i + 1) * size, nbytes) - off])
+                   for i, ref in enumerate(refs[first:first + step], first)]
+
+    def _read_group(self, items: list[tuple[TensorInfo, Any, memoryview]]) -> list[CorruptCheckpointError | None]:
+        """Fill each ``(tensor, chunk reference, piece)``'s piece with its chunk, the files read side
+        by side where the Folder can (whole chunks read into place, decoded when encoded; chains
+        assembled from their files); what went wrong with each (None: filled), raised by the caller
+        in the order a read meets them."""
+        problems: list[CorruptCheckpointError | None] = [None] * len(items)
+        whole = [i for i, (_, ref, _) in enumerate(items) if isinstance(ref, bytes)]
+        got = self._chunks.read_objects([(items[i][1].hex(), items[i][2]) for i in whole])
+        for i, result in zip(whole, got):
+            info, ref, piece = items[i]
+            if isinstance(result, str):
+                problems[i] = self._damaged(info, ref, result)
+            elif result is not None:  # an encoded chunk
+                problems[i] = self._attempt(info, decode_into, memoryview(result), piece,
+                                            f"{self.path}: tensor {info.key!r}: chunk {ref.hex()}")
+        chained = [i for i, (_, ref, _) in enumerate(items) if not isinstance(ref, bytes)]
+        stored = self._whole([items[i][1] for i in chained]) if chained else {}
+        for i in chained:
+            info, ref, piece = items[i]
+            bad = next((n for n in links(ref) if isinstance(stored[n], str)), None)
+            problems[i] = self._damaged(info, bad, str(stored[bad])) if bad is not None else \
+                self._attempt(info, assemble, stored.__getitem__, ref, piece, f"{self.path}: tensor {info.key!r}")
+        return problems
+
+    def _attempt(self, info: TensorInfo, fill: Callable[..., None], *args: Any) -> CorruptCheckpointError | None:
+        """``fill(*args)``; the problem it met, naming this checkpoint and the tensor (None: none)."""
         try:
-            assemble(lambda name: self._load(info, name), ref, piece, f"{self.path}: tensor {info.key!r}")
+            fill(*args)
         except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
+            return CorruptCheckpointError(str(exc), path=self.path, key=info.key)
+        return None
 
-    def _read_checked(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> int:
-        """Fill ``piece`` with the chunk ``ref``; its crc32c (taken while it is in this core's cache)."""
-        self._read_chunk(info, ref, piece)
-        return _io.crc32c(piece)
+    def _fill(self, info: TensorInfo, pieces: list[tuple[Any, memoryview]]) -> None:
+        """Fill each ``(chunk reference, piece)`` of the tensor, raising the first problem."""
+        for problem in self._read_group([(info, ref, piece) for ref, piece in pieces]):
+            if problem is not None:
+                raise problem
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
         self._read_many([(info, out)])
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
-        """Read every chunk of the batch, side by side on the I/O threads when it is large (the
-        disk's queue fills, and no tensor waits for the previous one's last chunk); then check
-        each tensor in order, so the first problem raised is the one a read in order meets."""
-        plan = []
+        """Read a batch's chunks a group (``_BATCH_BYTES``) at a time across its tensors (the Folder
+        reads a group's files side by side: no small tensor waits for the previous one's last
+        chunk); each tensor is checked once its chunks are in, in order, so the first problem
+        raised is the one a read in order meets."""
+        items: list[tuple[TensorInfo, Any, memoryview]] = []
+        ends = []  # where each tensor's chunks end in ``items``
         for info, out in pairs:
-            view = None if dtypes.is_string(info.dtype) else _io.byte_view(out)
-            plan.append((info, out, None if view is None else [
-                (info, ref, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes])
-                for i, ref in enumerate(info.extra.chunks)]))
-        jobs = [job for _, _, chunks in plan for job in chunks or ()]
-        done = iter(_run_all(self._read_checked, jobs)) if sum(len(job[2]) for job in jobs) >= PARALLEL_BYTES \
-            and len(jobs) > 1 else None
-        for info, out, chunks in plan:
-            if chunks is None:
-                self._read_strings(info, out)
-                continue
-            crc = 0
-            for job in chunks:
-                crc = crc32c_combine(crc, next(done).result() if done else self._read_checked(*job), len(job[2]))
-            if crc != info.extra.crc32c:
-                raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
+            if not dtypes.is_string(info.dtype):
+                view, size = _io.byte_view(out), self.chunk_bytes
+                items += [(info, ref, view[i * size:(i + 1) * size]) for i, ref in enumerate(info.extra.chunks)]
+            ends.append(len(items))
+        problems: list[CorruptCheckpointError | None] = []
+        step, checked = max(1, _BATCH_BYTES // self.chunk_bytes), 0
+        for first in range(0, len(items) + 1, step):  # once more at the end: tensors after the last chunk
+            problems += self._read_group(items[first:first + step])
+            while checked < len(pairs) and ends[checked] <= len(problems):
+                begin = ends[checked - 1] if checked else 0
+                self._check(pairs[checked], items[begin:ends[checked]], problems[begin:ends[checked]])
+                checked += 1
+
+    def _check(self, pair: tuple[TensorInfo, np.ndarray], items: list[tuple[TensorInfo, Any, memoryview]],
+               problems: list[CorruptCheckpointError | None]) -> None:
+        """Raise the first problem met reading the tensor's chunks, else check its crc32c (a string
+        tensor: read from the index and checked)."""
+        info, out = pair
+        if dtypes.is_string(info.dtype):
+            self._read_strings(info, out)
+            return
+        first = next((p for p in problems if p is not None), None)
+        if first is not None:
+            raise first
+        crc = 0
+        for _, _, piece in items:
+            crc = _io.crc32c(piece, crc)
+        if crc != info.extra.crc32c:
+            raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
 
     def _read_strings(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra
@@ -432,25 +483,44 @@ class IncrementalReader(FileReader):
         for i, item in enumerate(location.chunks):
             flat[i] = item
 
-    def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview) -> None:
+    def byte_reader(self, key: str) -> Callable[[int, memoryview], None] | None:
+        """Reads the chunks holding the bytes asked for (a sharded checkpoint's partial reads,
+        which check them against the commit record's block checksums)."""
+        info = self.info(key)
+        if dtypes.is_string(info.dtype):
+            return None
+        step = self.chunk_bytes
+
+        def fetch(start: int, out: memoryview) -> None:
+            end = start + len(out)
+            for i in range(start // step, -(-end // step)):
+                lo, hi = i * step, min((i + 1) * step, info.nbytes)
+                if start <= lo and hi <= end:  # a whole chunk: straight into place
+                    self._fill(info, [(info.extra.chunks[i], out[lo - start:hi - start])])
+                    continue
+                whole = memoryview(bytearray(hi - lo))
+                self._fill(info, [(info.extra.chunks[i], whole)])
+                a, b = max(lo, start), min(hi, end)
+                out[a - start:b - start] = whole[a - lo:b - lo]
+        return fetch
+
+    def _verify_chunk(self, info: TensorInfo, ref: bytes | list[bytes], piece: memoryview,
+                      load: Callable[[bytes], memoryview]) -> None:
         """Rebuild the chunk from its whole base up, checking the hash at every step: the first
         file whose result does not match is the damaged one."""
         chain, names = chain_of(ref), links(ref)
         acc, tmp = np.frombuffer(piece, np.uint8), bytearray(len(piece))
         for j in range(len(chain) - 1, -1, -1):
-            where = chunk_path(self.directory, names[j])
-            stored = self._load(info, names[j])
+            where = self.chunk_location(names[j])
             try:
-                decode_into(stored, piece if j == len(chain) - 1 else memoryview(tmp), f"{self.path}: tensor "
-                            f"{info.key!r}: its chunk {where}")
+                decode_into(load(names[j]), piece if j == len(chain) - 1 else memoryview(tmp),
+                            f"{self.path}: tensor {info.key!r}: its chunk {where}")
             except CorruptCheckpointError as exc:
                 raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
             if j < len(chain) - 1:
                 np.bitwise_xor(acc, np.frombuffer(tmp, np.uint8), out=acc)
             if digest(piece) != chain[j]:
-                raise CorruptCheckpointError(
-                    f"{self.path}: tensor {info.key!r}: its chunk {where} does not match its hash: the chunk is "
-                    "damaged", path=self.path, key=info.key)
+                raise self._damaged(info, names[j], "does not match its hash: the chunk is damaged")
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """Every chunk rebuilt along its chain and its hashes checked (naming the chunk file that
@@ -459,12 +529,12 @@ class IncrementalReader(FileReader):
         for key, info in self._tensors.items():
             try:
                 if not dtypes.is_string(info.dtype):
-                    buf = memoryview(bytearray(min(self.chunk_bytes, info.nbytes)))
                     crc = 0
-                    for i, ref in enumerate(info.extra.chunks):
-                        piece = buf[:min(self.chunk_bytes, info.nbytes - i * self.chunk_bytes)]
-                        self._verify_chunk(info, ref, piece)
-                        crc = _io.crc32c(piece, crc)
+                    for pieces in self._groups(info, None):
+                        load = self._loader(info, [ref for ref, _ in pieces])
+                        for ref, piece in pieces:
+                            self._verify_chunk(info, ref, piece, load)
+                            crc = _io.crc32c(piece, crc)
                     if crc != info.extra.crc32c:
                         raise checksum_error(self.path, f"tensor {key!r}", crc, info.extra.crc32c, key=key)
                 else:
@@ -476,9 +546,14 @@ class IncrementalReader(FileReader):
         return problems
 
 
-def referenced_chunks(path: str) -> set[bytes]:
-    """The names of every chunk file the incremental checkpoint ``path`` reads (its deltas' bases
-    included: the closure retention keeps)."""
-    reader = IncrementalReader(path)
+def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:
+    """The names of every chunk file the incremental checkpoint ``path`` (read from ``blob``, which
+    this then owns, where given) reads (its deltas' bases included: the closure retention keeps)."""
+    try:
+        reader = IncrementalReader(path, blob)
+    except BaseException:
+        if blob is not None:
+            blob.close()
+        raise
     with reader:
         return {c for key in reader.tensors for c in reader.chunks_of(key)}

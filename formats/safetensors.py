@@ -39,7 +39,7 @@ from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 from ckpt.storage import WritableBlob
 
-from . import _io
+from . import _blocks, _io
 from ._foreign import NUMPY_DTYPES, check_key, json_int
 from .base import FileReader, TensorInfo, materialize, source_chunks, unique_pairs
 
@@ -106,14 +106,15 @@ def write_safetensors(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], me
         stream = source_chunks(source)
         if stream is not None:  # a streaming source: its bytes pass through in chunks
             runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
-            crc = done = 0
+            nbytes = _io.expected_nbytes(dtype, shape)
+            running, done = _blocks.RunningChecksums(max(1, nbytes)), 0  # one block: the tensor's crc32c
             for view in stream:
-                blob.write_at(view, pos + done)
-                crc, done = _io.crc32c(view, crc), done + len(view)
+                _io.write_checked(blob, view, pos + done, running.update)
+                done += len(view)
             if done != _io.expected_nbytes(dtype, shape):
                 raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
                                  f"{_io.expected_nbytes(dtype, shape)}")
-            crcs[key] = crc
+            crcs[key] = running.result()[0]
             pos += done
             continue
         if not isinstance(source, np.ndarray):

@@ -5,7 +5,7 @@
 Each rank writes what it saw to OUT_DIR/result-<rank>.json; the test asserts on those files.
 Modes: save ROOT STEP N:KIND:EXT... (one launch of max N processes: the first N of them save into
 ROOT/n<N> through a sub-communicator, for each N) | restore M:KIND... -- DIR... (likewise: the
-first M ranks restore every DIR) | kill DIR PHASE | scenarios ROOT (async saves, async saves
+first M ranks restore every DIR) | incremental DIR | kill DIR PHASE | scenarios ROOT (async saves, async saves
 beside training's collectives on COMM_WORLD, ranks that disagree, a blocking save failing on one
 rank: see SCENARIOS) | preempt DIR | timeout DIR.
 DIR and ROOT may be object-store URLs (s3://...; the store's settings come from the environment).
@@ -259,6 +259,19 @@ def main() -> None:
         ckpt.Saver(variables, comm=comm_used, timeout=5).save(os.path.join(directory, "model.msgpack"),
                                                               global_step=2)
         report(comm, {"saved": 2})
+    elif MODE == "incremental":  # three incremental saves (compressed), 'emb' changed only for the first
+        directory, = ARGS
+        variables = make_variables(tensors(), "rows", comm.rank, comm.size)
+        original = variables["emb"].numpy().copy()
+        saver = ckpt.Saver(variables, comm=comm, timeout=30, incremental=True, chunk_bytes=4096, max_to_keep=2,
+                           compression="zstd")
+        stats = []
+        for step in (1, 2, 3):
+            variables["emb"].assign(original + (1 if step == 1 else 0))
+            path = saver.save(os.path.join(directory, "model.msgpack"), global_step=step)
+            last = saver.last_incremental
+            stats.append([last.chunks_written, last.bytes_written, last.chunks_reused, last.chunks_collected])
+        report(comm, {"path": path, "stats": stats})
     elif MODE == "scenarios":
         root, = ARGS
         results = {}

@@ -8,7 +8,10 @@ Modes:
                      the child is gone (code -9: killed by SIGKILL). With "kill_at": k (and "saves", "kind":
                      "file", "sharded" or "s3") the child instead makes that many saves and ends itself
                      with os._exit(KILLED_CODE) at its k-th file event (``kill_at_event``), or exits 0
-                     after the last save.
+                     after the last save. Optional keys: "fault" (the k-th event raises a StorageError
+                     instead; the child goes on with its other saves and exits FAULTED_CODE),
+                     "lease_clock_behind" (seconds: ``shift_lease_clock``), "late_chunks" (``upload_chunks_late``:
+                     a negative control).
   saver DIR WRITER EXT STEPS MAX_TO_KEEP
                      save STEPS checkpoints "w<WRITER>-<step><EXT>" into DIR (concurrency tests).
   cases JSON         read damaged files whose bytes may reach libhdf5 (which can crash or
@@ -28,6 +31,7 @@ import os
 import resource
 import sys
 import tempfile
+import time
 import traceback
 from typing import Any
 
@@ -35,25 +39,31 @@ import numpy as np
 from reliability_support import frozen_tensors, read_outcome, restore_outcome, small_tensors, step_tensors
 
 import ckpt
+from ckpt.errors import StorageError
 from ckpt.storage.atomic import is_temporary
 from ckpt.storage.state import read_state
 
 
 KILLED_CODE = 77  # a child's exit code when kill_at_event ended it
+FAULTED_CODE = 78  # a child's exit code when kill_at_event's fault fired and the saves went on
 #: Audit events that change files: a kill between any two of them is a distinct crash state.
 FILE_EVENTS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.link", "shutil.rmtree"}
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
 
 
-def kill_at_event(k: int, kind: str) -> None:
+def kill_at_event(k: int, kind: str, fault: list[int] | None = None) -> None:
     """End this process with os._exit(KILLED_CODE) just before its k-th file event: an audit
     event that writes (``open`` for writing, renames, removals, mkdir), or for ``kind`` "s3"
     (the audit hook sees no network calls) a store call that changes objects: put, conditional
-    put, delete, finishing an upload."""
+    put, delete, finishing an upload. With ``fault`` (s3 only), the k-th store call instead
+    raises the StorageError a failed request becomes, once, and appends k to ``fault``."""
     seen = [0]
 
     def tick() -> None:
         seen[0] += 1
+        if seen[0] == k and fault is not None:
+            fault.append(k)
+            raise StorageError(f"injected fault at store call {k}")
         if seen[0] == k:
             os._exit(KILLED_CODE)
 
@@ -84,9 +94,46 @@ def kill_at_event(k: int, kind: str) -> None:
     sys.addaudithook(hook)
 
 
+def shift_lease_clock(seconds: float) -> None:
+    """Stamp the object-store chunk leases this process takes ``seconds`` in the past: to the
+    parent they look that much older, as if it resumed that long after the kill (no test waits
+    for a lease to expire). Only the lease code's clock moves: state entries keep real times."""
+    import types
+
+    from ckpt.saving import incremental_remote
+    from ckpt.storage import leases
+
+    clock = types.SimpleNamespace(time=lambda: time.time() - seconds, monotonic=time.monotonic, sleep=time.sleep)
+    leases.time = clock  # type: ignore[assignment]
+    incremental_remote.time = clock  # type: ignore[assignment]
+
+
+def upload_chunks_late() -> None:
+    """A negative control: incremental saves to an object store upload their chunks only after
+    the index is committed (the ordering bug a kill between the two exposes)."""
+    from ckpt.saving import incremental_remote
+    from ckpt.storage.remote import RemoteDirectory
+
+    pending: list[tuple[Any, str, bytes]] = []
+    commit, put = RemoteDirectory.commit, incremental_remote._put_chunk
+
+    def put_later(store: Any, url: str, data: Any) -> bool:
+        pending.append((store, url, bytes(data)))
+        return True
+
+    def commit_then_upload(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = commit(self, *args, **kwargs)
+        while pending:
+            put(*pending.pop(0))
+        return state
+
+    incremental_remote._put_chunk = put_later  # type: ignore[assignment]
+    RemoteDirectory.commit = commit_then_upload  # type: ignore[method-assign]
+
+
 def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: int = 0,
               stop: int | None = None, blocking: bool = True, comm: Any = None, keep_best: int | None = None,
-              incremental: int | None = None) -> None:
+              incremental: int | None = None, tolerate: bool = False) -> None:
     """Save consecutive steps forever (or until ``stop``), every tensor encoding the step.
 
     With ``blocking=False`` each save runs in the background while the loop already assigns
@@ -94,6 +141,7 @@ def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: in
     ``keep_best``: each save has the metric "loss" = its step, kept by keep-best retention.
     ``incremental``: incremental saves with chunks of this many bytes, of the step's tensors and
     the step-independent ``frozen_tensors`` (whose chunks the checkpoints share).
+    ``tolerate``: a save that fails with a CheckpointError is skipped (an injected fault).
     """
     variables = {key: ckpt.Variable(value) for key, value in step_tensors(start, writer).items()}
     best: dict[str, Any] = {} if keep_best is None else {"keep_best": keep_best, "best_metric": "loss"}
@@ -106,8 +154,12 @@ def save_loop(directory: str, ext: str, start: int, max_to_keep: int, writer: in
     while stop is None or step < stop:
         for key, value in step_tensors(step, writer).items():
             variables[key].assign(value)
-        saver.save(os.path.join(directory, prefix + ext), global_step=step, blocking=blocking,
-                   metrics=None if keep_best is None else {"loss": float(step)})
+        try:
+            saver.save(os.path.join(directory, prefix + ext), global_step=step, blocking=blocking,
+                       metrics=None if keep_best is None else {"loss": float(step)})
+        except ckpt.CheckpointError:
+            if not tolerate:
+                raise
         step += 1
     saver.wait()
 
@@ -127,7 +179,12 @@ def zygote() -> None:
         pid = os.fork()
         if pid == 0 and "kill_at" in command:
             try:
-                kill_at_event(command["kill_at"], command["kind"])
+                fault: list[int] | None = [] if command.get("fault") else None
+                kill_at_event(command["kill_at"], command["kind"], fault)
+                if command.get("lease_clock_behind"):
+                    shift_lease_clock(command["lease_clock_behind"])
+                if command.get("late_chunks"):
+                    upload_chunks_late()
                 comm = None
                 if command["kind"] == "sharded":
                     from ckpt import distributed
@@ -135,8 +192,9 @@ def zygote() -> None:
                     comm = distributed.local()
                 save_loop(command["dir"], command["ext"], command["start"], command["max_to_keep"],
                           stop=command["start"] + command["saves"], blocking=command.get("blocking", True),
-                          comm=comm, keep_best=command.get("keep_best"), incremental=command.get("incremental"))
-                os._exit(0)  # every save completed before the k-th event
+                          comm=comm, keep_best=command.get("keep_best"), incremental=command.get("incremental"),
+                          tolerate=fault is not None)
+                os._exit(FAULTED_CODE if fault else 0)  # 0: every save completed before the k-th event
             except BaseException:
                 traceback.print_exc()
                 os._exit(1)

@@ -58,6 +58,7 @@ from ckpt.saving.retention import Retention, kept_paths, read_local_owner, read_
 from ckpt.saving.staging import peek
 from ckpt.storage.state import state_lock
 from . import plan as planning
+from .incremental import IncrementalJob, collect, write_index_shard
 from .comm import CollectiveTimeoutError, Communicator, OutcomeUnknownError, decode, encode
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class Job:
     metrics: Mapping[str, float] | None = None
     #: the shard files' compression (``Saver(compression=)``), checked against the format by the Saver
     compression: str | None = None
+    #: an incremental save (``Saver(incremental=True)``): shard files index the shared chunk store
+    incremental: IncrementalJob | None = None
 
 
 def _local_plan(job: Job, path: str, step: int | None, values: Mapping[str, Any] | None,
@@ -129,14 +132,16 @@ def save_sharded(job: Job, comm: Communicator, timeout: float, path: str, fmt: A
     others waiting out the timeout.
     """
     try:
-        return _save(job, comm, timeout, path, fmt, step, metadata, values, failure)
+        with ExitStack() as held:  # rank 0 of an incremental save: the directory's lock
+            return _save(job, comm, timeout, path, fmt, step, metadata, values, failure, held)
     except CollectiveTimeoutError as exc:
         raise CheckpointWriteError(f"{path}: the sharded save failed on rank {comm.rank} of {comm.size}: {exc}; "
                                    "the previous checkpoint is still the latest") from exc
 
 
 def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, step: int | None,
-          metadata: dict[str, Any], values: Mapping[str, Any] | None, failure: str | None) -> list[str]:
+          metadata: dict[str, Any], values: Mapping[str, Any] | None, failure: str | None,
+          held: ExitStack) -> list[str]:
     rank, size = comm.rank, comm.size
     if failure is None:
         try:
@@ -163,6 +168,9 @@ def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, ste
                 if is_url(path):
                     listed_before, data = _prepare_remote(job, path)
                 else:
+                    if job.incremental is not None:  # held until the chunks are collected (incremental.py)
+                        require_directory(path)  # the lock file lives in the parent
+                        held.enter_context(state_lock(os.path.dirname(os.path.abspath(path))))
                     lock_fd, listed_before = _prepare(path, save_id)
                 verdict = {"save_id": save_id, "data": data}
             except Exception as exc:
@@ -184,7 +192,8 @@ def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, ste
             report = {"error": f"rank {rank}: {type(exc).__name__}: {exc}", "file": None, "blocks": []}
         else:
             report = _write_mine(files, fmt, save_id, rank, size, items, writers, sharded,
-                                 background=values is not None, compression=job.compression)
+                                 background=values is not None, compression=job.compression,
+                                 incremental=job.incremental)
         try:
             reports = [decode(raw, path) for raw in comm.allgather(encode(report), timeout)]
         except CollectiveTimeoutError as exc:  # rank 0 may have got every report, this one included
@@ -194,7 +203,8 @@ def _save(job: Job, comm: Communicator, timeout: float, path: str, fmt: Any, ste
         if rank == 0:
             try:
                 if data is None:
-                    outcome = _commit(job, path, save_id, lay, reports, step, metadata, listed_before, sharded)
+                    outcome = _commit(job, path, save_id, lay, reports, step, metadata, listed_before, sharded,
+                                      locked=job.incremental is not None)
                 else:
                     outcome = _commit_remote(job, path, data, build_record(lay, reports, step, metadata), reports)
             except Exception as exc:
@@ -410,10 +420,11 @@ def _unlink(path: str) -> None:
 
 def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, items: list[tuple[str, Any, Any]],
                 writers: dict[str, int], sharded: Any, background: bool = False,
-                compression: str | None = None) -> dict[str, Any]:
+                compression: str | None = None, incremental: IncrementalJob | None = None) -> dict[str, Any]:
     """Write this rank's blocks to its own file in ``files`` (the checkpoint's directory, or the
     save's data prefix in an object store: the same Store calls either way), read its index back
-    for the blocks' checksums; return the report rank 0 commits from."""
+    for the blocks' checksums; return the report rank 0 commits from. ``incremental`` (not a
+    full save): the blocks' chunks go to the chunk store and the file is their index."""
     mine = []
     for key, var, value in items:
         if (var.shard is not None or writers.get(key) == rank) and boxes.volume(var.shape):
@@ -436,6 +447,10 @@ def _write_mine(files: Store, fmt: Any, save_id: str, rank: int, size: int, item
                                sharded.stored_crcs(reader, block.key)])
 
     try:
+        if incremental is not None and not incremental.full:
+            assert isinstance(files, LocalStore)  # the Saver refuses object stores
+            written, blocks = write_index_shard(files, name, mine, incremental)
+            return {"error": None, "file": [name, written], "blocks": blocks}
         return {"error": None, "file": [name, files.write_file(name, write, check)], "blocks": blocks}
     except Exception as exc:
         return {"error": f"rank {rank}: {exc}", "file": [name, 0], "blocks": []}
@@ -459,8 +474,11 @@ def build_record(lay: planning.Layout, reports: list[dict[str, Any]], step: int 
 
 
 def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: list[dict[str, Any]],
-            step: int | None, metadata: dict[str, Any], listed_before: bool, sharded: Any) -> dict[str, Any]:
-    """Rank 0: write the commit record and update the state file, or undo this save's files."""
+            step: int | None, metadata: dict[str, Any], listed_before: bool, sharded: Any,
+            locked: bool = False) -> dict[str, Any]:
+    """Rank 0: write the commit record and update the state file, or undo this save's files
+    (``locked``: the caller holds the directory's lock); an incremental save's chunks no
+    checkpoint references are deleted after, still under the lock."""
     failed = [r["error"] for r in reports if r["error"]]
     if failed:
         _discard(path, reports)
@@ -469,7 +487,8 @@ def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: li
     parent = os.path.dirname(os.path.abspath(path))
     with ExitStack() as held:  # intent, commit, record and retention under the state lock, as a Saver's rename
         try:
-            held.enter_context(state_lock(parent))
+            if not locked:
+                held.enter_context(state_lock(parent))
             # the state file names the checkpoint pending first: rank 0 killed after the commit
             # record leaves it the latest all the same
             sharded.write_commit(path, build_record(lay, reports, step, metadata),
@@ -482,6 +501,11 @@ def _commit(job: Job, path: str, save_id: str, lay: planning.Layout, reports: li
             state = job.retention.record(path, step, listed_before, locked=True, metrics=job.metrics)
         except CheckpointError as exc:
             return {"kind": "write", "error": str(exc)}
+        if job.incremental is not None:
+            try:
+                collect(parent, job.incremental)
+            except (OSError, CheckpointError):
+                pass  # committed all the same; the next save collects what is left
     try:
         _clean_inside(path, keep=save_id)  # a checkpoint saved again under this name: the old files
     except OSError:

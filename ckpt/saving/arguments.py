@@ -15,7 +15,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckpt.errors import UnsupportedCheckpointError
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.runtime.module import Module
 from ckpt.runtime.variables import Variable, global_variables
@@ -93,7 +92,7 @@ def best_policy(keep_best: int | None, best_metric: str | None, best_mode: str) 
     return keep_best or None, best_metric, best_mode
 
 
-def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int, comm: Any,
+def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: int,
                        max_chain: int = 0) -> tuple[int | None, int, int] | None:
     """(full_every, chunk_bytes, max_chain) of an incremental Saver, checked; None when not incremental."""
     for name, value in (("full_every", full_every), ("chunk_bytes", chunk_bytes), ("max_chain", max_chain)):
@@ -103,8 +102,6 @@ def incremental_policy(incremental: bool, full_every: int | None, chunk_bytes: i
             raise ValueError(f"{name} must be {kind}{' or None' if name == 'full_every' else ''}, got {value!r}")
     if not incremental:
         return None
-    if comm is not None:
-        raise UnsupportedCheckpointError("incremental=True is not supported with comm= (sharded saves) yet")
     return full_every, chunk_bytes, max_chain
 
 

@@ -55,7 +55,11 @@ def wait_for_saves_in_flight() -> None:
         if not done:
             return
         for event in done:
-            event.wait()
+            # in short waits: a Ctrl-C the kernel hands to another thread (a save blocked in a
+            # read) only sets Python's flag, which the main thread checks when it wakes; an
+            # untimed wait would never wake to see it
+            while not event.wait(0.1):
+                pass
 
 
 def saves_in_flight() -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,9 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
-from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, get_format
+from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, Format, format_for_path, get_format
 from ckpt.formats.incremental import MAX_CHAIN as MAX_CHAIN  # the default of Saver(max_chain=)
+from ckpt.storage.urls import is_url
 from ckpt.storage.atomic import fsync_directory, replace_atomically, require_directory
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
@@ -48,6 +49,17 @@ def chunked_format() -> ChunkedFormat:
         raise UnsupportedCheckpointError(f"the registered {FORMAT!r} format ({type(fmt).__name__}) is not a "
                                          "ChunkedFormat: incremental saves need one")
     return fmt
+
+
+def refuse_unsupported(path: str, fmt: Format, *, sharded: bool = False) -> None:
+    """Refuse, before anything is written, what incremental saves do not support yet: formats
+    other than msgpack, and object-store URLs for sharded saves."""
+    refused = "the sharded saves (comm=) of an object-store URL" if sharded and is_url(path) else \
+        f"the {fmt.name} format" if fmt.name != "msgpack" else None
+    if refused is not None:
+        raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
+                                         "save to a .msgpack path" + (" in a local directory" if sharded else ""),
+                                         path=path)
 
 
 @dataclass
@@ -101,8 +113,27 @@ class Encoding:
     recall: dict[bytes, Any] = field(default_factory=dict)
 
 
-def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]], chunk_bytes: int,
-             stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
+@dataclass
+class ChunkStore:
+    """What an incremental save asks of its chunk store, by chunk file name (a digest, or two):
+    ``put(name, stored bytes)`` writes it create-only (False: it was there already),
+    ``exists(name)`` and ``get(name)`` (its stored bytes) look into it. A local directory's
+    (``local_chunks``) or an object store's (``ckpt.saving.incremental_remote``)."""
+
+    put: Callable[[bytes, bytes | memoryview], bool]
+    exists: Callable[[bytes], bool]
+    get: Callable[[bytes], bytes]
+
+
+def local_chunks(folder: str) -> ChunkStore:
+    """The chunk store of the local folder ``folder`` (the caller holds the directory's lock)."""
+    return ChunkStore(lambda name, data: _put_chunk(folder, name.hex(), data),
+                      lambda name: os.path.exists(os.path.join(folder, name.hex())),
+                      lambda name: _get_chunk(folder, name))
+
+
+def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
+                    stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
     lock, claimed = threading.Lock(), set()
@@ -112,22 +143,40 @@ def _entries(fmt: ChunkedFormat, folder: str, tensors: Sequence[tuple[str, Any]]
             if chunk in claimed:  # the same bytes twice in one save: one writer is enough
                 return
             claimed.add(chunk)
-        if _put_chunk(folder, chunk.hex(), data):
+        if chunks.put(chunk, data):
             with lock:
                 stats.chunks_written += 1
                 stats.bytes_written += len(data)
 
-    def exists(chunk: bytes) -> bool:
-        return os.path.exists(os.path.join(folder, chunk.hex()))
-
     entries, refs = {}, 0
     for key, arr in tensors:
         value = np.asarray(arr)
-        entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key), exists=exists,
-                                        get=lambda name: _get_chunk(folder, name), compression=encoding.compression,
+        entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key),
+                                        exists=chunks.exists, get=chunks.get, compression=encoding.compression,
                                         max_chain=encoding.max_chain, recall=encoding.recall, note=stats.notes)
         refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
     stats.chunks_reused = refs - stats.chunks_written
+    return entries
+
+
+def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
+                 stats: IncrementalStats, path: str, encoding: Encoding) -> dict[str, list[Any]]:
+    """Write the chunks of ``tensors`` that the chunk store of ``directory`` lacks, durably (the
+    folder is fsynced once they are all written); return the index entries. The caller holds the
+    directory's lock, so no collection deletes a chunk found present before it is referenced.
+
+    Raises:
+        CheckpointWriteError: naming ``path`` (the checkpoint), when the store cannot be written.
+    """
+    folder = os.path.join(directory, fmt.chunk_dir)
+    try:
+        require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
+        entries = encoded_entries(fmt, local_chunks(folder), tensors, chunk_bytes, stats, encoding)
+        fsync_directory(folder)
+    except OSError as exc:
+        raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
+                                   f"{exc.strerror or exc}; the previous checkpoint is still the latest",
+                                   path=path) from exc
     return entries
 
 
@@ -139,18 +188,10 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
     it; ``stats.entries`` holds its index entries (the next save's ``encoding.previous``)."""
     fmt = chunked_format()
     path = store.join(name)
-    folder = os.path.join(store.location, fmt.chunk_dir)
     stats = IncrementalStats()
     require_directory(path)  # as every save does; the lock file lives there
     with state_lock(store.location):
-        try:
-            require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-            entries = _entries(fmt, folder, tensors, chunk_bytes, stats, encoding or Encoding())
-            fsync_directory(folder)
-        except OSError as exc:
-            raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
-                                       f"{exc.strerror or exc}; the previous checkpoint is still the latest",
-                                       path=path) from exc
+        entries = write_chunks(fmt, store.location, tensors, chunk_bytes, stats, path, encoding or Encoding())
         data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
         read: list[CheckpointState] = []
         with replace_atomically(path, before_rename=lambda: read.append(store.intend(name, step, tmp, metrics))) \
@@ -162,19 +203,41 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
     return state, stats
 
 
+def references_at(fmt: ChunkedFormat, path: str) -> set[bytes] | None:
+    """The chunks the checkpoint ``path`` references: an index file, or a sharded checkpoint's
+    directory (every shard file in it that is an index, committed or not: a save still running or
+    killed keeps its chunks until its files are gone); None when it references none.
+
+    Raises:
+        OSError, CheckpointError: a file that may be an index cannot be read.
+    """
+    if os.path.isdir(path):
+        if format_for_path(path) is None:  # not a checkpoint's name: not ours to read
+            return None
+        found: set[bytes] | None = None
+        for name in sorted(os.listdir(path)):
+            inner = os.path.join(path, name)
+            if not name.startswith(".") and os.path.isfile(inner) and _is_index(fmt, inner):
+                found = (found or set()) | fmt.references(inner)
+        return found
+    if os.path.isfile(path) and _is_index(fmt, path):
+        return set(fmt.references(path))
+    return None
+
+
+def _is_index(fmt: ChunkedFormat, path: str) -> bool:
+    with open(path, "rb") as f:
+        return bool(fmt.sniff(f.read(SNIFF_BYTES)))
+
+
 def referenced(store: LocalStore, fmt: ChunkedFormat) -> set[bytes] | None:
-    """Every chunk a checkpoint file of the directory references; None when a file that may be an
-    incremental checkpoint cannot be read (nothing may be collected then)."""
+    """Every chunk a checkpoint of the directory references (its index files and the shard files of
+    its sharded checkpoints); None when a file that may be an index cannot be read (nothing may be
+    collected then)."""
     found: set[bytes] = set()
     for name in store.list_names():
-        path = store.join(name)
         try:
-            if not os.path.isfile(path):
-                continue
-            with open(path, "rb") as f:
-                head = f.read(SNIFF_BYTES)
-            if fmt.sniff(head):
-                found |= fmt.references(path)
+            found |= references_at(fmt, store.join(name)) or set()
         except FileNotFoundError:
             continue  # removed meanwhile (not by a saver: they hold the lock)
         except (OSError, CheckpointError):
@@ -213,15 +276,12 @@ def chunk_usage(directory: str, names: list[str]) -> dict[str, tuple[int, int]]:
     fmt = chunked_format()
     refs: dict[str, set[bytes]] = {}
     for name in names:
-        path = os.path.join(directory, name)
         try:
-            if not os.path.isfile(path):
-                continue
-            with open(path, "rb") as f:
-                if fmt.sniff(f.read(SNIFF_BYTES)):
-                    refs[name] = fmt.references(path)
+            found = references_at(fmt, os.path.join(directory, name))
         except (OSError, CheckpointError):
             continue
+        if found is not None:
+            refs[name] = found
     counts: dict[bytes, int] = {}
     for chunks in refs.values():
         for c in chunks:

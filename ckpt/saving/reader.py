@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -223,6 +225,20 @@ def read_in_batches(reader: Reader, pairs: Iterable[tuple[Any, np.ndarray]],
             batch, size = [], 0
     if batch:
         read(batch)
+
+
+def batch_bounds(reader: Reader, nbytes: Iterable[int]) -> list[tuple[int, int]]:
+    """``[start, stop)`` index ranges that cut tensors of ``nbytes`` bytes into the batches
+    ``read_in_batches`` reads (each closes with the tensor that reaches the batch size), found
+    with a running sum and bisection rather than a step per tensor."""
+    ends = list(itertools.accumulate(nbytes))
+    limit = _REMOTE_BATCH_BYTES if is_url(reader.path) else _BATCH_BYTES
+    bounds, start = [], 0
+    while start < len(ends):
+        stop = min(len(ends), bisect.bisect_left(ends, (ends[start - 1] if start else 0) + limit, start) + 1)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
 
 
 def load_checkpoint(ckpt_dir_or_file: str | os.PathLike[str],

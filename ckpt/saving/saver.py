@@ -30,7 +30,6 @@ from ckpt.errors import (
     CheckpointWriteError,
     StorageError,
     UninitializedVariableError,
-    UnsupportedCheckpointError,
 )
 from ckpt.formats import base as _formats  # the format registry; importing it registers the built-ins
 from ckpt.gcpause import gc_paused
@@ -38,8 +37,8 @@ from ckpt.runtime.variables import Variable
 from ckpt.saving.arguments import VarList, best_policy, check_global_step, incremental_policy, key_map, where
 from ckpt.saving.async_save import BackgroundSaves, SaveFuture
 from ckpt.saving.intervals import SaveIntervals
-from ckpt.saving.incremental import CHUNK_BYTES, MAX_CHAIN, Encoding, IncrementalStats, collect_chunks, \
-    commit_incremental
+from ckpt.saving.chunkstores import collect, save_chunked
+from ckpt.saving.incremental import CHUNK_BYTES, MAX_CHAIN, Encoding, IncrementalStats, refuse_unsupported
 from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_checkpoint, listed_beside, save_target
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
@@ -47,8 +46,7 @@ from ckpt.saving.stores import store_of
 from ckpt.storage import Store, WritableBlob
 from ckpt.storage import urls as _urls
 from ckpt.storage.atomic import require_directory
-from ckpt.storage.local import LocalStore
-from ckpt.storage.state import CheckpointState, state_lock
+from ckpt.storage.state import CheckpointState
 
 __all__ = ["Saver"]
 
@@ -91,9 +89,10 @@ class Saver:
             UnsupportedCheckpointError. None (the default) compresses nothing.
         incremental: True saves .msgpack checkpoints as an index over content-hashed chunks kept
             once in the directory's chunk store (``.ckpt-chunks/``): a save writes only the chunks
-            the store lacks (docs/incremental.md); with ``compression="zstd"`` the chunks are stored
-            compressed. Local saves only for now: with ``comm=``, an object-store URL or an .h5 path
-            it raises UnsupportedCheckpointError.
+            the store lacks (docs/incremental.md), locally or to an object-store URL; with
+            ``compression="zstd"`` the chunks are stored compressed; with ``comm=`` each rank's shard
+            file indexes the same store (local directories only). An .h5 path raises
+            UnsupportedCheckpointError.
         full_every: with ``incremental``, every ``full_every``-th save (the first included) writes
             a self-contained checkpoint; None (the default): every save is incremental.
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
@@ -106,7 +105,6 @@ class Saver:
             key, nothing to save, a negative staging_bytes, keep_best without best_metric, an
             unknown compression, a full_every or chunk_bytes that is not a positive int, or a
             max_chain that is not a non-negative int.
-        UnsupportedCheckpointError: ``incremental`` with ``comm``.
         TypeError: a var_list entry that is not a Variable (nor, in a dict, a Module or a dict).
     """
 
@@ -119,7 +117,7 @@ class Saver:
                  incremental: bool = False, full_every: int | None = None,
                  chunk_bytes: int = CHUNK_BYTES, max_chain: int = MAX_CHAIN) -> None:
         self._vars = key_map(var_list)
-        self._incremental = incremental_policy(incremental, full_every, chunk_bytes, comm, max_chain)
+        self._incremental = incremental_policy(incremental, full_every, chunk_bytes, max_chain)
         self._saves = 0  # saves made, for full_every
         self._previous: dict[str, list[Any]] = {}  # the last incremental save's index entries (delta bases)
         self._notes: dict[bytes, Any] = {}  # and the format's notes on its chunks (IncrementalStats.notes)
@@ -270,6 +268,7 @@ class Saver:
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
             scores = check_metrics(metrics, path)
+            inc = self._sharded_incremental(path, fmt)
             tensors, missing = [], set()
             for key, var in self._vars.items():
                 if var.is_initialized():
@@ -298,7 +297,7 @@ class Saver:
             values: dict[str, Any] = dict.fromkeys(missing)
             values.update(sources)
             return self._saved_sharded(path, self._run_sharded(comm, path, fmt, step, metadata, values,
-                                                               metrics=scores))
+                                                               metrics=scores, incremental=inc), inc)
 
         return self._background.submit(path, tensors, write)
 
@@ -313,23 +312,44 @@ class Saver:
             step = None if global_step is None else operator.index(global_step)
             metadata = _formats.normalize_metadata(metadata, path)
             scores = check_metrics(metrics, path)
+            inc = self._sharded_incremental(path, fmt)
         except Exception as exc:
             self._fail_together(self._comm, path_arg, exc)
             raise
-        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata, metrics=scores))
+        return self._saved_sharded(path, self._run_sharded(self._comm, path, fmt, step, metadata, metrics=scores,
+                                                           incremental=inc), inc)
 
     def _run_sharded(self, comm: Any, path: str, fmt: Any, step: int | None, metadata: dict[str, Any],
                      values: Mapping[str, Any] | None = None, failure: str | None = None,
-                     metrics: Mapping[str, float] | None = None) -> list[str]:
+                     metrics: Mapping[str, float] | None = None, incremental: Any = None) -> list[str]:
         """This rank's part of the collective save (``ckpt.distributed.save.save_sharded``)."""
         # lazy: only Savers given a comm load the distributed save (start-up of `import ckpt`)
         from ckpt.distributed.save import Job, save_sharded
 
-        job = Job(self._vars, self._retention, self._storage_options, metrics, self._compression)
+        job = Job(self._vars, self._retention, self._storage_options, metrics, self._compression, incremental)
         return save_sharded(job, comm, self._timeout, path, fmt, step, metadata, values, failure)
 
-    def _saved_sharded(self, path: str, kept: list[str]) -> str:
+    def _sharded_incremental(self, path: str, fmt: Any) -> Any:
+        """The ``IncrementalJob`` of an incremental Saver's sharded save (None for other Savers),
+        counted for full_every; an object-store URL is refused here, on every rank."""
+        if self._incremental is None:
+            return None
+        refuse_unsupported(path, fmt, sharded=True)
+        from ckpt.distributed.incremental import IncrementalJob  # lazy: only with comm=
+
+        full_every, chunk_bytes, max_chain = self._incremental
+        job = IncrementalJob(chunk_bytes, full=full_every is not None and self._saves % full_every == 0,
+                             encoding=Encoding(self._compression, max_chain, self._previous, self._notes))
+        self._saves += 1
+        self.last_incremental = None  # until this save commits
+        return job
+
+    def _saved_sharded(self, path: str, kept: list[str], incremental: Any = None) -> str:
         self._last_checkpoints, self._saved = kept, True
+        if incremental is not None:
+            self.last_incremental = incremental.stats  # this rank's chunks (and rank 0's collection)
+            # none after a full save: it cuts every chain
+            self._previous, self._notes = incremental.stats.entries, incremental.stats.notes
         return path
 
     def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:
@@ -368,37 +388,34 @@ class Saver:
         """An incremental save (every full_every-th a self-contained one), then chunk collection."""
         assert self._incremental is not None
         full_every, chunk_bytes, max_chain = self._incremental
-        refused = "an object-store URL" if not isinstance(store, LocalStore) else f"the {fmt.name} format" \
-            if fmt.name != "msgpack" else None
-        if refused is not None:
-            raise UnsupportedCheckpointError(f"{path}: incremental saves are not supported with {refused} yet; "
-                                             "save to a local .msgpack path", path=path)
-        assert isinstance(store, LocalStore)
+        refuse_unsupported(path, fmt)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1
 
         def write(sources: Any, background: bool = True) -> str:
-            if full:
-                self._previous, self._notes = {}, {}  # a self-contained save cuts every delta chain
-                self._commit(store, path, fmt, sources, metadata, step, metrics, background)
-                with state_lock(store.location):  # what retention dropped may free chunks
-                    self.last_incremental = IncrementalStats(chunks_collected=collect_chunks(store))
-                return path
-            try:
-                state, self.last_incremental = commit_incremental(
-                    store, os.path.basename(path), sources, metadata, chunk_bytes,
-                    self._retention.change(store, path, step, metrics), step, metrics,
-                    Encoding(self._compression, max_chain, self._previous, self._notes))
-            except StorageError as exc:
-                raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
-            self._previous, self._notes = self.last_incremental.entries, self.last_incremental.notes
-            self._saved_to(path, state)
+            if not full:
+                try:
+                    done = save_chunked(store, os.path.basename(path), sources, metadata, chunk_bytes,
+                                        self._retention.change(store, path, step, metrics), step, metrics,
+                                        Encoding(self._compression, max_chain, self._previous, self._notes))
+                except StorageError as exc:
+                    raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
+                if done is not None:
+                    state, self.last_incremental = done
+                    self._previous, self._notes = self.last_incremental.entries, self.last_incremental.notes
+                    self._saved_to(path, state)
+                    return path
+            # full_every, or an object store's collection held its chunk store: self-contained
+            self._previous, self._notes = {}, {}  # a self-contained save cuts every delta chain
+            self._commit(store, path, fmt, sources, metadata, step, metrics, background)
+            self.last_incremental = IncrementalStats(chunks_collected=collect(store))  # retention may free chunks
             return path
 
         self.last_incremental = None  # until this save commits (after wait() when in the background)
         if blocking:
             return write(tensors, background=False)
-        require_directory(path)
+        if not _urls.is_url(path):
+            require_directory(path)
         return self._background.submit(path, tensors, write)
 
     def _commit(self, store: Store, path: str, fmt: Any, tensors: Any, metadata: dict[str, Any], step: int | None,

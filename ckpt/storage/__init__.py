@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 if TYPE_CHECKING:
     from ckpt.storage.state import CheckpointState
 
-__all__ = ["ReadableBlob", "WritableBlob", "Store", "Catalog", "FILES_ONLY", "Span", "Bytes", "StateChange", "Listed"]
+__all__ = ["ReadableBlob", "WritableBlob", "Folder", "Store", "Catalog", "FILES_ONLY", "Span", "Bytes", "StateChange",
+           "Listed"]
 
 T = TypeVar("T")
 #: One row of ``Store.listing``: name, step, time, size in bytes, note.
@@ -148,6 +149,44 @@ class WritableBlob(Protocol):
 
     def close(self) -> None:
         """Finish the blob: everything written is in the storage once this returns."""
+
+
+@runtime_checkable
+class Folder(Protocol):
+    """The objects of one folder beside a blob, each read whole (an incremental checkpoint's chunk
+    store): local files (``ckpt.storage.localfile.LocalFolder``) or objects under a prefix of the
+    blob's own store, read with its options (``ckpt.storage.objfolder.RemoteFolder``: one GET per
+    object, many in flight). ``ckpt.formats.base.open_folder(blob, name)`` opens the folder beside
+    a blob.
+    """
+
+    @property
+    def location(self) -> str:
+        """The folder's path or URL."""
+
+    def where(self, name: str) -> str:
+        """The path or URL of the object ``name``, as error messages show it."""
+
+    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | bytes | None]:
+        """Read each ``(name, view)``'s object ``name`` (several at once where the store allows),
+        the fast path of raw chunks: None when it is exactly ``len(view)`` bytes (``view`` holds
+        them); its bytes when it is shorter (an encoded chunk, ``view`` is left unspecified);
+        otherwise what is wrong with it ("is missing", "holds more than N bytes").
+
+        Raises:
+            StorageError: the store failed (an outage, not the objects' fault).
+        """
+
+    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+        """The whole bytes of each object of ``names``, whatever their length (several at once
+        where the store allows), or what is wrong with it ("is missing").
+
+        Raises:
+            StorageError: the store failed (an outage, not the objects' fault).
+        """
+
+    def sizes(self) -> dict[str, int]:
+        """``{name: size in bytes}`` of every object in the folder (one listing)."""
 
 
 class Catalog(Protocol):

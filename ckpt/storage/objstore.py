@@ -53,6 +53,9 @@ __all__ = ["ObjectStore", "MemoryStore", "Sizes", "TIMEOUT", "RATE"]
 #: and 15 s, ``config_kwargs``) end a silent connection sooner.
 TIMEOUT = 60.0
 RATE = 64 << 10
+#: Seconds a chunk store's lease (``ckpt.storage.leases``) stays valid unless renewed (storage
+#: option ``ckpt_grace``): a save or collection paused longer than half of it gives up.
+GRACE = 3600.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class Sizes:
 
 _MAY_BE_ZERO = frozenset({"single_put_max", "single_get_max", "whole_slack", "gap"})
 #: The storage options that are ckpt's own, not the filesystem's.
-CKPT_OPTIONS = frozenset({"ckpt_timeout", "ckpt_rate"} | {"ckpt_" + f.name for f in dataclasses.fields(Sizes)})
+CKPT_OPTIONS = frozenset({"ckpt_timeout", "ckpt_rate", "ckpt_grace"} |
+                         {"ckpt_" + f.name for f in dataclasses.fields(Sizes)})
 
 
 def pieces_of(spans: Sequence[tuple[int, memoryview]], size_for: Callable[[int], int],
@@ -198,6 +202,7 @@ class ObjectStore:
         options = dict(_urls.check_options(storage_options))
         self.timeout = _seconds(options, "ckpt_timeout", TIMEOUT)
         self.rate = _seconds(options, "ckpt_rate", RATE)
+        self.grace = _seconds(options, "ckpt_grace", GRACE)
         self.sizes = sizes if sizes is not None else Sizes.from_options(options)
         self.fs = _urls.filesystem(url, {k: v for k, v in options.items() if k not in CKPT_OPTIONS})
 

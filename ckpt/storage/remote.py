@@ -240,14 +240,18 @@ class RemoteDirectory:
             raise
 
     def commit(self, name: str, write: Callable[[WritableBlob], None], change: StateChange,
-               step: int | None = None, metrics: Mapping[str, float] | None = None) -> CheckpointState:
+               step: int | None = None, metrics: Mapping[str, float] | None = None,
+               ready: Callable[[], None] | None = None) -> CheckpointState:
         """Clean orphans, upload ``name``'s data, name it pending in the state file (``intend``),
-        write its commit record (``step`` goes into it), then record it (``record``)."""
+        call ``ready()`` (a last check that may raise: nothing is committed then), write its commit
+        record (``step`` goes into it), then record it (``record``)."""
         self.clean_orphans()
         relative = self.new_data(name)
         size, head, tail = self._upload(relative, write, None)
         try:
             self.intend(name, step, relative, metrics)
+            if ready is not None:
+                ready()
         except BaseException:
             self._delete_data(self.join(relative), quietly=True)
             raise

@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
 
 from ckpt.checksums import crc32c
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
-__all__ = ["BIG", "WAITERS", "WORKERS", "Piece", "checksum_async", "one_thread", "steal", "submit", "waiters",
-           "workers"]
+__all__ = ["BIG", "WAITERS", "WORKERS", "Piece", "checksum_async", "one_thread", "side_by_side", "steal", "submit",
+           "waiters", "workers"]
+
+T = TypeVar("T")
 
 #: Buffers at least this big are checksummed on a worker thread, overlapping I/O.
 BIG = 4 << 20
@@ -39,7 +41,7 @@ WAITERS = 8
 _pool: ThreadPoolExecutor | None = None  # started with the first large tensor (concurrent.futures loads then)
 _waiters: ThreadPoolExecutor | None = None  # started with the first incremental save's large tensor
 _pool_lock = threading.Lock()
-_this_thread = threading.local()  # .inline: True inside ``one_thread()``
+_this_thread = threading.local()  # .inline: True inside ``one_thread()``; .waiter: on a waiters() thread
 _inline: Executor | None = None
 
 
@@ -66,8 +68,26 @@ def waiters() -> Executor:
         if _waiters is None:
             from concurrent.futures import ThreadPoolExecutor  # lazy, as in workers()
 
-            _waiters = ThreadPoolExecutor(max_workers=WAITERS, thread_name_prefix="ckpt-wait")
+            _waiters = ThreadPoolExecutor(max_workers=WAITERS, thread_name_prefix="ckpt-wait",
+                                          initializer=_mark_waiter)
         return _waiters
+
+
+def _mark_waiter() -> None:
+    _this_thread.waiter = True
+
+
+def side_by_side(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]]) -> list[T]:
+    """``fn(*job)`` of every job on the ``waiters()`` threads; the results in order, or the first
+    job's error in order. Every job has ended when this returns, even after an error (none may
+    still use a caller's buffer). Called on a waiter thread, the jobs run on it one by one (a pool
+    waiting on its own jobs could run out of threads)."""
+    if getattr(_this_thread, "waiter", False):
+        return [fn(*job) for job in jobs]
+    futures = [waiters().submit(fn, *job) for job in jobs]
+    for future in futures:
+        future.exception()  # waits
+    return [future.result() for future in futures]
 
 
 @contextmanager

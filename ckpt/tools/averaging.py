@@ -28,7 +28,7 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.errors import CheckpointError, CheckpointWriteError, MismatchError, UnsupportedCheckpointError
-from ckpt.formats.base import normalize_metadata
+from ckpt.formats.base import check_compression, normalize_metadata, write_with
 from ckpt.lazy import LazySource
 from ckpt.saving.reader import CheckpointReader
 from ckpt.saving.stores import store_of
@@ -187,7 +187,8 @@ class _Same(LazySource):
 
 def average_checkpoints(checkpoints: Sequence[Checkpoint], out: str | os.PathLike[str],
                         weights: Sequence[float] | None = None, *, format: str | None = None,
-                        overwrite: bool = False, storage_options: StorageOptions | None = None) -> str:
+                        overwrite: bool = False, storage_options: StorageOptions | None = None,
+                        compression: str | None = None) -> str:
     """Write the weighted average of ``checkpoints`` to ``out``; return ``out``.
 
     Floating-point tensors (float16, bfloat16, float32, float64, complex) are averaged in
@@ -203,18 +204,22 @@ def average_checkpoints(checkpoints: Sequence[Checkpoint], out: str | os.PathLik
         format: the format's registered name, if not ``out``'s extension.
         overwrite: replace an existing ``out`` (never for a URL).
         storage_options: for URLs, options for the store's fsspec filesystem.
+        compression: "zstd" writes a .msgpack ``out`` with compressed numeric tensors (as
+            ``save_file(..., compression="zstd")``); None uncompressed.
 
     Raises:
         MismatchError: the checkpoints do not hold the same keys, shapes and dtypes (all listed,
             before anything is written), or a non-float tensor differs between two of them.
         CorruptCheckpointError: an input fails a checksum (``out`` is not written).
         CheckpointWriteError: ``out`` exists (without ``overwrite``), or writing it failed.
-        UnsupportedCheckpointError: ``out``'s format is unknown or cannot be written.
+        UnsupportedCheckpointError: ``out``'s format is unknown or cannot be written, or does not
+            offer ``compression`` (.h5, .safetensors).
         ValueError: bad weights.
     """
     out = os.fspath(out)
     shares = averaging_weights(len(checkpoints), weights)
     fmt = writable_format(out, format)
+    check_compression(fmt, compression, out)
     remote = is_url(out)
     if remote and overwrite:
         raise ValueError("an object-store destination is written once (create-only): no overwrite")
@@ -233,7 +238,7 @@ def average_checkpoints(checkpoints: Sequence[Checkpoint], out: str | os.PathLik
 
         def write(blob: WritableBlob) -> None:
             with reusing_buffers():
-                fmt.write_blob(blob, tensors, metadata)
+                write_with(fmt, blob, tensors, metadata, compression)
 
         try:  # atomic (docs/storage.md): nothing appears at ``out`` unless every tensor was written
             store_of(out, storage_options).write_checkpoint(os.path.basename(out), write)

@@ -37,7 +37,15 @@ from ckpt.tools.sources import Checkpoint, Keys, opened, select_keys
 from ckpt.storage.urls import StorageOptions, is_url
 from ckpt.saving.stores import store_of
 from ckpt.storage.atomic import fsync_directory, require_directory
-from ckpt.formats.base import format_for_path, formats, get_format, normalize_metadata, validate_keys
+from ckpt.formats.base import (
+    check_compression,
+    format_for_path,
+    formats,
+    get_format,
+    normalize_metadata,
+    validate_keys,
+    write_with,
+)
 from ckpt.lazy import LazySource
 from ckpt.saving.reader import CheckpointReader
 from ckpt.storage import ReadableBlob, WritableBlob
@@ -246,7 +254,8 @@ def _block_reader(reader: Any, plan: dict[str, str]) -> tuple[list[Any], Callabl
 
 
 def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
-                          fmt: Any, storage_options: StorageOptions | None, chunk_bytes: int | None = None) -> None:
+                          fmt: Any, storage_options: StorageOptions | None, chunk_bytes: int | None = None,
+                          compression: str | None = None) -> None:
     """Write a sharded checkpoint into an object store as a sharded save does: the shard files
     create-only under a fresh data prefix, its COMMIT there, everything read back and compared,
     then the checkpoint's create-only commit record (docs/formats.md, "Object stores")."""
@@ -263,7 +272,8 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
     commit = f"{data}/{sharded.COMMIT}"
     specs, read = _block_reader(reader, plan)
     try:
-        record = sharded.write_shards(store.under(data), specs, read, metadata, shards, ext=fmt.extensions[0])
+        record = sharded.write_shards(store.under(data), specs, read, metadata, shards, ext=fmt.extensions[0],
+                                      compression=compression)
         raw = record.to_bytes()
         store.store.put(store.join(commit), raw, create_only=True)
         # read back through this store (its options): the reader opens the shard files with it too
@@ -276,7 +286,7 @@ def _write_sharded_remote(reader: Any, plan: dict[str, str], metadata: dict[str,
 
 
 def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], dst: str, shards: int,
-                   fmt: Any, chunk_bytes: int | None = None) -> None:
+                   fmt: Any, chunk_bytes: int | None = None, compression: str | None = None) -> None:
     """Write SRC's planned tensors as a sharded checkpoint: into a temporary directory, read back
     and compared, then renamed to DST (which must not exist)."""
     # lazy: a format module, loaded only for a sharded conversion (format modules load on use, via the registry)
@@ -290,7 +300,8 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
     specs, read = _block_reader(reader, plan)
     tmp = os.path.join(parent, f".{os.path.basename(dst)}.ckpt-tmp-{os.urandom(6).hex()}")
     try:
-        sharded.write_single_process(tmp, specs, read, metadata, shards, ext=fmt.extensions[0])
+        sharded.write_single_process(tmp, specs, read, metadata, shards, ext=fmt.extensions[0],
+                                     compression=compression)
         with sharded.ShardedReader(tmp) as written:
             _check_sharded(written, reader, plan, metadata, dst, chunk_bytes)
         os.rename(tmp, dst)
@@ -308,7 +319,8 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
 def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
             renames: Mapping[str, str] | None = None, format: str | None = None, shards: int | None = None,
             overwrite: bool = False, progress: Progress | None = None,
-            storage_options: StorageOptions | None = None, chunk_bytes: int | None = None) -> Conversion:
+            storage_options: StorageOptions | None = None, chunk_bytes: int | None = None,
+            compression: str | None = None) -> Conversion:
     """Write a checkpoint's tensors and metadata to ``dst`` in another format, a subset, renamed.
 
     ``dst`` is written to a temporary file, read back and checked against ``src`` (keys,
@@ -330,13 +342,16 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
             tensors' bytes in all).
         storage_options: for URLs, options for the store's fsspec filesystem.
         chunk_bytes: about this many bytes of a tensor are read at a time (None: 8 MiB).
+        compression: "zstd" writes a .msgpack ``dst`` (or its shards) with compressed numeric
+            tensors, as ``save_file(..., compression="zstd")``; None writes it uncompressed,
+            whatever ``src`` is.
 
     Returns:
         A Conversion: where, in which format, which keys became which.
 
     Raises:
-        UnsupportedCheckpointError: ``dst``'s format is unknown or read-only, or cannot store a
-            dtype or the metadata of ``src``.
+        UnsupportedCheckpointError: ``dst``'s format is unknown or read-only, cannot store a
+            dtype or the metadata of ``src``, or does not offer ``compression`` (.h5, .safetensors).
         KeyNotFoundError: ``keys`` or a rename scope matches no key of ``src``.
         CheckpointWriteError: ``dst`` exists (without ``overwrite``), or writing or checking it failed.
         CorruptCheckpointError: ``src`` is damaged.
@@ -344,6 +359,7 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
     """
     dst = os.fspath(dst)
     fmt = writable_format(dst, format)
+    check_compression(fmt, compression, dst)
     remote = is_url(dst)
     if remote and overwrite:
         raise ValueError("an object-store destination is written once (create-only): no overwrite")
@@ -372,17 +388,17 @@ def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,
         done = Conversion(dst, fmt.name, reader.path, reader.format, plan, shards)
         if shards is not None:
             if remote:
-                _write_sharded_remote(reader, plan, metadata, dst, shards, fmt, storage_options, chunk_bytes)
+                _write_sharded_remote(reader, plan, metadata, dst, shards, fmt, storage_options, chunk_bytes,
+                                      compression)
             else:
-                _write_sharded(reader, plan, metadata, dst, shards, fmt, chunk_bytes)
+                _write_sharded(reader, plan, metadata, dst, shards, fmt, chunk_bytes, compression)
             return done
 
         def write(blob: WritableBlob) -> None:
             scratch = [np.empty(0, dtype=np.uint8)]
             with reusing_buffers():
-                fmt.write_blob(blob, [(new, _Source(reader, reader.tensors[old], progress, scratch,
-                                                       chunk_bytes))
-                                       for old, new in plan.items()], metadata)
+                write_with(fmt, blob, [(new, _Source(reader, reader.tensors[old], progress, scratch, chunk_bytes))
+                                       for old, new in plan.items()], metadata, compression)
 
         def check(written: ReadableBlob) -> None:
             _check_written(fmt, written, dst, reader, plan, metadata, progress, chunk_bytes)

@@ -91,13 +91,22 @@ def list_checkpoints(directory: str | os.PathLike[str],
     if not rows:
         raise CheckpointNotFoundError(f"{directory}: no checkpoints (no '{STATE_FILE}' state file and no "
                                       "checkpoint files)", path=directory)
-    return _with_usage(directory, rows)
+    return _with_usage(directory, rows, storage_options)
 
 
-def _with_usage(directory: str, rows: list[ListedCheckpoint]) -> list[ListedCheckpoint]:
-    """The rows with ``owned`` and ``shared`` (chunk stores are local only: a URL's rows own their size)."""
+def _with_usage(directory: str, rows: list[ListedCheckpoint],
+                storage_options: StorageOptions | None = None) -> list[ListedCheckpoint]:
+    """The rows with ``owned`` and ``shared`` (an incremental checkpoint's chunks counted)."""
     present = [row.path for row in rows if row.note != "missing"]
-    usage = {} if is_url(directory) else chunk_usage(directory, present)
+    if is_url(directory):
+        from ckpt.saving.incremental_remote import remote_chunk_usage  # lazy: object stores only
+        from ckpt.storage.remote import RemoteDirectory
+
+        store = open_store(directory, storage_options)
+        assert isinstance(store, RemoteDirectory)
+        usage = remote_chunk_usage(store, present)
+    else:
+        usage = chunk_usage(directory, present)
     out = []
     for row in rows:
         if row.size is None or row.note == "missing":

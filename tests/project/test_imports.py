@@ -31,21 +31,22 @@ def test_every_public_name_resolves_and_is_declared_for_type_checkers():
 
 def test_reading_a_ckpt_file_imports_only_its_format(tmp_path):
     """The registry's formats are lazy: recognising a ckpt HDF5 file imports the HDF5 format
-    and nothing of the foreign formats; crc32c loads without its package's importlib.metadata."""
+    and nothing of the foreign formats (nor the child-process probe's subprocess); crc32c loads without its
+    package's importlib.metadata."""
     path = tmp_path / "m.h5"
     ckpt.Saver({"w": ckpt.Variable([0.0, 1.0, 2.0], dtype="float64")}).save(str(path))
     code = ("import sys, ckpt\n"
             f"with ckpt.load_checkpoint({str(path)!r}) as r:\n"
             "    assert r.get_tensor('w').tolist() == [0.0, 1.0, 2.0]\n"
             "print(sorted(m for m in sys.modules if m.startswith(('ckpt.formats.', 'importlib.metadata', 'h5py'))"
-            " or m == 'crc32c'))\n")
+            " or m in ('crc32c', 'subprocess')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          cwd=OUTSIDE_CHECKOUT)
     loaded = set(eval(out.stdout))  # a list of module names
     assert "ckpt.formats.hdf5" in loaded
     foreign = {f"ckpt.formats.{m}" for m in ("torch", "tensorflow", "keras", "flax", "orbax", "safetensors",
                                              "sharded", "ckpt_sharded", "msgpack")}
-    assert not loaded & (foreign | {"importlib.metadata", "crc32c", "h5py"}), loaded
+    assert not loaded & (foreign | {"importlib.metadata", "crc32c", "h5py", "subprocess"}), loaded
 
 
 def test_built_in_formats_are_format_classes_whose_modules_load_on_first_use():
@@ -88,6 +89,21 @@ def test_python_started_in_the_clone_root_finds_formats_and_cli_beside_the_sourc
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [os.path.join(root, *p) for p in
                                   (("ckpt", "__init__.py"), ("formats", "__init__.py"), ("cli", "__init__.py"))]
+
+
+def test_import_ckpt_loads_no_import_machinery_it_does_not_need():
+    """`import ckpt` checks whether it is a source tree without importlib.abc, which would load
+    importlib.resources, tempfile, shutil, bz2, lzma and random: ~10 ms of every command's start."""
+    root = os.path.abspath(os.path.join(TESTS, os.pardir))
+    code = ("import sys, ckpt\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('importlib.abc', 'importlib.resources', "
+            "'tempfile', 'shutil'))))\n"
+            "import importlib.util\n"  # the source tree's finder still finds formats/ beside ckpt/
+            "print(importlib.util.find_spec('ckpt.formats').origin)\n")
+    # -S: no site-packages (no editable finder, whose own imports would hide ours); cwd: ckpt is the source
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", os.path.join(root, "formats", "__init__.py")]
 
 
 def test_an_installed_ckpt_or_a_stray_folder_is_not_a_source_tree(tmp_path):

@@ -172,15 +172,24 @@ def test_a_kill_at_any_file_event_never_deletes_the_best_checkpoint(tmp_path, ex
 INCREMENTAL_CHUNK = 4096  # small chunks: every tensor has several, the frozen table's are shared
 
 
-def _incremental_saver() -> tuple[ckpt.Saver, dict[str, ckpt.Variable]]:
+def _incremental_saver(kind: str = "file") -> tuple[ckpt.Saver, dict[str, ckpt.Variable]]:
     variables = _variables()
     variables.update({key: ckpt.Variable(value) for key, value in frozen_tensors().items()})
-    return ckpt.Saver(variables, max_to_keep=MAX_TO_KEEP, incremental=True,
-                      chunk_bytes=INCREMENTAL_CHUNK), variables
+    comm = None
+    if kind == "sharded":
+        from ckpt import distributed
+
+        comm = distributed.local()
+    return ckpt.Saver(variables, max_to_keep=MAX_TO_KEEP, incremental=True, chunk_bytes=INCREMENTAL_CHUNK,
+                      comm=comm), variables
 
 
 def _referenced_names(path: str) -> set[bytes]:
     """The chunk files ``path`` reads (64-byte names: deltas, each with its base)."""
+    if os.path.isdir(path):  # a sharded checkpoint: its shard files are the indexes
+        with open_reader(path) as sharded:
+            files = [os.path.join(path, name) for name, _ in sharded.files]  # type: ignore[attr-defined]
+        return set().union(*(_referenced_names(f) for f in files))
     with open_reader(path) as reader:
         assert isinstance(reader, IncrementalReader)
         return {c for key in reader.tensors for c in reader.chunks_of(key)}
@@ -190,7 +199,7 @@ def _referenced_chunks(path: str) -> set[str]:
     return {c.hex() for c in _referenced_names(path)}
 
 
-def _incremental_problems(directory: str) -> list[str]:
+def _incremental_problems(directory: str, kind: str = "file") -> list[str]:
     """What a resumed incremental run would get wrong in ``directory`` after a kill."""
     problems = []
     for row in ckpt.list_checkpoints(directory):  # every kept checkpoint: all its chunks there and intact
@@ -202,7 +211,7 @@ def _incremental_problems(directory: str) -> list[str]:
     expected = os.path.join(directory, f"model-{newest}.msgpack")
     if ckpt.latest_checkpoint(directory) != expected:
         return problems + [f"latest_checkpoint is {ckpt.latest_checkpoint(directory)}, not {expected}"]
-    saver, variables = _incremental_saver()
+    saver, variables = _incremental_saver(kind)
     saver.restore(directory)
     if step_of({k: np.asarray(v.value()) for k, v in variables.items() if k in step_tensors(0)}) != newest:
         problems.append(f"restore(directory) did not give step {newest}")
@@ -223,14 +232,15 @@ def _incremental_problems(directory: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("blocking", [True, False])
-def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(tmp_path, blocking):
+@pytest.mark.parametrize("kind,blocking", [("file", True), ("file", False), ("sharded", True)])
+def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(tmp_path, kind, blocking):
     """Three incremental saves with max_to_keep (so retention and chunk collection run), killed at
     every file event: no kept checkpoint references a deleted or missing chunk, latest_checkpoint
     is the newest complete one, and the next save collects what the killed one left. With
-    ``blocking=False`` the child assigns the next step while each save runs in the background."""
+    ``blocking=False`` the child assigns the next step while each save runs in the background. Kind
+    "sharded": Saver(comm=distributed.local(), incremental=True), its shard files indexing the store."""
     template = str(tmp_path / "template")
-    _incremental_saver()[0].save(os.path.join(template, "model.msgpack"), global_step=0)
+    _incremental_saver(kind)[0].save(os.path.join(template, "model.msgpack"), global_step=0)
     zygote = Zygote(str(tmp_path / "zygote.stderr"))
     bad: list[str] = []
     points = 0
@@ -239,19 +249,20 @@ def test_a_kill_at_any_file_event_of_incremental_saves_never_loses_a_kept_chunk(
             directory = str(tmp_path / f"run-{k}")
             shutil.copytree(template, directory)
             pid = zygote.spawn(dir=directory, ext=".msgpack", start=1, max_to_keep=MAX_TO_KEEP, kill_at=k,
-                               saves=SAVES, kind="file", incremental=INCREMENTAL_CHUNK, blocking=blocking)
+                               saves=SAVES, kind=kind, incremental=INCREMENTAL_CHUNK, blocking=blocking)
             code = zygote.reap(pid)
             if code == 0:
                 break
             assert code == KILLED_CODE, f"the child failed (code {code}): {(tmp_path / 'zygote.stderr').read_text()}"
             points += 1
-            bad += [f"kill at event {k}: {p}" for p in _incremental_problems(directory)]
+            bad += [f"kill at event {k}: {p}" for p in _incremental_problems(directory, kind)]
             shutil.rmtree(directory)
     finally:
         zygote.close()
-    print(f"\nincremental .msgpack blocking={blocking}: {points} kill points, {len(bad)} wrong")
+    print(f"\nincremental {kind} .msgpack blocking={blocking}: {points} kill points, {len(bad)} wrong")
     assert points >= 3 * SAVES, "the kills did not reach the saves' commits"
     complete = ckpt.latest_checkpoint(directory)  # the run no kill reached: its saves wrote deltas
-    assert complete is not None and any(len(name) == 64 for name in _referenced_names(complete)), \
+    assert complete is not None
+    assert any(len(name) == 64 for name in _referenced_names(complete)), \
         "no save wrote a delta chunk: the kills did not cover delta-writing saves"
     assert not bad, f"{len(bad)} of {points} kill points went wrong:\n" + "\n".join(bad)

@@ -147,6 +147,64 @@ def test_a_damaged_chunk_is_refused_naming_file_and_key(tmp_path, plane):
     assert result.exit_code != 0 and "'w'" in result.output and "'other'" not in result.output
 
 
+def test_chunks_decoded_beside_the_first_group_round_trip_and_are_checked(tmp_path):
+    """Chunks past the first group are decoded on the I/O threads, their checksums combined."""
+    path = str(tmp_path / "d.msgpack")
+    good = weights((mpfmt._DECODE_GROUP + 2) * BLOCK // 4, seed=9)  # a second group of chunks
+    ckpt.save_file({"w": good}, path, compression="zstd")
+    assert_bit_exact(good, ckpt.load_file(path)["w"])
+    with ckpt.formats.base.open_reader(path) as reader:
+        offset, n = reader.tensors["w"].extra.extents[mpfmt._DECODE_GROUP]
+    _flip(path, offset + n // 3)  # in a raw mantissa plane: decodes, to wrong values
+    with ckpt.load_checkpoint(path) as reader, \
+            pytest.raises(ckpt.CorruptCheckpointError, match=r"d\.msgpack.*'w'"):
+        reader.get_tensor("w")
+
+
+def test_a_task_reads_its_chunks_in_one_read_and_never_the_gaps_of_a_scattered_index(tmp_path, monkeypatch):
+    """Chunks stored back to back are one read per task (one GET on an object store); chunks an
+    index places apart are read one by one."""
+    path = str(tmp_path / "r.msgpack")
+    good = weights(6 * BLOCK // 4, seed=11)
+    ckpt.save_file({"a": good, "b": good}, path, compression="zstd")
+    with ckpt.formats.base.open_reader(path) as reader:
+        reads = []
+        source = reader._source
+        real = source.read_into
+        monkeypatch.setattr(source, "read_into", lambda view, offset, what: (reads.append(len(view)),
+                                                                              real(view, offset, what)))
+        assert_bit_exact(good, reader.read("a"))
+        stored = [n for _, n in reader.tensors["a"].extra.extents]
+        group = mpfmt._decode_group(len(stored))
+        assert len(reads) == -(-len(stored) // group)
+        reads.clear()
+        assert reader.verify() == []
+        chunk_reads = [n for n in reads if n > 5]  # (not the bin headers verify's framing check reads)
+        assert len(chunk_reads) == 2 * -(-len(stored) // group)  # "a" and "b" verified, a task at a time
+        reads.clear()
+        reader.tensors["a"].extra.extents[1] = reader.tensors["b"].extra.extents[1]  # the same bytes, far away
+        assert_bit_exact(good, reader.read("a"))
+        assert sum(reads) <= sum(stored) + 5 * len(stored)  # (the bin headers between chunks)
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("n", [1, 3, 4097])
+def test_byte_planes_split_and_join_every_width(itemsize, n):
+    from ckpt.formats import _planes
+
+    rng = np.random.default_rng(itemsize * n)
+    chunks = {"mixed": rng.integers(0, 256, n * itemsize, dtype=np.uint8),
+              "constant": np.full(n * itemsize, 7, np.uint8)}  # every plane compresses
+    chunks["mixed"].reshape(n, itemsize)[:, -1] &= 0x03  # a compressible top plane, random others
+    for raw in chunks.values():
+        planes = raw.reshape(n, itemsize).T.reshape(-1)
+        assert_bit_exact(planes, _planes._split(raw, itemsize))
+        stored, sizes = _planes.encode_chunk(memoryview(raw), itemsize)
+        out = np.zeros_like(raw)
+        _planes.decode_chunk(memoryview(stored), sizes, itemsize, memoryview(out), "x")
+        assert_bit_exact(raw, out)
+
+
 def test_hdf5_refuses_compression_and_writes_nothing(tmp_path):
     with pytest.raises(ckpt.UnsupportedCheckpointError, match=r"m\.h5.*hdf5 format does not compress"):
         ckpt.save_file({"w": weights(10)}, tmp_path / "m.h5", compression="zstd")

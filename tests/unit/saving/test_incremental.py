@@ -150,10 +150,8 @@ def test_hdf5_paths_are_refused(tmp_path: object, blocking: bool) -> None:
     assert os.listdir(str(tmp_path)) == []
 
 
-def test_comm_and_bad_arguments_are_refused(tmp_path: object) -> None:
+def test_bad_arguments_are_refused(tmp_path: object) -> None:
     v = _vars(np.random.default_rng(7))
-    with pytest.raises(UnsupportedCheckpointError, match="comm="):
-        ckpt.Saver(v, incremental=True, comm=object())
     with pytest.raises(ValueError, match="chunk_bytes"):
         ckpt.Saver(v, incremental=True, chunk_bytes=0)
     with pytest.raises(ValueError, match="max_chain"):

@@ -208,3 +208,30 @@ def test_a_restore_reads_a_batch_of_tensors_side_by_side_and_names_the_first_dam
     with pytest.raises(CorruptCheckpointError) as info:
         saver.restore(path)
     assert str(info.value).startswith(f"{path}: tensor 't2'")  # the first in order, though t3's read too
+
+
+def test_an_object_store_save_builds_chains_side_by_side_on_the_kept_bytes(monkeypatch: Any) -> None:
+    from ckpt.storage.objfolder import RemoteFolder
+
+    root = f"memory://hotpath-{os.getpid()}-{np.random.default_rng().integers(1 << 30)}"
+    rng = np.random.default_rng(5)
+    v = _model(rng)
+    saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK, max_to_keep=None, max_chain=4)
+    reads = []
+    whole = RemoteFolder.read_whole
+    monkeypatch.setattr(RemoteFolder, "read_whole", lambda self, names: reads.append(len(names)) or whole(self, names))
+    saved, read_back = {}, []
+    for step in range(4):
+        if step:
+            _touch(v, rng)
+        before = len(reads)
+        path = saver.save(f"{root}/m.msgpack", global_step=step)
+        read_back.append(len(reads) - before)
+        saved[path] = {k: var.numpy().tobytes() for k, var in v.items()}
+    assert read_back[2:] == [0, 0]  # from the second delta on, every base is a kept copy
+    for path, want in saved.items():
+        with ckpt.load_checkpoint(path) as reader:
+            assert all(reader[key].tobytes() == value for key, value in want.items())
+    with ckpt.load_checkpoint(path) as reader:
+        chains = [len(chain_of(ref)) for ref in reader.tensors["big"].extra.chunks]
+    assert max(chains) == 4  # deltas on deltas (the first save's chunks are the bases' bases)

@@ -9,6 +9,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import threading
 from typing import ClassVar
 
 import crc32c
@@ -54,6 +55,84 @@ def test_a_short_file_fails_every_piece_cleanly(tmp_path):
     with LocalFile(path, piece=PIECE, big=BIG) as source, \
             pytest.raises(ckpt.CorruptCheckpointError, match="short: file ends in the middle of span 0.*truncated"):
         source.read_spans([(0, memoryview(bytearray(5 * PIECE)))], lambda i: f"span {i}")
+
+
+class _SpanCounting(LocalFile):
+    """A local file that records the size of every ``read_spans`` span it is asked for."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, piece=PIECE, big=BIG)
+        self.spans: list[int] = []
+
+    def read_spans(self, spans, name):
+        self.spans += [len(view) for _, view in spans]
+        return super().read_spans(spans, name)
+
+
+@pytest.mark.parametrize("size", [3 * BIG, 3 * BIG + 1234, 5 * PIECE + 1000])
+@pytest.mark.parametrize("value", [0, 0x1234567])
+def test_a_long_checksum_range_is_read_a_window_at_a_time_side_by_side(tmp_path, size, value):
+    """Verification reads a long range through read_spans (pieces on the I/O workers: both cores)
+    in windows of bounded size, and continues the checksum it is given."""
+    data = np.random.default_rng(size).bytes(size + 100)
+    path = str(tmp_path / "data")
+    pathlib.Path(path).write_bytes(data)
+    with _SpanCounting(path) as source:
+        got = _io.checksum_range(source, 50, size, "the range", value, window=BIG)
+    assert got == crc32c.crc32c(data[50:50 + size], value)
+    assert sum(source.spans) == size and max(source.spans) == BIG  # bounded memory: one window
+
+
+def test_a_truncated_range_fails_its_windowed_checksum_naming_the_file(tmp_path):
+    path = str(tmp_path / "short")
+    pathlib.Path(path).write_bytes(bytes(2 * BIG))
+    with LocalFile(path, piece=PIECE, big=BIG) as source, \
+            pytest.raises(ckpt.CorruptCheckpointError, match="short: file ends in the middle of tensor 'w'"):
+        _io.checksum_range(source, 0, 3 * BIG, "tensor 'w'", window=BIG)
+
+
+class _FailingSink:
+    """A writable blob whose writes fail (a full disk)."""
+
+    name = "full.bin"
+
+    def write_at(self, data, offset):
+        raise OSError(28, "No space left on device")
+
+
+class _WaitingSink:
+    """A writable blob whose write waits until the chunk's checksum has started elsewhere."""
+
+    name = "waiting.bin"
+
+    def __init__(self, started: threading.Event) -> None:
+        self.started, self.written = started, b""
+
+    def write_at(self, data, offset):
+        assert self.started.wait(timeout=60), "the checksum did not start while the chunk was written"
+        self.written = bytes(data)
+
+
+def test_a_streamed_chunk_is_checksummed_on_a_worker_while_it_is_written():
+    chunk = memoryview(np.random.default_rng(1).bytes(_io.BIG))
+    started, threads, crcs = threading.Event(), [], []
+
+    def update(view):
+        threads.append(threading.get_ident())
+        started.set()
+        crcs.append(crc32c.crc32c(view))
+
+    sink = _WaitingSink(started)
+    _io.write_checked(sink, chunk, 3, update)
+    assert sink.written == bytes(chunk) and crcs == [crc32c.crc32c(chunk)]
+    assert threads != [threading.get_ident()]  # the checksum ran beside the write, not after it
+
+
+def test_a_failed_chunk_write_raises_once_its_checksum_is_done():
+    done = []
+    with pytest.raises(OSError, match="No space left"):
+        _io.write_checked(_FailingSink(), memoryview(bytes(_io.BIG)), 0, lambda view: done.append(len(view)))
+    assert done == [_io.BIG]  # the worker finished with the buffer before the error left
 
 
 def test_local_files_are_readable_blobs_named_in_errors(tmp_path):
@@ -283,3 +362,76 @@ def test_a_fifo_named_like_the_state_file_is_refused_without_blocking(tmp_path):
     first, second = child.stdout.splitlines()
     assert first.startswith(f"UnsupportedCheckpointError {tmp_path / 'checkpoint'}: a FIFO (named pipe)"), first
     assert second.startswith(f"1 Error: {tmp_path / 'checkpoint'}: a FIFO (named pipe)"), second
+
+
+GAP_FAR = 5000  # past the gap a run of one preadv reads through
+
+
+def _layout(rng, sizes, gaps):
+    """Buffers of ``sizes`` bytes at offsets ``gaps`` apart (the first after gaps[0]) in a file's data."""
+    offsets, pos = [], 0
+    for size, gap in zip(sizes, gaps):
+        offsets.append(pos + gap)
+        pos += gap + size
+    return offsets, rng.bytes(pos + 100)
+
+
+@pytest.mark.parametrize("with_big", [False, True])  # True: one big buffer sends them all through read_spans
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+def test_read_buffers_fills_arrays_near_and_far_in_any_order(tmp_path, dtype, with_big):
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+
+    rng = np.random.default_rng(7)
+    count = 700  # more than one preadv's worth of iovecs
+    itemsize = np.dtype(dtype).itemsize
+    elements = [int(n) for n in rng.integers(1, 40, count)]
+    if with_big:
+        elements[10] = BIG // itemsize + 5  # read in pieces by the workers
+    gaps = [int(g) for g in rng.choice([0, 2, 3, 100, GAP_FAR], count)]
+    offsets, data = _layout(rng, [n * itemsize for n in elements], gaps)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    order = rng.permutation(count).tolist()
+    buffers = [np.empty(elements[i], dtype) for i in order]
+    with LocalFile(str(path), piece=PIECE, big=BIG) as source:
+        crcs = source.read_buffers([offsets[i] for i in order], buffers, lambda i: f"buffer {i}", _io.byte_view)
+    for buffer, i, crc in zip(buffers, order, crcs):
+        expected = data[offsets[i]:offsets[i] + elements[i] * itemsize]
+        assert buffer.tobytes() == expected and crc == crc32c.crc32c(expected)
+
+
+def test_read_buffers_of_a_truncated_file_names_the_buffer_cut(tmp_path):
+    path = tmp_path / "data"
+    path.write_bytes(bytes(range(256)) * 4)  # 1024 bytes
+    buffers = [np.empty(100, np.uint8) for _ in range(12)]
+    offsets = [i * 102 for i in range(12)]  # 2-byte gaps; the 11th buffer (1020 + 100) runs past the end
+    with LocalFile(str(path)) as source, pytest.raises(
+            ckpt.CorruptCheckpointError, match=r"data: file ends in the middle of buffer 10 \(offset 1024\): it is truncated"):
+        source.read_buffers(offsets, buffers, lambda i: f"buffer {i}", _io.byte_view)
+
+
+def test_a_local_folder_reads_a_large_batch_side_by_side_each_answer_in_place(tmp_path):
+    from ckpt.storage.localfile import LocalFolder
+    from ckpt.storage.workers import BIG as BATCH, side_by_side
+
+    rng = np.random.default_rng(7)
+    size = BATCH // 4  # five files: together over the side-by-side threshold
+    files = {f"c{i}": rng.integers(0, 256, size, np.uint8).tobytes() for i in range(5)}
+    files["short"] = b"xyz"
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    folder = LocalFolder(str(tmp_path))
+    names = ["c0", "c1", "missing", "short", "c2", "c3", "c4"]
+    bufs = [bytearray(size) for _ in names]
+    want = [None, None, "is missing", b"xyz", None, None, None]
+
+    def batch() -> list:
+        return folder.read_objects([(n, memoryview(b)) for n, b in zip(names, bufs)])
+
+    assert batch() == want
+    assert all(bytes(b) == files[n] for n, b in zip(names, bufs) if n.startswith("c"))
+    assert folder.read_whole(["short", "missing", "c1"]) == [b"xyz", "is missing", files["c1"]]
+    # a batch read from one of the pool's own threads runs on that thread (no pool waits on itself)
+    got, inner, outer = side_by_side(lambda: (batch(), side_by_side(threading.get_ident, [()] * 3),
+                                              threading.get_ident()), [()])[0]
+    assert got == want and inner == [outer] * 3

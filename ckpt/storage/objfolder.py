@@ -1,0 +1,111 @@
+"""The objects under one prefix of an object store read whole (internal): the
+:class:`ckpt.storage.Folder` of an incremental checkpoint's chunk store in S3, GCS or memory://.
+
+``read_objects`` reads each object with one GET of its first ``n + 1`` bytes (the extra byte tells
+an object longer than expected; a shorter one, an encoded chunk, comes back as its bytes), and
+``read_whole`` objects of unknown length (a delta chain's files) with one GET each; up to
+``Sizes.concurrency`` in flight at once on stores with an async implementation. A missing object
+is reported, not raised, so a reader names the tensor that needed it.
+
+Example:
+    >>> from ckpt.storage.objstore import MemoryStore
+    >>> store = MemoryStore("memory://doc-objfolder")
+    >>> store.put("memory://doc-objfolder/c/a", b"abc", create_only=True)
+    >>> folder = RemoteFolder(store, "memory://doc-objfolder/c")
+    >>> buf, short, long = bytearray(3), bytearray(2), bytearray(4)
+    >>> folder.read_objects([("a", memoryview(buf)), ("b", memoryview(buf)), ("a", memoryview(short)),
+    ...                      ("a", memoryview(long))])
+    [None, 'is missing', 'holds more than 2 bytes', b'abc']
+    >>> bytes(buf), folder.read_whole(["a", "b"]), folder.sizes()
+    (b'abc', [b'abc', 'is missing'], {'a': 3})
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from ckpt.storage import urls as _urls
+from ckpt.storage.faults import translating
+from ckpt.storage.objstore import ObjectStore, missing_object, sync
+
+__all__ = ["RemoteFolder"]
+
+
+class RemoteFolder:
+    """The objects under ``url`` (a prefix of ``store``), read whole through ``store``."""
+
+    def __init__(self, store: ObjectStore, url: str) -> None:
+        self.store = store
+        self.url = url.rstrip("/")
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def where(self, name: str) -> str:
+        return _urls.join(self.url, name)
+
+    def read_objects(self, items: Sequence[tuple[str, memoryview]]) -> list[str | bytes | None]:
+        if not items:
+            return []
+        with translating(self.where(items[0][0]), "reading the chunk store's objects"):
+            if getattr(self.store.fs, "async_impl", False):
+                return list(sync(self.store.fs.loop, self._read_all, [(n, v, len(v) + 1) for n, v in items]))
+            return [self._fill(view, self._get_sync(name, len(view) + 1)) for name, view in items]
+
+    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+        if not names:
+            return []
+        with translating(self.where(names[0]), "reading the chunk store's objects"):
+            if getattr(self.store.fs, "async_impl", False):
+                got = sync(self.store.fs.loop, self._read_all, [(n, None, None) for n in names])
+            else:
+                got = [self._get_sync(name, None) for name in names]
+        return [data if data is not None else "is missing" for data in got]
+
+    def _get_sync(self, name: str, end: int | None) -> bytes | None:
+        try:
+            return bytes(self.store.fs.cat_file(self.store.path(self.where(name)), start=0, end=end))
+        except FileNotFoundError as exc:
+            if not missing_object(exc):
+                raise
+            return None
+
+    async def _read_all(self, items: Sequence[tuple[str, memoryview | None, int | None]]) -> list[Any]:
+        """GET each ``(name, view, end)``'s first ``end`` bytes (all when None) side by side; each
+        result is ``_fill``'s for a view, else the bytes or None (missing)."""
+        gate = asyncio.Semaphore(self.store.sizes.concurrency)
+
+        async def one(name: str, view: memoryview | None, end: int | None) -> Any:
+            path = self.store.path(self.where(name))
+            async with gate:
+                try:
+                    data = bytes(await self.store.within(self.store.fs._cat_file(path, start=0, end=end),
+                                                         end or 0))
+                except FileNotFoundError as exc:
+                    if not missing_object(exc):
+                        raise
+                    return "is missing" if view is not None else None
+            return self._fill(view, data) if view is not None else data
+
+        results = await asyncio.gather(*(one(*item) for item in items), return_exceptions=True)
+        for result in results:  # every request finished (no buffer is written after we return)
+            if isinstance(result, BaseException):
+                raise result
+        return list(results)
+
+    @staticmethod
+    def _fill(view: memoryview, data: bytes | None) -> str | bytes | None:
+        if data is None:
+            return "is missing"
+        if len(data) < len(view):
+            return data  # an encoded chunk: the caller decodes it
+        if len(data) > len(view):
+            return f"holds more than {len(view)} bytes"
+        view[:] = data
+        return None
+
+    def sizes(self) -> dict[str, int]:
+        return {str(e["name"]): int(e.get("size") or 0) for e in self.store.list(self.url)}

@@ -18,10 +18,14 @@ parser.add_argument("--cases", default="a,b,c,d,e,async,checksum,import,plan,sha
                                        "average,"
                                        "incremental",
                     help="comma-separated: a b c d e async checksum import plan sharded hdf5child one cli stats s3 "
-                         "compress average incremental open (docs/benchmarks.md)")
+                         "compress average incremental incremental-chunks open (docs/benchmarks.md)")
 parser.add_argument("--average-mib", type=int, default=512, help="case average: size of each of the 3 inputs")
 parser.add_argument("--open-count", type=int, default=20000, help="case open: number of tensors in the index")
 parser.add_argument("--cli-gib", type=float, default=1.0, help="case cli: size of the 8-tensor checkpoint")
+parser.add_argument("--inc-model-mib", type=int, default=1024, help="case incremental: the frozen-backbone model")
+parser.add_argument("--inc-saves", type=int, default=10, help="case incremental: frozen-backbone saves after the first")
+parser.add_argument("--inc-rows", type=int, default=1 << 20, help="case incremental: rows of the 64-wide table")
+parser.add_argument("--inc-table-saves", type=int, default=20, help="case incremental: table saves after the first")
 parser.add_argument("--s3-model-mib", type=int, default=256, help="case s3: model saved and restored")
 parser.add_argument("--s3-big-mib", type=int, default=1024, help="case s3: checkpoint of the one-tensor read")
 parser.add_argument("--async-interval", type=float, default=10.0,

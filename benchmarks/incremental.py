@@ -1,4 +1,4 @@
-"""Case ``incremental`` of ``python -m benchmarks``: ``Saver(incremental=True)`` by chunk size (issue 28).
+"""Case ``incremental-chunks`` of ``python -m benchmarks``: ``Saver(incremental=True)`` by chunk size (issue 28).
 
 Two models, each saved ``reps + 1`` times per chunk size (the first save fills the chunk store and
 is not counted):

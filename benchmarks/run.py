@@ -236,7 +236,17 @@ def main(args: Any) -> None:
             print(open_case("tmpfs", directory, args.open_count, args.reps) + "\n")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    if "incremental" in cases and args.tmpfs:  # issue 28: Saver(incremental=True) by chunk size, on tmpfs
+    if "incremental" in cases and args.disk:  # issue 28's targets: frozen backbone, sparse table, on disk
+        from .incremental_targets import incremental_targets
+
+        directory = os.path.join(args.disk, f"ckpt-bench-inc-{os.getpid()}")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            print(incremental_targets("disk", directory, args.inc_model_mib, args.inc_saves, args.inc_rows,
+                                      args.inc_table_saves) + "\n")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    if "incremental-chunks" in cases and args.tmpfs:  # Saver(incremental=True) by chunk size, on tmpfs
         from .incremental import incremental_case
 
         directory = os.path.join(args.tmpfs, f"ckpt-bench-inc-{os.getpid()}")

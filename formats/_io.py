@@ -24,6 +24,7 @@ from ckpt.storage.localfile import LocalFile as LocalFile
 from ckpt.storage.localfile import LocalSink as LocalSink
 from ckpt.storage.workers import BIG as BIG
 from ckpt.storage.workers import checksum_async as checksum_async
+from ckpt.storage.workers import side_by_side as side_by_side
 from ckpt.storage.workers import steal, submit
 from ckpt.storage.workers import workers as workers
 

@@ -132,11 +132,12 @@ class IncrementalFormat(ChunkedFormat):
     def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None], *,
                      previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
                      get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
-                     max_chain: int = 0) -> list[Any]:
+                     max_chain: int = 0, recall: dict[bytes, Any] | None = None,
+                     note: dict[bytes, Any] | None = None) -> list[Any]:
         from . import incremental  # lazy: a format module loads on use
 
-        encoding = incremental.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain)
-        return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous)
+        encoding = incremental.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain, recall)
+        return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous, note)
 
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
                    nested: bool = False) -> bytes:

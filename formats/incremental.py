@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ckpt import dtypes
+from ckpt.checksums import crc32c_combine
 from ckpt.storage import ReadableBlob
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, checksum_error
 
@@ -57,7 +58,7 @@ CHUNK_DIR = ".ckpt-chunks"
 NESTED_CHUNK_DIR = "../" + CHUNK_DIR
 HASH = "sha256"
 DIGEST_BYTES = 32
-#: A read or ``verify`` fetches up to this many bytes of chunks at once (an object store's GETs side by side).
+#: A read or ``verify`` fetches up to this many bytes of chunks at once (several files side by side).
 _BATCH_BYTES = 16 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
@@ -77,6 +78,13 @@ def chunk_path(directory: str, chunk: bytes) -> str:
     return os.path.join(directory, CHUNK_DIR, chunk.hex())
 
 
+#: After a delta against a chunk did not pay (a chunk rewritten wholesale, such as a trained
+#: head), its successors are written whole without trying for this many saves.
+RETRY_AFTER = 4
+#: Tensors at least this big have their chunks hashed, encoded and written side by side.
+PARALLEL_BYTES = 4 << 20
+
+
 class ChunkEncoding:
     """How a save encodes the chunks it writes (the store callbacks and the options).
 
@@ -85,45 +93,85 @@ class ChunkEncoding:
     it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
     is stored as its XOR with its previous version while that chain is shorter than
     ``max_chain`` (0: never).
+
+    ``recall`` holds what the previous save of the same Saver noted about the chunks it wrote, by
+    digest: the chunk's bytes (hashed to that digest in this process: a delta against it needs
+    no read-back) or, after a delta did not pay, how many more saves to write its successors
+    whole. Each note is taken (popped) when used; ``chunk`` returns this save's note.
     """
 
     def __init__(self, exists: Callable[[bytes], bool] = lambda name: False,
                  get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
-                 max_chain: int = 0) -> None:
+                 max_chain: int = 0, recall: dict[bytes, Any] | None = None) -> None:
         self.exists, self.get, self.compression, self.max_chain = exists, get, compression, max_chain
+        self.recall: dict[bytes, Any] = {} if recall is None else recall
 
-    def chunk(self, x: bytes, piece: memoryview, itemsize: int, base: Any,
-              put: Callable[[bytes, bytes | memoryview], None]) -> bytes | list[bytes]:
-        """The reference of the chunk ``piece`` (digest ``x``), writing what the store lacks."""
+    def chunk(self, piece: memoryview, itemsize: int, base: Any,
+              put: Callable[[bytes, bytes | memoryview], None]) -> tuple[Any, int | None, Any]:
+        """The reference of the chunk ``piece``, its crc32c (None when unchanged since the
+        previous save: the caller may not need it) and the note for the next save, writing what
+        the store lacks."""
+        deltas = base is not None and self.get is not None and self.max_chain > 0
+        old = self.recall.pop(chain_of(base)[0], None) if deltas else None
+        # a chunk that changed last time likely changes again: hash a private copy, kept as the
+        # next delta's base (hashed here, so its digest names exactly these bytes)
+        own = bytes(piece) if isinstance(old, bytes) else None
+        data = memoryview(own) if own is not None else piece
+        x = digest(data)
         if base is not None and chain_of(base)[0] == x and all(map(self.exists, links(base))):
-            return base  # type: ignore[no-any-return]  # unchanged since the previous save: the same chain
+            return base, None, None  # unchanged since the previous save: the same chain
+        crc = _io.crc32c(data)
         if self.exists(x):
-            return x
-        if base is not None and self.get is not None and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
-            delta = self._delta(piece, itemsize, base)
+            return x, crc, None
+        if deltas and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
+            if isinstance(old, int):  # a recent delta did not pay: skip the encoding
+                put(x, encode_whole(data, itemsize) if self.compression else data)
+                return x, crc, old - 1 or None
+            delta = self._delta(data, itemsize, base, old)
             if delta is not None:
                 put(x + chain_of(base)[0], delta)
-                return [x, *chain_of(base)]
-        put(x, encode_whole(piece, itemsize) if self.compression else piece)
-        return x
+                return [x, *chain_of(base)], crc, own or _private(data, x)
+            put(x, encode_whole(data, itemsize) if self.compression else data)
+            return x, crc, RETRY_AFTER
+        put(x, encode_whole(data, itemsize) if self.compression else data)
+        return x, crc, (own or _private(data, x)) if deltas else None
 
-    def _delta(self, piece: memoryview, itemsize: int, base: Any) -> bytes | None:
-        """``piece`` XOR its previous version, encoded, when that pays (under half the chunk);
-        None when not, or when the previous version cannot be read back exactly."""
+    def _delta(self, piece: memoryview, itemsize: int, base: Any, old: Any) -> bytes | None:
+        """``piece`` XOR its previous version (``old``, its bytes, or None: read back from the
+        store), encoded, when that pays (under half the chunk); None when not, or when the
+        previous version cannot be read back exactly."""
+        new = np.frombuffer(piece, np.uint8)
+        if isinstance(old, bytes) and len(old) == len(piece):
+            xor = np.bitwise_xor(new, np.frombuffer(old, np.uint8))
+        else:
+            back = self._read_back(len(piece), base)
+            if back is None:
+                return None
+            xor = np.frombuffer(back, np.uint8)
+            np.bitwise_xor(new, xor, out=xor)
+        stored = encode_whole(xor.data, itemsize)
+        return bytes(stored) if len(stored) * 2 <= len(piece) else None
+
+    def _read_back(self, size: int, base: Any) -> bytearray | None:
+        """The previous version rebuilt from the store, or None when a file of its chain is
+        missing or does not rebuild to the digest the chain names (never encode against bytes
+        that are not the base the chain names)."""
         assert self.get is not None
         if not all(map(self.exists, links(base))):
             return None
-        old = bytearray(len(piece))
+        old = bytearray(size)
         try:
             assemble(lambda name: memoryview(self.get(name)), base, memoryview(old), "the previous version")  # type: ignore[misc]
         except (OSError, CorruptCheckpointError):
             return None
-        if digest(memoryview(old)) != chain_of(base)[0]:
-            return None  # never encode against bytes that are not the base the chain names
-        new = np.frombuffer(piece, np.uint8)
-        np.bitwise_xor(new, np.frombuffer(old, np.uint8), out=np.frombuffer(old, np.uint8))
-        stored = encode_whole(memoryview(old), itemsize)
-        return bytes(stored) if len(stored) * 2 <= len(piece) else None
+        return old if digest(memoryview(old)) == chain_of(base)[0] else None
+
+
+def _private(data: memoryview, name: bytes) -> bytes | None:
+    """A copy of ``data`` known to hash to ``name`` (None when the bytes changed under the save:
+    a note must never hold bytes its digest does not name)."""
+    copy = bytes(data)
+    return copy if digest(copy) == name else None
 
 
 def chain_of(ref: bytes | list[bytes]) -> list[bytes]:
@@ -182,11 +230,14 @@ def assemble(load: Callable[[bytes], memoryview], ref: bytes | list[bytes], out:
 
 
 def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None],
-                 encoding: ChunkEncoding | None = None, previous: list[Any] | None = None) -> list[Any]:
+                 encoding: ChunkEncoding | None = None, previous: list[Any] | None = None,
+                 note: dict[bytes, Any] | None = None) -> list[Any]:
     """The index entry of ``array``: a numeric tensor's bytes cut into chunks of ``chunk_bytes``,
     each stored with ``put(name, stored bytes)`` unless the store holds it (``encoding`` says
-    how; ``previous``, the tensor's entry in the previous save, gives the bases of deltas); a
-    string tensor's items inline."""
+    how; ``previous``, the tensor's entry in the previous save, gives the bases of deltas;
+    ``note`` receives this save's notes for the next, see ChunkEncoding); a string tensor's
+    items inline. A large tensor's chunks are handled side by side on the I/O threads (``put``
+    is then called from several threads); every one is done when this returns."""
     arr = _io.c_contiguous(array)
     name = dtypes.dtype_name(arr.dtype)
     if dtypes.is_string(arr.dtype):
@@ -196,11 +247,20 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     same = previous is not None and previous[0] == name and list(previous[1]) == list(arr.shape)
     bases: list[Any] = list(previous[3]) if same and previous is not None else []
     view = _io.byte_view(arr)
-    chunks: list[bytes | list[bytes]] = []
-    for i, start in enumerate(range(0, len(view), chunk_bytes)):
-        piece = view[start:start + chunk_bytes]
-        chunks.append(enc.chunk(digest(piece), piece, arr.dtype.itemsize, bases[i] if bases else None, put))
-    return [name, list(arr.shape), _io.crc32c(view), chunks]
+    jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put)
+            for i, start in enumerate(range(0, len(view), chunk_bytes))]
+    if len(view) >= PARALLEL_BYTES and len(jobs) > 1:
+        results = _io.side_by_side(enc.chunk, jobs)
+    else:
+        results = [enc.chunk(*job) for job in jobs]
+    if note is not None:
+        note.update((chain_of(ref)[0], memo) for ref, _, memo in results if memo is not None)
+    if all(piece_crc is None for _, piece_crc, _ in results) and previous is not None and results:
+        return [name, list(arr.shape), previous[2], [ref for ref, _, _ in results]]  # every chunk unchanged
+    crc = 0
+    for (piece, *_), (_, piece_crc, _) in zip(jobs, results):
+        crc = crc32c_combine(crc, _io.crc32c(piece) if piece_crc is None else piece_crc, len(piece))
+    return [name, list(arr.shape), crc, [ref for ref, _, _ in results]]
 
 
 def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]],
@@ -309,28 +369,20 @@ class IncrementalReader(FileReader):
         return CorruptCheckpointError(f"{self.path}: tensor {info.key!r}: its chunk {self.chunk_location(name)} "
                                       f"{problem}", path=self.path, key=info.key)
 
-    def _fetch(self, info: TensorInfo, wanted: list[tuple[bytes, memoryview]]) -> list[memoryview]:
-        """The stored bytes of each chunk file ``(name, buffer)``, read through the checkpoint's own
-        store (several at once where it allows: an object store's GETs side by side): the buffer
-        filled when the file is as long (a raw chunk, read straight into place), else the shorter
-        file's bytes (an encoded chunk or a delta; a chunk file is never longer than its chunk)."""
-        got = self._chunks.read_objects([(name.hex(), buf) for name, buf in wanted])
-        out = []
-        for (name, buf), result in zip(wanted, got):
-            if isinstance(result, str):
-                raise self._damaged(info, name, result)
-            out.append(buf if result is None else memoryview(result))
-        return out
-
     def _loader(self, info: TensorInfo, refs: list[Any]) -> Callable[[bytes], memoryview]:
         """The stored bytes of every file of the chunks ``refs`` (whole, of any length), fetched at once."""
-        names = list(dict.fromkeys(n for ref in refs for n in links(ref)))
-        stored: dict[bytes, memoryview] = {}
-        for name, data in zip(names, self._chunks.read_whole([n.hex() for n in names])):
+        stored = self._whole(refs)
+        for name, data in stored.items():
             if isinstance(data, str):
                 raise self._damaged(info, name, data)
-            stored[name] = memoryview(data)
-        return stored.__getitem__
+        return stored.__getitem__  # type: ignore[return-value]
+
+    def _whole(self, refs: list[Any]) -> dict[bytes, memoryview | str]:
+        """Every file of the chunks ``refs`` read whole (side by side where the Folder can), or
+        what is wrong with it."""
+        names = list(dict.fromkeys(n for ref in refs for n in links(ref)))
+        got = self._chunks.read_whole([n.hex() for n in names])
+        return {name: data if isinstance(data, str) else memoryview(data) for name, data in zip(names, got)}
 
     def _groups(self, info: TensorInfo, view: memoryview | None) -> Iterator[list[tuple[Any, memoryview]]]:
         """The tensor's (chunk reference, its bytes), a batch of chunks at a time: in ``view`` (the
@@ -344,40 +396,92 @@ class IncrementalReader(FileReader):
             yield [(ref, base[i * size - off:min((i + 1) * size, nbytes) - off])
                    for i, ref in enumerate(refs[first:first + step], first)]
 
-    def _read_group(self, info: TensorInfo, pieces: list[tuple[Any, memoryview]]) -> None:
-        """Fill each piece with its chunk: whole chunks read into place (decoded when encoded),
-        chains assembled from their files."""
-        whole = [(ref, piece) for ref, piece in pieces if isinstance(ref, bytes)]
-        chained = [(ref, piece) for ref, piece in pieces if not isinstance(ref, bytes)]
-        what = f"{self.path}: tensor {info.key!r}"
+    def _read_group(self, items: list[tuple[TensorInfo, Any, memoryview]]) -> list[CorruptCheckpointError | None]:
+        """Fill each ``(tensor, chunk reference, piece)``'s piece with its chunk, the files read side
+        by side where the Folder can (whole chunks read into place, decoded when encoded; chains
+        assembled from their files); what went wrong with each (None: filled), raised by the caller
+        in the order a read meets them."""
+        problems: list[CorruptCheckpointError | None] = [None] * len(items)
+        whole = [i for i, (_, ref, _) in enumerate(items) if isinstance(ref, bytes)]
+        got = self._chunks.read_objects([(items[i][1].hex(), items[i][2]) for i in whole])
+        for i, result in zip(whole, got):
+            info, ref, piece = items[i]
+            if isinstance(result, str):
+                problems[i] = self._damaged(info, ref, result)
+            elif result is not None:  # an encoded chunk
+                problems[i] = self._attempt(info, decode_into, memoryview(result), piece,
+                                            f"{self.path}: tensor {info.key!r}: chunk {ref.hex()}")
+        chained = [i for i, (_, ref, _) in enumerate(items) if not isinstance(ref, bytes)]
+        stored = self._whole([items[i][1] for i in chained]) if chained else {}
+        for i in chained:
+            info, ref, piece = items[i]
+            bad = next((n for n in links(ref) if isinstance(stored[n], str)), None)
+            problems[i] = self._damaged(info, bad, str(stored[bad])) if bad is not None else \
+                self._attempt(info, assemble, stored.__getitem__, ref, piece, f"{self.path}: tensor {info.key!r}")
+        return problems
+
+    def _attempt(self, info: TensorInfo, fill: Callable[..., None], *args: Any) -> CorruptCheckpointError | None:
+        """``fill(*args)``; the problem it met, naming this checkpoint and the tensor (None: none)."""
         try:
-            for (ref, piece), stored in zip(whole, self._fetch(info, whole)):
-                if stored is not piece:
-                    decode_into(stored, piece, f"{what}: chunk {ref.hex()}")
-            if chained:
-                load = self._loader(info, [ref for ref, _ in chained])
-                for ref, piece in chained:
-                    assemble(load, ref, piece, what)
+            fill(*args)
         except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(str(exc), path=self.path, key=info.key) from None
+            return CorruptCheckpointError(str(exc), path=self.path, key=info.key)
+        return None
+
+    def _fill(self, info: TensorInfo, pieces: list[tuple[Any, memoryview]]) -> None:
+        """Fill each ``(chunk reference, piece)`` of the tensor, raising the first problem."""
+        for problem in self._read_group([(info, ref, piece) for ref, piece in pieces]):
+            if problem is not None:
+                raise problem
 
     def _read_into(self, info: TensorInfo, out: np.ndarray) -> None:
-        location: ChunkedLocation = info.extra
+        self._read_many([(info, out)])
+
+    def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
+        """Read a batch's chunks a group (``_BATCH_BYTES``) at a time across its tensors (the Folder
+        reads a group's files side by side: no small tensor waits for the previous one's last
+        chunk); each tensor is checked once its chunks are in, in order, so the first problem
+        raised is the one a read in order meets."""
+        items: list[tuple[TensorInfo, Any, memoryview]] = []
+        ends = []  # where each tensor's chunks end in ``items``
+        for info, out in pairs:
+            if not dtypes.is_string(info.dtype):
+                view, size = _io.byte_view(out), self.chunk_bytes
+                items += [(info, ref, view[i * size:(i + 1) * size]) for i, ref in enumerate(info.extra.chunks)]
+            ends.append(len(items))
+        problems: list[CorruptCheckpointError | None] = []
+        step, checked = max(1, _BATCH_BYTES // self.chunk_bytes), 0
+        for first in range(0, len(items) + 1, step):  # once more at the end: tensors after the last chunk
+            problems += self._read_group(items[first:first + step])
+            while checked < len(pairs) and ends[checked] <= len(problems):
+                begin = ends[checked - 1] if checked else 0
+                self._check(pairs[checked], items[begin:ends[checked]], problems[begin:ends[checked]])
+                checked += 1
+
+    def _check(self, pair: tuple[TensorInfo, np.ndarray], items: list[tuple[TensorInfo, Any, memoryview]],
+               problems: list[CorruptCheckpointError | None]) -> None:
+        """Raise the first problem met reading the tensor's chunks, else check its crc32c (a string
+        tensor: read from the index and checked)."""
+        info, out = pair
         if dtypes.is_string(info.dtype):
-            if _io.crc32c(packb(location.chunks)) != location.crc32c:
-                raise checksum_error(self.path, f"tensor {info.key!r}", key=info.key)
-            flat = out.reshape(-1)
-            for i, item in enumerate(location.chunks):
-                flat[i] = item
+            self._read_strings(info, out)
             return
-        view = _io.byte_view(out)
+        first = next((p for p in problems if p is not None), None)
+        if first is not None:
+            raise first
         crc = 0
-        for pieces in self._groups(info, view):
-            self._read_group(info, pieces)
-            for _, piece in pieces:
-                crc = _io.crc32c(piece, crc)
-        if crc != location.crc32c:
-            raise checksum_error(self.path, f"tensor {info.key!r}", crc, location.crc32c, key=info.key)
+        for _, _, piece in items:
+            crc = _io.crc32c(piece, crc)
+        if crc != info.extra.crc32c:
+            raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
+
+    def _read_strings(self, info: TensorInfo, out: np.ndarray) -> None:
+        location: ChunkedLocation = info.extra
+        if _io.crc32c(packb(location.chunks)) != location.crc32c:
+            raise checksum_error(self.path, f"tensor {info.key!r}", key=info.key)
+        flat = out.reshape(-1)
+        for i, item in enumerate(location.chunks):
+            flat[i] = item
 
     def byte_reader(self, key: str) -> Callable[[int, memoryview], None] | None:
         """Reads the chunks holding the bytes asked for (a sharded checkpoint's partial reads,
@@ -392,10 +496,10 @@ class IncrementalReader(FileReader):
             for i in range(start // step, -(-end // step)):
                 lo, hi = i * step, min((i + 1) * step, info.nbytes)
                 if start <= lo and hi <= end:  # a whole chunk: straight into place
-                    self._read_group(info, [(info.extra.chunks[i], out[lo - start:hi - start])])
+                    self._fill(info, [(info.extra.chunks[i], out[lo - start:hi - start])])
                     continue
                 whole = memoryview(bytearray(hi - lo))
-                self._read_group(info, [(info.extra.chunks[i], whole)])
+                self._fill(info, [(info.extra.chunks[i], whole)])
                 a, b = max(lo, start), min(hi, end)
                 out[a - start:b - start] = whole[a - lo:b - lo]
         return fetch

@@ -13,6 +13,7 @@ next save.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
 from ckpt.storage.state import CheckpointState, state_lock
 
-#: Default chunk size, chosen by `python -m benchmarks --cases incremental` (docs/benchmarks.md):
+#: Default chunk size, chosen by `python -m benchmarks --cases incremental-chunks` (docs/benchmarks.md):
 #: with a frozen backbone every size writes the same bytes, and 1 MiB saves fastest with the
 #: fewest files (1.5-1.8x a plain save's time on tmpfs, against 2.9-3.0x and 64x the files at 16 KiB); with 1% of
 #: an embedding table's rows changing, no size from 16 KiB up writes less than 48%, so smaller
@@ -71,6 +72,9 @@ class IncrementalStats:
     chunks_collected: int = 0
     #: the index entries the save wrote (key -> entry)
     entries: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)
+    #: the format's notes on the chunks the save wrote (the next save's ``encoding.recall``): the
+    #: bytes of chunks that changed, as the next delta's base (at most the bytes that changed)
+    notes: dict[bytes, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def _put_chunk(folder: str, name: str, data: bytes | memoryview) -> bool:
@@ -105,6 +109,8 @@ class Encoding:
     compression: str | None = None
     max_chain: int = 0
     previous: Mapping[str, list[Any]] = field(default_factory=dict)
+    #: the previous save's ``stats.notes`` (taken from as they are used)
+    recall: dict[bytes, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -130,17 +136,24 @@ def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tu
                     stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the missing chunks of every tensor; return the index entries. A tensor may be a lazy
     source (an asynchronous save's staged or live tensor): each is materialized once, in order."""
-    def put(chunk: bytes, data: bytes | memoryview) -> None:
+    lock, claimed = threading.Lock(), set()
+
+    def put(chunk: bytes, data: bytes | memoryview) -> None:  # called from the I/O threads
+        with lock:
+            if chunk in claimed:  # the same bytes twice in one save: one writer is enough
+                return
+            claimed.add(chunk)
         if chunks.put(chunk, data):
-            stats.chunks_written += 1
-            stats.bytes_written += len(data)
+            with lock:
+                stats.chunks_written += 1
+                stats.bytes_written += len(data)
 
     entries, refs = {}, 0
     for key, arr in tensors:
         value = np.asarray(arr)
         entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key),
                                         exists=chunks.exists, get=chunks.get, compression=encoding.compression,
-                                        max_chain=encoding.max_chain)
+                                        max_chain=encoding.max_chain, recall=encoding.recall, note=stats.notes)
         refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
     stats.chunks_reused = refs - stats.chunks_written
     return entries

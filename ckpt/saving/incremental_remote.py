@@ -16,6 +16,7 @@ lease object (hold, renew, release, end of collection).
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -89,10 +90,13 @@ def commit_incremental_remote(store: RemoteDirectory, name: str, tensors: Sequen
                                            "ckpt_grace); the previous checkpoint is still the latest", path=path)
             since = now
 
+        renewing = threading.Lock()  # puts come from several I/O threads: one renewal at a time
+
         def put(chunk: bytes, data: bytes | memoryview) -> bool:
-            if time.time() - since > leases.grace / 4:
-                renewed()
-            present.add(chunk.hex())
+            with renewing:
+                if time.time() - since > leases.grace / 4:
+                    renewed()
+                present.add(chunk.hex())
             return _put_chunk(store, folder.where(chunk.hex()), data)
 
         def get(chunk: bytes) -> bytes:

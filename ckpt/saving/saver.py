@@ -120,6 +120,7 @@ class Saver:
         self._incremental = incremental_policy(incremental, full_every, chunk_bytes, max_chain)
         self._saves = 0  # saves made, for full_every
         self._previous: dict[str, list[Any]] = {}  # the last incremental save's index entries (delta bases)
+        self._notes: dict[bytes, Any] = {}  # and the format's notes on its chunks (IncrementalStats.notes)
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
             raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
@@ -338,7 +339,7 @@ class Saver:
 
         full_every, chunk_bytes, max_chain = self._incremental
         job = IncrementalJob(chunk_bytes, full=full_every is not None and self._saves % full_every == 0,
-                             encoding=Encoding(self._compression, max_chain, self._previous))
+                             encoding=Encoding(self._compression, max_chain, self._previous, self._notes))
         self._saves += 1
         self.last_incremental = None  # until this save commits
         return job
@@ -347,7 +348,8 @@ class Saver:
         self._last_checkpoints, self._saved = kept, True
         if incremental is not None:
             self.last_incremental = incremental.stats  # this rank's chunks (and rank 0's collection)
-            self._previous = incremental.stats.entries  # none after a full save: it cuts every chain
+            # none after a full save: it cuts every chain
+            self._previous, self._notes = incremental.stats.entries, incremental.stats.notes
         return path
 
     def _fail_together(self, comm: Any, path_arg: Any, problem: Exception) -> None:
@@ -395,16 +397,16 @@ class Saver:
                 try:
                     done = save_chunked(store, os.path.basename(path), sources, metadata, chunk_bytes,
                                         self._retention.change(store, path, step, metrics), step, metrics,
-                                        Encoding(self._compression, max_chain, self._previous))
+                                        Encoding(self._compression, max_chain, self._previous, self._notes))
                 except StorageError as exc:
                     raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
                 if done is not None:
                     state, self.last_incremental = done
-                    self._previous = self.last_incremental.entries
+                    self._previous, self._notes = self.last_incremental.entries, self.last_incremental.notes
                     self._saved_to(path, state)
                     return path
             # full_every, or an object store's collection held its chunk store: self-contained
-            self._previous = {}  # a self-contained save cuts every delta chain
+            self._previous, self._notes = {}, {}  # a self-contained save cuts every delta chain
             self._commit(store, path, fmt, sources, metadata, step, metrics, background)
             self.last_incremental = IncrementalStats(chunks_collected=collect(store))  # retention may free chunks
             return path

@@ -408,3 +408,30 @@ def test_read_buffers_of_a_truncated_file_names_the_buffer_cut(tmp_path):
     with LocalFile(str(path)) as source, pytest.raises(
             ckpt.CorruptCheckpointError, match=r"data: file ends in the middle of buffer 10 \(offset 1024\): it is truncated"):
         source.read_buffers(offsets, buffers, lambda i: f"buffer {i}", _io.byte_view)
+
+
+def test_a_local_folder_reads_a_large_batch_side_by_side_each_answer_in_place(tmp_path):
+    from ckpt.storage.localfile import LocalFolder
+    from ckpt.storage.workers import BIG as BATCH, side_by_side
+
+    rng = np.random.default_rng(7)
+    size = BATCH // 4  # five files: together over the side-by-side threshold
+    files = {f"c{i}": rng.integers(0, 256, size, np.uint8).tobytes() for i in range(5)}
+    files["short"] = b"xyz"
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    folder = LocalFolder(str(tmp_path))
+    names = ["c0", "c1", "missing", "short", "c2", "c3", "c4"]
+    bufs = [bytearray(size) for _ in names]
+    want = [None, None, "is missing", b"xyz", None, None, None]
+
+    def batch() -> list:
+        return folder.read_objects([(n, memoryview(b)) for n, b in zip(names, bufs)])
+
+    assert batch() == want
+    assert all(bytes(b) == files[n] for n, b in zip(names, bufs) if n.startswith("c"))
+    assert folder.read_whole(["short", "missing", "c1"]) == [b"xyz", "is missing", files["c1"]]
+    # a batch read from one of the pool's own threads runs on that thread (no pool waits on itself)
+    got, inner, outer = side_by_side(lambda: (batch(), side_by_side(threading.get_ident, [()] * 3),
+                                              threading.get_ident()), [()])[0]
+    assert got == want and inner == [outer] * 3

@@ -1,0 +1,177 @@
+"""Case ``incremental`` of ``python -m benchmarks``: issue 28's two targets for ``Saver(incremental=True)``, on disk.
+
+- **frozen backbone**: a float32 model of ``model_mib`` (default 1 GiB): a backbone of 16 MiB
+  tensors (90% of the bytes) that never changes and a head (10%) rewritten before every save; ``saves`` saves after
+  the first (which fills the chunk store). Per save: bytes written (new chunk files + the index)
+  / the model, the save's time against a full (self-contained msgpack) save of the same values,
+  interleaved; then every kept checkpoint (``max_to_keep=3``) is restored from a cold page cache
+  and checked bit-exact, against the restore of the last full save.
+- **sparse rows**: a float32 table of ``rows`` x 64 (default 2**20: 256 MiB) of which 1% of the
+  rows (random, seeded) change before every save; ``table_saves`` saves after the first. Per save:
+  bytes written / the table (median, mean, max), save time against a full save, interleaved;
+  then the last checkpoint restored cold and checked bit-exact.
+
+Also the memory the Saver keeps between saves (its copies of the chunks that changed, the
+bases of the next deltas), as a share of the model: the largest after any save.
+
+Every save is durable (chunk files, the index, their folders and the state file fsynced), as a
+full save is. Digests of the values at each step are taken outside the timed parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import ckpt
+
+from .run import evict, fmt_row
+
+MiB = 1 << 20
+TENSOR_MIB = 16
+DIM, ROW_SHARE, KEEP = 64, 0.01, 3
+
+
+@dataclass
+class Run:
+    """Figures of one model's saves."""
+
+    written: list[float] = field(default_factory=list)  # share of the model per save
+    kept: list[float] = field(default_factory=list)  # the Saver's copies of changed chunks, share of the model
+    incremental: list[float] = field(default_factory=list)
+    full: list[float] = field(default_factory=list)
+    restore: list[float] = field(default_factory=list)  # incremental restores, cold
+    full_restore: list[float] = field(default_factory=list)
+    exact: list[bool] = field(default_factory=list)
+    files: int = 0
+
+
+def _variable(key: str, shape: tuple[int, ...], rng: np.random.Generator) -> ckpt.Variable:
+    var = ckpt.Variable(ckpt.initializers.Zeros(), shape=shape, name=key)
+    rng.standard_normal(out=var._value, dtype=np.float32)  # fill in place: no second copy
+    return var
+
+
+def frozen_backbone(model_mib: int) -> tuple[dict[str, ckpt.Variable], Callable[[np.random.Generator], list[str]]]:
+    """A backbone of 16 MiB tensors (90% of the model) that never changes and one head tensor (10%)
+    rewritten entirely before every save."""
+    rng = np.random.default_rng(0)
+    total = model_mib * MiB // 4  # float32 elements
+    head_n = total // 10
+    sizes = [TENSOR_MIB * MiB // 4] * ((total - head_n) // (TENSOR_MIB * MiB // 4))
+    sizes += [total - head_n - sum(sizes)] if total - head_n > sum(sizes) else []
+    variables = {f"backbone/{i:03d}/w": _variable(f"backbone/{i:03d}/w", (n,), rng) for i, n in enumerate(sizes)}
+    head = variables["head/w"] = _variable("head/w", (head_n,), rng)
+
+    def change(r: np.random.Generator) -> list[str]:
+        r.standard_normal(out=head._value, dtype=np.float32)
+        return [head.key]
+
+    return variables, change
+
+
+def sparse_table(rows: int) -> tuple[dict[str, ckpt.Variable], Callable[[np.random.Generator], list[str]]]:
+    """One table whose rows change 1% at a time."""
+    table = _variable("embedding/table", (rows, DIM), np.random.default_rng(0))
+
+    def change(r: np.random.Generator) -> list[str]:
+        at = r.choice(rows, size=max(1, int(rows * ROW_SHARE)), replace=False)
+        table._value[at] += r.standard_normal((len(at), DIM), dtype=np.float32) * 0.01
+        return [table.key]
+
+    return {table.key: table}, change
+
+
+def _digests(variables: dict[str, ckpt.Variable], keys: list[str]) -> dict[str, bytes]:
+    return {k: hashlib.sha256(variables[k]._value).digest() for k in keys}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _evict_all(directory: str) -> None:
+    """Flush and drop every file of ``directory`` (chunks included) from the page cache."""
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            evict(os.path.join(folder, name))
+
+
+def measure(variables: dict[str, ckpt.Variable], change: Callable[[np.random.Generator], list[str]],
+            directory: str, saves: int, restore_kept: bool) -> Run:
+    """``saves`` incremental saves after the first, each beside a full save; then cold restores."""
+    total = sum(v._value.nbytes for v in variables.values())
+    inc_dir, full_dir = os.path.join(directory, "inc"), os.path.join(directory, "full")
+    os.makedirs(inc_dir)
+    os.makedirs(full_dir)
+    saver = ckpt.Saver(variables, max_to_keep=KEEP, incremental=True)
+    full = ckpt.Saver(variables, max_to_keep=1, format="msgpack")
+    out, rng = Run(), np.random.default_rng(1)
+    state = _digests(variables, list(variables))
+    want: dict[str, dict[str, bytes]] = {}
+    try:
+        want[saver.save(os.path.join(inc_dir, "m.msgpack"), global_step=0)] = dict(state)
+        for step in range(1, saves + 1):
+            state.update(_digests(variables, change(rng)))
+            saved: list[str] = []
+            inc = _timed(lambda: saved.append(saver.save(os.path.join(inc_dir, "m.msgpack"), global_step=step)))
+            stats = saver.last_incremental
+            assert stats is not None
+            out.written.append((stats.bytes_written + os.path.getsize(saved[0])) / total)
+            out.kept.append(sum(len(n) for n in stats.notes.values() if isinstance(n, bytes)) / total)
+            out.incremental.append(inc)
+            out.full.append(_timed(lambda: full.save(os.path.join(full_dir, "m.msgpack"), global_step=step)))
+            want[saved[0]] = dict(state)
+        out.files = len(os.listdir(os.path.join(inc_dir, ".ckpt-chunks")))
+        kept = [p for p in want if os.path.exists(p)]
+        for path in kept if restore_kept else kept[-1:]:
+            _evict_all(inc_dir)
+            out.restore.append(_timed(lambda: saver.restore(path)))
+            out.exact.append(_digests(variables, list(variables)) == want[path])
+            last_full = ckpt.latest_checkpoint(full_dir)
+            assert last_full is not None
+            _evict_all(full_dir)
+            out.full_restore.append(_timed(lambda: full.restore(last_full)))
+    finally:
+        shutil.rmtree(inc_dir, ignore_errors=True)
+        shutil.rmtree(full_dir, ignore_errors=True)
+    return out
+
+
+def _ratio(full: list[float], inc: list[float]) -> str:
+    return f"{statistics.median(full) / statistics.median(inc):.2f}x"
+
+
+def incremental_targets(label: str, directory: str, model_mib: int, saves: int, rows: int, table_saves: int) -> str:
+    """The markdown table of both targets, saved in ``directory``."""
+    lines = [f"**incremental on {label} (issue 28 targets): bytes written per save (new chunk files + index) / the "
+             "model; save and cold restore against a full msgpack save / restore of the same values, interleaved; "
+             "medians**\n",
+             fmt_row(["model", "saves", "written / model: median, mean, max", "incremental save s",
+                      "full save s", "speed-up", "restore s (kept steps)", "full restore s", "restore / full",
+                      "bit-exact", "chunk files", "memory kept / model"]),
+             fmt_row(["---"] * 12)]
+    for name, make, arg, count, every in (
+            (f"frozen backbone {model_mib} MiB, 10% changes", frozen_backbone, model_mib, saves, True),
+            (f"table {rows} x {DIM} float32, 1% rows", sparse_table, rows, table_saves, False)):
+        variables, change = make(arg)
+        run = measure(variables, change, directory, count, every)
+        del variables
+        lines.append(fmt_row([
+            name, str(count),
+            f"{statistics.median(run.written):.1%}, {statistics.mean(run.written):.1%}, {max(run.written):.1%}",
+            f"{statistics.median(run.incremental):.3f}", f"{statistics.median(run.full):.3f}",
+            _ratio(run.full, run.incremental), f"{statistics.median(run.restore):.3f} ({len(run.restore)})",
+            f"{statistics.median(run.full_restore):.3f}",
+            f"{statistics.median(run.full_restore) / statistics.median(run.restore):.2f}x",
+            "yes" if all(run.exact) else "**NO**", f"{run.files:,}", f"{max(run.kept):.0%}"]))
+    return "\n".join(lines)

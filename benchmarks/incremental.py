@@ -153,3 +153,44 @@ def incremental_case(label: str, directory: str, reps: int) -> str:
                                  f"{plain:.3f}", f"{inc / plain:.2f}x", f"{f.files:,}"]))
         del model
     return "\n".join(rows)
+
+
+def frozen_disk_case(directory: str, size_gib: float, saves: int = 10) -> str:
+    """Issue 28's first target on disk: a model of ``size_gib`` in 10 float32 tensors, 9 frozen and
+    one head assigned before every save; ``saves`` incremental saves (after one that fills the chunk
+    store), each followed by a plain msgpack save of the same values (a full save), both fsynced."""
+    rng = np.random.default_rng(0)
+    n = int(size_gib * (1 << 30)) // 10 // 4
+    variables = {f"backbone/{i}/w": _variable(f"backbone/{i}/w", (n,), rng) for i in range(9)}
+    head = variables["head/w"] = _variable("head/w", (n,), rng)
+    inc_dir, plain = os.path.join(directory, "inc"), os.path.join(directory, "plain.msgpack")
+    os.makedirs(inc_dir)
+    saver = ckpt.Saver(variables, max_to_keep=2, incremental=True)
+    plain_saver = ckpt.Saver(variables, max_to_keep=None, format="msgpack")
+    out = Figures()
+    reused: list[int] = []
+    try:
+        saver.save(os.path.join(inc_dir, "model.msgpack"), global_step=0)
+        for step in range(1, saves + 1):
+            head.assign(rng.standard_normal(n, dtype=np.float32))
+            saved: list[str] = []
+            out.incremental.append(_timed(lambda: saved.append(saver.save(os.path.join(inc_dir, "model.msgpack"),
+                                                                          global_step=step))))
+            out.plain.append(_timed(lambda: plain_saver.save(plain)))
+            stats = saver.last_incremental
+            assert stats is not None
+            reused.append(getattr(stats, "tensors_reused", 0))
+            out.written.append((stats.bytes_written + os.path.getsize(saved[0])) / os.path.getsize(plain))
+            os.remove(plain)
+    finally:
+        shutil.rmtree(inc_dir, ignore_errors=True)
+        if os.path.exists(plain):
+            os.remove(plain)
+    inc, full = statistics.median(out.incremental), statistics.median(out.plain)
+    return "\n".join([
+        f"**incremental disk, frozen backbone ({size_gib:g} GiB, 90% frozen, 1 MiB chunks): median of {saves} "
+        "saves after the first, each followed by a plain msgpack save (interleaved)**\n",
+        fmt_row(["written / full", "tensors reused", "incremental save s", "full save s", "full / incremental"]),
+        fmt_row(["---"] * 5),
+        fmt_row([f"{statistics.median(out.written):.1%}", f"{statistics.median(reused)}", f"{inc:.3f}",
+                 f"{full:.3f}", f"{full / inc:.2f}x"])])

@@ -245,6 +245,15 @@ def main(args: Any) -> None:
             print(incremental_case("tmpfs", directory, args.reps) + "\n")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+    if "incremental" in cases and args.disk:  # issue 28's frozen-backbone target: on disk
+        from .incremental import frozen_disk_case
+
+        directory = os.path.join(args.disk, f"ckpt-bench-inc-{os.getpid()}")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            print(frozen_disk_case(directory, args.size_gib) + "\n")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     if "average" in cases:
         from .averaging import average_case
 

@@ -71,7 +71,7 @@ def frozen_backbone(model_mib: int) -> tuple[dict[str, ckpt.Variable], Callable[
     head = variables["head/w"] = _variable("head/w", (head_n,), rng)
 
     def change(r: np.random.Generator) -> list[str]:
-        r.standard_normal(out=head._value, dtype=np.float32)
+        head.assign(r.standard_normal(head.shape, dtype=np.float32))  # as training code writes a variable
         return [head.key]
 
     return variables, change
@@ -83,7 +83,9 @@ def sparse_table(rows: int) -> tuple[dict[str, ckpt.Variable], Callable[[np.rand
 
     def change(r: np.random.Generator) -> list[str]:
         at = r.choice(rows, size=max(1, int(rows * ROW_SHARE)), replace=False)
-        table._value[at] += r.standard_normal((len(at), DIM), dtype=np.float32) * 0.01
+        # rows in place, through the buffer a write is counted for (an optimizer's sparse update;
+        # Variable has no public scatter): the save must not reuse the table's previous entry
+        table._writable_buffer()[at] += r.standard_normal((len(at), DIM), dtype=np.float32) * 0.01
         return [table.key]
 
     return {table.key: table}, change

@@ -138,6 +138,13 @@ class ChunkedFormat(Format):
         """The names of every chunk the checkpoint ``path`` references (read from ``blob``, which
         it then owns, where given: an object opened with the caller's storage options)."""
 
+    def entry_files(self, entry: list[Any], dtype: Any, shape: tuple[int, ...], chunk_bytes: int) -> \
+            tuple[int, list[bytes]] | None:
+        """For reusing ``entry`` (an index entry this format made) as is, for a tensor of ``dtype``
+        and ``shape`` cut into ``chunk_bytes``: the crc32c of the tensor's bytes it records and the
+        chunk files it reads; None when it cannot be reused so (another layout, a string tensor)."""
+        return None
+
 
 class WritableFormat(Format):
     """A Format that also writes checkpoints: it implements ``write_blob``, the one write method.

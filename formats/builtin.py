@@ -150,6 +150,12 @@ class IncrementalFormat(ChunkedFormat):
 
         return incremental.referenced_chunks(path, blob)
 
+    def entry_files(self, entry: list[Any], dtype: Any, shape: tuple[int, ...], chunk_bytes: int) -> \
+            tuple[int, list[bytes]] | None:
+        from . import incremental  # lazy: a format module loads on use
+
+        return incremental.entry_files(entry, dtype, shape, chunk_bytes)
+
 
 class CkptShardedFormat(Format):
     """ckpt's sharded checkpoints: directories with a commit record (``formats/ckpt_sharded.py``).

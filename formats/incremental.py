@@ -263,6 +263,20 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     return [name, list(arr.shape), crc, [ref for ref, _, _ in results]]
 
 
+def entry_files(entry: list[Any], dtype: np.dtype, shape: tuple[int, ...], chunk_bytes: int) -> \
+        tuple[int, list[bytes]] | None:
+    """The crc32c and the chunk files (every link of every chain) of ``entry``, a numeric tensor's
+    entry as ``tensor_entry`` makes it for ``dtype``, ``shape`` and ``chunk_bytes``; None for any
+    other entry (a string tensor's, another dtype, shape or chunk count)."""
+    if dtypes.is_string(dtype) or len(entry) != 4 or entry[0] != dtypes.dtype_name(dtype) \
+            or list(entry[1]) != list(shape) or type(entry[2]) is not int:
+        return None
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if len(entry[3]) != -(-nbytes // chunk_bytes) or not all(map(_valid_ref, entry[3])):
+        return None
+    return entry[2], [name for ref in entry[3] for name in links(ref)]
+
+
 def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]],
                nested: bool = False) -> bytes:
     """The bytes of an incremental checkpoint file (``nested``: a shard file of a sharded checkpoint,

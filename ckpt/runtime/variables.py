@@ -87,6 +87,7 @@ class Variable:
         "_trainable",
         "_uid",
         "_value",
+        "_writes",
     )
 
     def __init__(self, initial_value: Any, trainable: bool = True, name: str | None = None,
@@ -101,6 +102,9 @@ class Variable:
         want_shape = None if shape is None else as_shape(shape)
         self._value: np.ndarray | None = None
         self._initialized = False
+        #: bumped by every write (assign, assign_add/sub, initialize, restores): an incremental
+        #: Saver reuses the entry of a variable whose count is unchanged since its last save
+        self._writes = 0
         first: np.ndarray | None
         if callable(initial_value) and not isinstance(initial_value, Variable):
             init = _pin_seed(initial_value)
@@ -231,9 +235,11 @@ class Variable:
 
     # --- writes ---------------------------------------------------------------------
     def _writable_buffer(self) -> np.ndarray:
-        """The buffer a restore reads into, allocated (uninitialized) for a deferred variable."""
+        """The buffer a restore reads into, allocated (uninitialized) for a deferred variable.
+        Counts as a write: the caller writes into it."""
         if self._value is None:
             self._value = aligned_empty(self._shape, self._dtype)
+        self._writes += 1
         return self._value
 
     def _copy_initial(self, value: np.ndarray) -> None:
@@ -242,16 +248,20 @@ class Variable:
             self._value = value  # a ckpt initializer returns a fresh array: adopt it, no copy
         else:
             casting.copy_into(self._writable_buffer(), value, f"initializing variable {self.name}")
+        self._writes += 1
         self._initialized = True
 
     def initialize(self) -> None:
         """Set the variable to its initial value (runs the initializer for a deferred variable)."""
         self._copy_initial(self._initial())
 
+    # a restore writes into ``_value`` directly (batched reads), then calls one of these two
     def _mark_restored(self) -> None:
+        self._writes += 1
         self._initialized = True
 
     def _mark_uninitialized(self) -> None:
+        self._writes += 1
         self._initialized = False
 
     def assign(self, value: Any, read_value: bool = True) -> Variable | None:
@@ -272,6 +282,7 @@ class Variable:
         """
         buffer = self._writable_buffer()
         casting.copy_into(buffer, _unwrap(value), f"Cannot assign to variable {self.name}")
+        self._writes += 1  # after the write too: a save that read the count meanwhile sees a change
         self._initialized = True
         return self if read_value else None
 
@@ -283,6 +294,7 @@ class Variable:
         arr, _ = casting.prepare(buffer, _unwrap(value), where)
         with np.errstate(over="ignore"):
             ufunc(buffer, arr, out=buffer, casting="unsafe")
+        self._writes += 1
         return self if read_value else None
 
     def assign_add(self, delta: Any, read_value: bool = True) -> Variable | None:

@@ -30,6 +30,7 @@ from ckpt.storage.atomic import fsync_directory, replace_atomically, require_dir
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
 from ckpt.storage.state import CheckpointState, state_lock
+from ckpt.saving.unchanged import Reuse
 
 #: Default chunk size, chosen by `python -m benchmarks --cases incremental-chunks` (docs/benchmarks.md):
 #: with a frozen backbone every size writes the same bytes, and 1 MiB saves fastest with the
@@ -70,6 +71,8 @@ class IncrementalStats:
     bytes_written: int = 0
     chunks_reused: int = 0
     chunks_collected: int = 0
+    #: tensors whose previous entry was reused without hashing (Variables not written since)
+    tensors_reused: int = 0
     #: the index entries the save wrote (key -> entry)
     entries: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)
     #: the format's notes on the chunks the save wrote (the next save's ``encoding.recall``): the
@@ -104,13 +107,16 @@ def _get_chunk(folder: str, name: bytes) -> bytes:
 class Encoding:
     """How an incremental save encodes its chunks: whole chunks compressed or not, changed
     chunks as deltas against ``previous`` (key -> the entry of the Saver's previous save) up to
-    ``max_chain`` deep."""
+    ``max_chain`` deep; the keys in ``unchanged`` (Variables not written since that save) reuse
+    their previous entry unhashed when its crc32c and chunks check out (``ckpt.saving.unchanged``)."""
 
     compression: str | None = None
     max_chain: int = 0
     previous: Mapping[str, list[Any]] = field(default_factory=dict)
     #: the previous save's ``stats.notes`` (taken from as they are used)
     recall: dict[bytes, Any] = field(default_factory=dict)
+    #: keys whose Variable was not written since the previous save (entries reused, if still sound)
+    unchanged: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -159,6 +165,16 @@ def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tu
     return entries
 
 
+def entries_reusing(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
+                    stats: IncrementalStats, encoding: Encoding) -> dict[str, list[Any]]:
+    """``encoded_entries`` of the tensors the pre-pass does not reuse as they are (the caller
+    holds the store, so a reused entry's chunks, found present, stay until it is committed)."""
+    reuse = Reuse(fmt, encoding.previous, encoding.unchanged, chunk_bytes, chunks.exists)
+    entries = encoded_entries(fmt, chunks, reuse.rest(tensors), chunk_bytes, stats, encoding)
+    stats.tensors_reused, stats.chunks_reused = len(reuse.reused), stats.chunks_reused + reuse.chunks
+    return reuse.join(entries)
+
+
 def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
                  stats: IncrementalStats, path: str, encoding: Encoding) -> dict[str, list[Any]]:
     """Write the chunks of ``tensors`` that the chunk store of ``directory`` lacks, durably (the
@@ -171,7 +187,7 @@ def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str
     folder = os.path.join(directory, fmt.chunk_dir)
     try:
         require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-        entries = encoded_entries(fmt, local_chunks(folder), tensors, chunk_bytes, stats, encoding)
+        entries = entries_reusing(fmt, local_chunks(folder), tensors, chunk_bytes, stats, encoding)
         fsync_directory(folder)
     except OSError as exc:
         raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "

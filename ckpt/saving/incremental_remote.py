@@ -26,7 +26,7 @@ from typing import Any
 from ckpt.errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError,
                          UnsupportedCheckpointError)
 from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat
-from ckpt.saving.incremental import ChunkStore, Encoding, IncrementalStats, chunked_format, encoded_entries
+from ckpt.saving.incremental import ChunkStore, Encoding, IncrementalStats, chunked_format, entries_reusing
 from ckpt.storage import StateChange
 from ckpt.storage.blobio import pread
 from ckpt.storage.commits import unique_token
@@ -106,7 +106,7 @@ def commit_incremental_remote(store: RemoteDirectory, name: str, tensors: Sequen
             return data
 
         chunks = ChunkStore(put, lambda chunk: chunk.hex() in present, get)
-        entries = encoded_entries(fmt, chunks, tensors, chunk_bytes, stats, encoding or Encoding())
+        entries = entries_reusing(fmt, chunks, tensors, chunk_bytes, stats, encoding or Encoding())
         data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
         state = store.commit(name, lambda blob: blob.write_at(data, 0), change, step, metrics, ready=renewed)
     except BaseException:

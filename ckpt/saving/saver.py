@@ -43,6 +43,7 @@ from ckpt.saving.locations import best_checkpoint, checkpoint_at_step, latest_ch
 from ckpt.saving.restore import RestoreResult, restore_variables
 from ckpt.saving.retention import Retention, check_metrics, kept_paths, read_owner
 from ckpt.saving.stores import store_of
+from ckpt.saving.unchanged import unchanged_keys, write_counts
 from ckpt.storage import Store, WritableBlob
 from ckpt.storage import urls as _urls
 from ckpt.storage.atomic import require_directory
@@ -121,6 +122,7 @@ class Saver:
         self._saves = 0  # saves made, for full_every
         self._previous: dict[str, list[Any]] = {}  # the last incremental save's index entries (delta bases)
         self._notes: dict[bytes, Any] = {}  # and the format's notes on its chunks (IncrementalStats.notes)
+        self._written: dict[str, int] = {}  # each key's write count when that save snapshotted it
         offered = {c for f in _formats.formats() if isinstance(f, _formats.WritableFormat) for c in f.compressions}
         if compression is not None and compression not in offered:
             raise ValueError(f"compression must be None or one of {sorted(offered)}, got {compression!r}")
@@ -391,22 +393,26 @@ class Saver:
         refuse_unsupported(path, fmt)
         full = full_every is not None and self._saves % full_every == 0
         self._saves += 1
+        counts = write_counts(self._vars)  # before any byte is read (hashed, or staged by blocking=False)
+        encoding = Encoding(self._compression, max_chain, self._previous, self._notes,
+                            unchanged=unchanged_keys(self._written, counts))
 
         def write(sources: Any, background: bool = True) -> str:
             if not full:
                 try:
                     done = save_chunked(store, os.path.basename(path), sources, metadata, chunk_bytes,
                                         self._retention.change(store, path, step, metrics), step, metrics,
-                                        Encoding(self._compression, max_chain, self._previous, self._notes))
+                                        encoding)
                 except StorageError as exc:
                     raise CheckpointWriteError(f"{path}: cannot save: {exc}; nothing was committed") from exc
                 if done is not None:
                     state, self.last_incremental = done
-                    self._previous, self._notes = self.last_incremental.entries, self.last_incremental.notes
+                    stats = self.last_incremental
+                    self._previous, self._notes, self._written = stats.entries, stats.notes, counts
                     self._saved_to(path, state)
                     return path
             # full_every, or an object store's collection held its chunk store: self-contained
-            self._previous, self._notes = {}, {}  # a self-contained save cuts every delta chain
+            self._previous, self._notes, self._written = {}, {}, {}  # a self-contained save cuts every delta chain
             self._commit(store, path, fmt, sources, metadata, step, metrics, background)
             self.last_incremental = IncrementalStats(chunks_collected=collect(store))  # retention may free chunks
             return path

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from . import _io
 from ._codec import packb, unpack
 from ._planes import decode_chunk, encode_chunk
 from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem, open_folder
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 FORMAT_NAME = "ckpt-incremental"
 #: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
@@ -454,8 +457,9 @@ class IncrementalReader(FileReader):
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
         """Read a batch's chunks a group (``_BATCH_BYTES``) at a time across its tensors (the Folder
         reads a group's files side by side: no small tensor waits for the previous one's last
-        chunk); each tensor is checked once its chunks are in, in order, so the first problem
-        raised is the one a read in order meets."""
+        chunk). A group's crc32c values are computed on an I/O worker while the next group is
+        read (the store never waits on a checksum); each tensor is checked once its chunks are
+        in, in order, so the first problem raised is the one a read in order meets."""
         items: list[tuple[TensorInfo, Any, memoryview]] = []
         ends = []  # where each tensor's chunks end in ``items``
         for info, out in pairs:
@@ -464,18 +468,34 @@ class IncrementalReader(FileReader):
                 items += [(info, ref, view[i * size:(i + 1) * size]) for i, ref in enumerate(info.extra.chunks)]
             ends.append(len(items))
         problems: list[CorruptCheckpointError | None] = []
+        crcs: list[int] = []  # of each piece read so far
         step, checked = max(1, _BATCH_BYTES // self.chunk_bytes), 0
-        for first in range(0, len(items) + 1, step):  # once more at the end: tensors after the last chunk
-            problems += self._read_group(items[first:first + step])
-            while checked < len(pairs) and ends[checked] <= len(problems):
-                begin = ends[checked - 1] if checked else 0
-                self._check(pairs[checked], items[begin:ends[checked]], problems[begin:ends[checked]])
-                checked += 1
+        pending: Future[list[int]] | None = None  # the previous group's crc32c values
+        try:
+            for first in range(0, len(items), step):
+                group = items[first:first + step]
+                problems += self._read_group(group)
+                if pending is not None:
+                    crcs += pending.result()
+                pending = _io.workers().submit(_piece_crcs, [piece for _, _, piece in group])
+                while checked < len(pairs) and ends[checked] <= len(crcs):
+                    begin = ends[checked - 1] if checked else 0
+                    self._check(pairs[checked], items[begin:ends[checked]], problems[begin:ends[checked]],
+                                crcs[begin:ends[checked]])
+                    checked += 1
+            crcs += pending.result() if pending is not None else []
+            pending = None
+            for i in range(checked, len(pairs)):  # the last group's tensors, and those after the last chunk
+                begin = ends[i - 1] if i else 0
+                self._check(pairs[i], items[begin:ends[i]], problems[begin:ends[i]], crcs[begin:ends[i]])
+        finally:
+            if pending is not None:
+                pending.exception()  # it reads the caller's buffers: done before they return
 
     def _check(self, pair: tuple[TensorInfo, np.ndarray], items: list[tuple[TensorInfo, Any, memoryview]],
-               problems: list[CorruptCheckpointError | None]) -> None:
-        """Raise the first problem met reading the tensor's chunks, else check its crc32c (a string
-        tensor: read from the index and checked)."""
+               problems: list[CorruptCheckpointError | None], crcs: list[int]) -> None:
+        """Raise the first problem met reading the tensor's chunks, else check its crc32c (combined
+        from its pieces' ``crcs``; a string tensor: read from the index and checked)."""
         info, out = pair
         if dtypes.is_string(info.dtype):
             self._read_strings(info, out)
@@ -484,8 +504,8 @@ class IncrementalReader(FileReader):
         if first is not None:
             raise first
         crc = 0
-        for _, _, piece in items:
-            crc = _io.crc32c(piece, crc)
+        for (_, _, piece), piece_crc in zip(items, crcs):
+            crc = crc32c_combine(crc, piece_crc, len(piece))
         if crc != info.extra.crc32c:
             raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
 
@@ -558,6 +578,11 @@ class IncrementalReader(FileReader):
             if progress is not None:
                 progress(info.nbytes)
         return problems
+
+
+def _piece_crcs(pieces: list[memoryview]) -> list[int]:
+    """The crc32c of each piece (a job for an I/O worker)."""
+    return [_io.crc32c(piece) for piece in pieces]
 
 
 def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:

@@ -61,8 +61,9 @@ CHUNK_DIR = ".ckpt-chunks"
 NESTED_CHUNK_DIR = "../" + CHUNK_DIR
 HASH = "sha256"
 DIGEST_BYTES = 32
-#: A read or ``verify`` fetches up to this many bytes of chunks at once (several files side by side).
-_BATCH_BYTES = 16 << 20
+#: A read or ``verify`` fetches up to this many bytes of chunks at once (several files side by side;
+#: a cold 1 GiB restore from disk: 0.80 s in groups of 16 MiB, 0.67 s of 64 MiB, 0.68 s of 256 MiB).
+_BATCH_BYTES = 64 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -333,6 +334,8 @@ class IncrementalReader(FileReader):
         if type(chunk_bytes) is not int or chunk_bytes <= 0:
             raise CorruptCheckpointError(f"{path}: the index's chunk_bytes {chunk_bytes!r} is not a positive int")
         self.chunk_bytes: int = chunk_bytes
+        #: a read (and ``verify``) fetches the chunks of up to this many bytes at once
+        self.group_bytes = _BATCH_BYTES
         chunk_dir = index.get("chunk_dir")
         if chunk_dir not in (CHUNK_DIR, NESTED_CHUNK_DIR):
             raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r} "
@@ -405,7 +408,7 @@ class IncrementalReader(FileReader):
         """The tensor's (chunk reference, its bytes), a batch of chunks at a time: in ``view`` (the
         tensor's bytes), or in one buffer of a batch reused for each when None (``verify``)."""
         refs, size, nbytes = info.extra.chunks, self.chunk_bytes, info.nbytes
-        step = max(1, _BATCH_BYTES // size)
+        step = max(1, self.group_bytes // size)
         buf = memoryview(bytearray(min(step * size, nbytes))) if view is None else None
         for first in range(0, len(refs), step):
             off = first * size
@@ -413,14 +416,24 @@ class IncrementalReader(FileReader):
             yield [(ref, base[i * size - off:min((i + 1) * size, nbytes) - off])
                    for i, ref in enumerate(refs[first:first + step], first)]
 
-    def _read_group(self, items: list[tuple[TensorInfo, Any, memoryview]]) -> list[CorruptCheckpointError | None]:
+    def _read_group(self, items: list[tuple[TensorInfo, Any, memoryview]],
+                    crcs: list[int | None] | None = None) -> list[CorruptCheckpointError | None]:
         """Fill each ``(tensor, chunk reference, piece)``'s piece with its chunk, the files read side
         by side where the Folder can (whole chunks read into place, decoded when encoded; chains
         assembled from their files); what went wrong with each (None: filled), raised by the caller
-        in the order a read meets them."""
+        in the order a read meets them. Where the Folder has ``read_checked`` (local files), the
+        crc32c of each raw chunk read into place is put in ``crcs`` (given: one None per item)."""
         problems: list[CorruptCheckpointError | None] = [None] * len(items)
         whole = [i for i, (_, ref, _) in enumerate(items) if isinstance(ref, bytes)]
-        got = self._chunks.read_objects([(items[i][1].hex(), items[i][2]) for i in whole])
+        requests = [(items[i][1].hex(), items[i][2]) for i in whole]
+        read_checked = getattr(self._chunks, "read_checked", None) if crcs is not None else None
+        if read_checked is not None and crcs is not None:
+            answers: list[tuple[str | bytes | None, int]] = read_checked(requests)
+            got = [answer for answer, _ in answers]
+            for i, (answer, crc) in zip(whole, answers):
+                crcs[i] = crc if answer is None else None
+        else:
+            got = self._chunks.read_objects(requests)
         for i, result in zip(whole, got):
             info, ref, piece = items[i]
             if isinstance(result, str):
@@ -455,7 +468,7 @@ class IncrementalReader(FileReader):
         self._read_many([(info, out)])
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
-        """Read a batch's chunks a group (``_BATCH_BYTES``) at a time across its tensors (the Folder
+        """Read a batch's chunks a group (``group_bytes``) at a time across its tensors (the Folder
         reads a group's files side by side: no small tensor waits for the previous one's last
         chunk). A group's crc32c values are computed on an I/O worker while the next group is
         read (the store never waits on a checksum); each tensor is checked once its chunks are
@@ -469,15 +482,20 @@ class IncrementalReader(FileReader):
             ends.append(len(items))
         problems: list[CorruptCheckpointError | None] = []
         crcs: list[int] = []  # of each piece read so far
-        step, checked = max(1, _BATCH_BYTES // self.chunk_bytes), 0
+        step, checked = max(1, self.group_bytes // self.chunk_bytes), 0
         pending: Future[list[int]] | None = None  # the previous group's crc32c values
         try:
             for first in range(0, len(items), step):
                 group = items[first:first + step]
-                problems += self._read_group(group)
+                known: list[int | None] = [None] * len(group)
+                problems += self._read_group(group, known)
                 if pending is not None:
                     crcs += pending.result()
-                pending = _io.workers().submit(_piece_crcs, [piece for _, _, piece in group])
+                    pending = None
+                if None in known:  # decoded chunks, or a Folder that does not checksum: on a worker
+                    pending = _io.workers().submit(_piece_crcs, [piece for _, _, piece in group], known)
+                else:
+                    crcs += known  # type: ignore[arg-type]
                 while checked < len(pairs) and ends[checked] <= len(crcs):
                     begin = ends[checked - 1] if checked else 0
                     self._check(pairs[checked], items[begin:ends[checked]], problems[begin:ends[checked]],
@@ -580,9 +598,9 @@ class IncrementalReader(FileReader):
         return problems
 
 
-def _piece_crcs(pieces: list[memoryview]) -> list[int]:
-    """The crc32c of each piece (a job for an I/O worker)."""
-    return [_io.crc32c(piece) for piece in pieces]
+def _piece_crcs(pieces: list[memoryview], known: list[int | None]) -> list[int]:
+    """The crc32c of each piece, computed where ``known`` has None (a job for an I/O worker)."""
+    return [_io.crc32c(piece) if crc is None else crc for piece, crc in zip(pieces, known)]
 
 
 def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:

@@ -77,17 +77,34 @@ def _mark_waiter() -> None:
     _this_thread.waiter = True
 
 
-def side_by_side(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]]) -> list[T]:
+def side_by_side(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, helping: bool = False) -> list[T]:
     """``fn(*job)`` of every job on the ``waiters()`` threads; the results in order, or the first
     job's error in order. Every job has ended when this returns, even after an error (none may
     still use a caller's buffer). Called on a waiter thread, the jobs run on it one by one (a pool
-    waiting on its own jobs could run out of threads)."""
+    waiting on its own jobs could run out of threads). ``helping``: this thread runs the jobs no
+    waiter has started yet (from the last), rather than wait idle (jobs that use a core: copies)."""
     if getattr(_this_thread, "waiter", False):
         return [fn(*job) for job in jobs]
     futures = [waiters().submit(fn, *job) for job in jobs]
+    if helping:
+        for i in reversed(range(len(futures))):
+            if futures[i].cancel():
+                futures[i] = _run_here(fn, jobs[i])
     for future in futures:
         future.exception()  # waits
     return [future.result() for future in futures]
+
+
+def _run_here(fn: Callable[..., T], job: tuple[Any, ...]) -> Future[T]:
+    """``fn(*job)`` run in this thread, as a finished Future."""
+    from concurrent.futures import Future  # lazy: as ThreadPoolExecutor in workers()
+
+    done: Future[T] = Future()
+    try:
+        done.set_result(fn(*job))
+    except BaseException as exc:  # raised in order, as a waiter's would be
+        done.set_exception(exc)
+    return done
 
 
 @contextmanager

@@ -9,7 +9,7 @@ Tensors move as ``memoryview``s of the arrays that hold them: nothing here copie
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -102,6 +102,11 @@ class Runs:
                 self.blob.lend_pieces(run, self._start)
             else:
                 self.blob.write_pieces(run, self._start)
+
+
+def crc32c_each(pieces: Sequence[memoryview], known: Sequence[int | None]) -> list[int]:
+    """The crc32c of each piece, computed where ``known`` has None (a job for an I/O worker)."""
+    return [crc32c(piece) if crc is None else crc for piece, crc in zip(pieces, known)]
 
 
 def write_checked(blob: WritableBlob, view: memoryview, offset: int, update: Callable[[memoryview], object]) -> None:

@@ -61,9 +61,11 @@ CHUNK_DIR = ".ckpt-chunks"
 NESTED_CHUNK_DIR = "../" + CHUNK_DIR
 HASH = "sha256"
 DIGEST_BYTES = 32
-#: A read or ``verify`` fetches up to this many bytes of chunks at once (several files side by side;
-#: a cold 1 GiB restore from disk: 0.80 s in groups of 16 MiB, 0.67 s of 64 MiB, 0.68 s of 256 MiB).
-_BATCH_BYTES = 64 << 20
+#: A read fetches up to this many bytes of chunks at once, side by side (a cold 1 GiB restore from
+#: disk: 0.80 s in groups of 16 MiB, 0.67 s of 64 MiB, 0.68 s of 256 MiB).
+_GROUP_BYTES = 64 << 20
+#: Chunks whose files are held in memory (delta chains: max_chain + 1 files each; ``verify``): this many bytes at once.
+_BATCH_BYTES = 16 << 20
 HEAD = b"\x93\x82\xa6format\xb0" + FORMAT_NAME.encode() + b"\xa7version"
 
 
@@ -334,8 +336,7 @@ class IncrementalReader(FileReader):
         if type(chunk_bytes) is not int or chunk_bytes <= 0:
             raise CorruptCheckpointError(f"{path}: the index's chunk_bytes {chunk_bytes!r} is not a positive int")
         self.chunk_bytes: int = chunk_bytes
-        #: a read (and ``verify``) fetches the chunks of up to this many bytes at once
-        self.group_bytes = _BATCH_BYTES
+        self.group_bytes = _GROUP_BYTES  #: a read's chunk bytes at once (``verify``: ``_BATCH_BYTES``)
         chunk_dir = index.get("chunk_dir")
         if chunk_dir not in (CHUNK_DIR, NESTED_CHUNK_DIR):
             raise CorruptCheckpointError(f"{path}: the index names chunk folder {chunk_dir!r}, not {CHUNK_DIR!r} "
@@ -408,7 +409,7 @@ class IncrementalReader(FileReader):
         """The tensor's (chunk reference, its bytes), a batch of chunks at a time: in ``view`` (the
         tensor's bytes), or in one buffer of a batch reused for each when None (``verify``)."""
         refs, size, nbytes = info.extra.chunks, self.chunk_bytes, info.nbytes
-        step = max(1, self.group_bytes // size)
+        step = max(1, _BATCH_BYTES // size)
         buf = memoryview(bytearray(min(step * size, nbytes))) if view is None else None
         for first in range(0, len(refs), step):
             off = first * size
@@ -419,21 +420,19 @@ class IncrementalReader(FileReader):
     def _read_group(self, items: list[tuple[TensorInfo, Any, memoryview]],
                     crcs: list[int | None] | None = None) -> list[CorruptCheckpointError | None]:
         """Fill each ``(tensor, chunk reference, piece)``'s piece with its chunk, the files read side
-        by side where the Folder can (whole chunks read into place, decoded when encoded; chains
-        assembled from their files); what went wrong with each (None: filled), raised by the caller
-        in the order a read meets them. Where the Folder has ``read_checked`` (local files), the
-        crc32c of each raw chunk read into place is put in ``crcs`` (given: one None per item)."""
+        by side where the Folder can (whole chunks into place, decoded when encoded; chains assembled);
+        what went wrong with each (None: filled), raised by the caller in read order. ``crcs`` (one None
+        per item) gets the crc32c of raw chunks where the Folder has ``read_checked`` (local files)."""
         problems: list[CorruptCheckpointError | None] = [None] * len(items)
         whole = [i for i, (_, ref, _) in enumerate(items) if isinstance(ref, bytes)]
         requests = [(items[i][1].hex(), items[i][2]) for i in whole]
         read_checked = getattr(self._chunks, "read_checked", None) if crcs is not None else None
-        if read_checked is not None and crcs is not None:
-            answers: list[tuple[str | bytes | None, int]] = read_checked(requests)
-            got = [answer for answer, _ in answers]
-            for i, (answer, crc) in zip(whole, answers):
-                crcs[i] = crc if answer is None else None
-        else:
-            got = self._chunks.read_objects(requests)
+        answers: list[tuple[str | bytes | None, int | None]] = read_checked(requests) if read_checked is not None \
+            else [(answer, None) for answer in self._chunks.read_objects(requests)]
+        got = [answer for answer, _ in answers]
+        for i, (answer, crc) in zip(whole, answers):
+            if crcs is not None and answer is None:
+                crcs[i] = crc
         for i, result in zip(whole, got):
             info, ref, piece = items[i]
             if isinstance(result, str):
@@ -442,12 +441,14 @@ class IncrementalReader(FileReader):
                 problems[i] = self._attempt(info, decode_into, memoryview(result), piece,
                                             f"{self.path}: tensor {info.key!r}: chunk {ref.hex()}")
         chained = [i for i, (_, ref, _) in enumerate(items) if not isinstance(ref, bytes)]
-        stored = self._whole([items[i][1] for i in chained]) if chained else {}
-        for i in chained:
-            info, ref, piece = items[i]
-            bad = next((n for n in links(ref) if isinstance(stored[n], str)), None)
-            problems[i] = self._damaged(info, bad, str(stored[bad])) if bad is not None else \
-                self._attempt(info, assemble, stored.__getitem__, ref, piece, f"{self.path}: tensor {info.key!r}")
+        step = max(1, _BATCH_BYTES // self.chunk_bytes)
+        for part in (chained[first:first + step] for first in range(0, len(chained), step)):
+            stored = self._whole([items[i][1] for i in part])
+            for i in part:
+                info, ref, piece = items[i]
+                bad = next((n for n in links(ref) if isinstance(stored[n], str)), None)
+                problems[i] = self._damaged(info, bad, str(stored[bad])) if bad is not None else \
+                    self._attempt(info, assemble, stored.__getitem__, ref, piece, f"{self.path}: tensor {info.key!r}")
         return problems
 
     def _attempt(self, info: TensorInfo, fill: Callable[..., None], *args: Any) -> CorruptCheckpointError | None:
@@ -468,11 +469,10 @@ class IncrementalReader(FileReader):
         self._read_many([(info, out)])
 
     def _read_many(self, pairs: list[tuple[TensorInfo, np.ndarray]]) -> None:
-        """Read a batch's chunks a group (``group_bytes``) at a time across its tensors (the Folder
-        reads a group's files side by side: no small tensor waits for the previous one's last
-        chunk). A group's crc32c values are computed on an I/O worker while the next group is
-        read (the store never waits on a checksum); each tensor is checked once its chunks are
-        in, in order, so the first problem raised is the one a read in order meets."""
+        """Read a batch's chunks a group (``group_bytes``) at a time across its tensors, side by side;
+        crc32c values not computed by the reads are computed on a worker while the next group is read.
+        Each tensor is checked once its chunks are in, in order: the first problem raised is the one
+        a read in order meets."""
         items: list[tuple[TensorInfo, Any, memoryview]] = []
         ends = []  # where each tensor's chunks end in ``items``
         for info, out in pairs:
@@ -484,36 +484,39 @@ class IncrementalReader(FileReader):
         crcs: list[int] = []  # of each piece read so far
         step, checked = max(1, self.group_bytes // self.chunk_bytes), 0
         pending: Future[list[int]] | None = None  # the previous group's crc32c values
+        hint = getattr(self._chunks, "prefetch", None)
+
+        def check(upto: int) -> None:  # each tensor whose chunks end by ``upto``, in order
+            nonlocal checked
+            while checked < len(pairs) and ends[checked] <= upto:
+                span = slice(ends[checked - 1] if checked else 0, ends[checked])
+                self._check(pairs[checked], items[span], problems[span], crcs[span])
+                checked += 1
         try:
             for first in range(0, len(items), step):
                 group = items[first:first + step]
+                if hint is not None and first + step < len(items):  # the next group's files, read ahead
+                    _io.workers().submit(hint, [r.hex() for _, r, _ in items[first + step:first + 2 * step]
+                                                if isinstance(r, bytes)])
                 known: list[int | None] = [None] * len(group)
                 problems += self._read_group(group, known)
-                if pending is not None:
-                    crcs += pending.result()
-                    pending = None
-                if None in known:  # decoded chunks, or a Folder that does not checksum: on a worker
-                    pending = _io.workers().submit(_piece_crcs, [piece for _, _, piece in group], known)
-                else:
-                    crcs += known  # type: ignore[arg-type]
-                while checked < len(pairs) and ends[checked] <= len(crcs):
-                    begin = ends[checked - 1] if checked else 0
-                    self._check(pairs[checked], items[begin:ends[checked]], problems[begin:ends[checked]],
-                                crcs[begin:ends[checked]])
-                    checked += 1
+                crcs += pending.result() if pending is not None else []
+                # decoded chunks, or a Folder that does not checksum: on a worker, while the next group is read
+                pieces = [piece for _, _, piece in group]
+                pending = _io.workers().submit(_io.crc32c_each, pieces, known) if None in known else None
+                crcs += [] if pending is not None else known  # type: ignore[arg-type]
+                check(len(crcs))
             crcs += pending.result() if pending is not None else []
             pending = None
-            for i in range(checked, len(pairs)):  # the last group's tensors, and those after the last chunk
-                begin = ends[i - 1] if i else 0
-                self._check(pairs[i], items[begin:ends[i]], problems[begin:ends[i]], crcs[begin:ends[i]])
+            check(len(items))  # the last group's tensors, and those after the last chunk
         finally:
             if pending is not None:
                 pending.exception()  # it reads the caller's buffers: done before they return
 
     def _check(self, pair: tuple[TensorInfo, np.ndarray], items: list[tuple[TensorInfo, Any, memoryview]],
                problems: list[CorruptCheckpointError | None], crcs: list[int]) -> None:
-        """Raise the first problem met reading the tensor's chunks, else check its crc32c (combined
-        from its pieces' ``crcs``; a string tensor: read from the index and checked)."""
+        """Raise the first problem met reading the tensor's chunks, else check its crc32c, combined
+        from its pieces' ``crcs`` (a string tensor: read from the index and checked)."""
         info, out = pair
         if dtypes.is_string(info.dtype):
             self._read_strings(info, out)
@@ -596,11 +599,6 @@ class IncrementalReader(FileReader):
             if progress is not None:
                 progress(info.nbytes)
         return problems
-
-
-def _piece_crcs(pieces: list[memoryview], known: list[int | None]) -> list[int]:
-    """The crc32c of each piece, computed where ``known`` has None (a job for an I/O worker)."""
-    return [_io.crc32c(piece) if crc is None else crc for piece, crc in zip(pieces, known)]
 
 
 def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:

@@ -327,6 +327,19 @@ class LocalFolder:
             return [answer for run in runs for answer in run]
         return self._read_run(items)
 
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Ask the kernel to read the files ``names`` ahead (WILLNEED; a hint: errors are left
+        to the reads), so a cold disk's queue stays full between two groups of reads."""
+        for name in names:
+            fd = self._open(name)
+            if isinstance(fd, int):
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+
     def _read_run(self, items: Sequence[tuple[str, memoryview]]) -> list[tuple[str | bytes | None, int]]:
         """Each file read into its view and checksummed, in turn; the kernel is first told to read
         them all ahead (WILLNEED), so a cold disk holds a run's reads in its queue at once."""

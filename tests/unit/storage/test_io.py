@@ -435,3 +435,49 @@ def test_a_local_folder_reads_a_large_batch_side_by_side_each_answer_in_place(tm
     got, inner, outer = side_by_side(lambda: (batch(), side_by_side(threading.get_ident, [()] * 3),
                                               threading.get_ident()), [()])[0]
     assert got == want and inner == [outer] * 3
+
+
+def test_a_local_folder_checked_read_gives_each_filled_chunk_s_crc32c(tmp_path):
+    from ckpt.checksums import crc32c
+    from ckpt.storage.localfile import LocalFolder
+    from ckpt.storage.workers import BIG, WAITERS
+
+    rng = np.random.default_rng(8)
+    size = BIG // 8  # 2 * WAITERS + 3 files: runs of several files, over the side-by-side threshold
+    names = [f"c{i}" for i in range(2 * WAITERS + 3)]
+    files = {n: rng.integers(0, 256, size, np.uint8).tobytes() for n in names}
+    files["short"], files["long"] = b"xyz", bytes(size + 1)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    order = [*names[:5], "missing", "short", *names[5:9], "long", *names[9:]]
+    bufs = [bytearray(size) for _ in order]
+    folder = LocalFolder(str(tmp_path))
+    got = folder.read_checked([(n, memoryview(b)) for n, b in zip(order, bufs)])
+    want = {"missing": "is missing", "short": b"xyz", "long": f"holds more than {size} bytes"}
+    assert [answer for answer, _ in got] == [want.get(n) for n in order]
+    for n, b, (answer, crc) in zip(order, bufs, got):
+        if answer is None:
+            assert bytes(b) == files[n] and crc == crc32c(files[n])
+        else:
+            assert crc == 0
+    one = bytearray(size)  # a single file: read in this thread, the same answer
+    assert folder.read_checked([("c3", memoryview(one))]) == [(None, crc32c(files["c3"]))]
+
+
+def test_side_by_side_helping_runs_every_job_once_and_raises_the_first_error_in_order():
+    from ckpt.storage.workers import side_by_side
+
+    ran: list[int] = []
+
+    def job(i: int) -> int:
+        ran.append(i)
+        if i in (7, 3):
+            raise ValueError(f"job {i}")
+        return i * i
+
+    assert side_by_side(job, [(i,) for i in range(20) if i not in (3, 7)], helping=True) == \
+        [i * i for i in range(20) if i not in (3, 7)]
+    ran.clear()
+    with pytest.raises(ValueError, match="job 3"):
+        side_by_side(job, [(i,) for i in range(40)], helping=True)
+    assert sorted(ran) == list(range(40))  # every job ran, once, before the error came back

@@ -328,36 +328,33 @@ class LocalFolder:
         return self._read_run(items)
 
     def prefetch(self, names: Sequence[str]) -> None:
-        """Ask the kernel to read the files ``names`` ahead (WILLNEED; a hint: errors are left
-        to the reads), so a cold disk's queue stays full between two groups of reads."""
+        """Ask the kernel to read the files ``names`` ahead (a hint: errors are left to the reads),
+        so a cold disk's queue stays full between two groups of reads."""
         for name in names:
             fd = self._open(name)
             if isinstance(fd, int):
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
+                _will_need(fd)
+                os.close(fd)
 
     def _read_run(self, items: Sequence[tuple[str, memoryview]]) -> list[tuple[str | bytes | None, int]]:
-        """Each file read into its view and checksummed, in turn; the kernel is first told to read
-        them all ahead (WILLNEED), so a cold disk holds a run's reads in its queue at once."""
-        opened = [self._open(name) for name, _ in items]
-        try:
-            if len(items) > 1:
+        """Each file read into its view and checksummed, in turn, ``_HINTED`` files at a time: the
+        kernel is first told to read those ahead, so a cold disk holds their reads in its queue."""
+        answers: list[tuple[str | bytes | None, int]] = []
+        for first in range(0, len(items), _HINTED):
+            part = items[first:first + _HINTED]
+            opened = [self._open(name) for name, _ in part]
+            try:
+                for fd in opened if len(part) > 1 else ():
+                    if isinstance(fd, int):
+                        _will_need(fd)
+                for fd, (_, view) in zip(opened, part):
+                    answer = self._fill(fd, view) if isinstance(fd, int) else fd
+                    answers.append((answer, crc32c(view) if answer is None else 0))
+            finally:
                 for fd in opened:
                     if isinstance(fd, int):
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            answers = []
-            for fd, (_, view) in zip(opened, items):
-                answer = self._fill(fd, view) if isinstance(fd, int) else fd
-                answers.append((answer, crc32c(view) if answer is None else 0))
-            return answers
-        finally:
-            for fd in opened:
-                if isinstance(fd, int):
-                    os.close(fd)
+                        os.close(fd)
+        return answers
 
     def _read(self, name: str, view: memoryview) -> str | bytes | None:
         fd = self._open(name)
@@ -412,6 +409,19 @@ class LocalFolder:
         except FileNotFoundError:
             return {}
 
+
+#: Files a run of reads holds open and hinted at once (few descriptors, whatever the chunk size).
+_HINTED = 32
+
+
+def _will_need(fd: int) -> None:
+    """Tell the kernel the file will be read whole soon (where it takes the hint)."""
+    advise = getattr(os, "posix_fadvise", None)  # not on macOS
+    if advise is not None:
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint: the read itself reports what is wrong
 
 
 def _preadv_full(fd: int, view: memoryview) -> int:

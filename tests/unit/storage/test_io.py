@@ -481,3 +481,20 @@ def test_side_by_side_helping_runs_every_job_once_and_raises_the_first_error_in_
     with pytest.raises(ValueError, match="job 3"):
         side_by_side(job, [(i,) for i in range(40)], helping=True)
     assert sorted(ran) == list(range(40))  # every job ran, once, before the error came back
+
+
+def test_a_local_folder_checked_read_of_many_small_files_holds_few_open(tmp_path):
+    from ckpt.checksums import crc32c
+    from ckpt.storage import localfile
+    from ckpt.storage.workers import BIG, WAITERS
+
+    size = 8192
+    count = max(BIG // size + 1, 3 * WAITERS * localfile._HINTED)  # runs longer than the files hinted at once
+    rng = np.random.default_rng(9)
+    files = {f"f{i:04d}": rng.integers(0, 256, size, np.uint8).tobytes() for i in range(count)}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    bufs = {name: bytearray(size) for name in files}
+    got = localfile.LocalFolder(str(tmp_path)).read_checked([(n, memoryview(b)) for n, b in bufs.items()])
+    assert got == [(None, crc32c(data)) for data in files.values()]
+    assert all(bytes(bufs[n]) == data for n, data in files.items())

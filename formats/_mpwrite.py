@@ -40,9 +40,9 @@ from .msgpack import (
     MAX_BIN,
     VERSION,
     _bin_header,
-    _dtype_name,
     _padding,
 )
+from ._mpindex import _dtype_name
 
 __all__ = ["write_msgpack"]
 

@@ -134,9 +134,9 @@ class IncrementalFormat(ChunkedFormat):
                      get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
                      max_chain: int = 0, recall: dict[bytes, Any] | None = None,
                      note: dict[bytes, Any] | None = None) -> list[Any]:
-        from . import incremental  # lazy: a format module loads on use
+        from . import _chunkcodec, incremental  # lazy: a format module loads on use
 
-        encoding = incremental.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain, recall)
+        encoding = _chunkcodec.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain, recall)
         return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous, note)
 
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],

@@ -50,7 +50,7 @@ from .base import (SNIFF_BYTES, BaseReader, LazySource, TensorInfo, WritableForm
                    dtype_or_raise, format_for_path, get_format, open_blob, key_problem, normalize_metadata,
                    validate_keys, write_with)
 from ._commitrecord import HEADER, CommitRecord, TensorEntry
-from .msgpack import _dtype_name
+from ._mpindex import _dtype_name
 
 if TYPE_CHECKING:
     from ckpt.storage.remote import RemoteDirectory

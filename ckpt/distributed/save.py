@@ -52,7 +52,7 @@ from ..errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteE
 from ..formats import ckpt_sharded as sharded
 from ..formats.base import format_for_path, write_with  # the registry: importing it registers the built-ins
 from ..formats.ckpt_sharded import BLOCK_BYTES, COMMIT, CommitRecord, TensorEntry
-from ..formats.msgpack import _dtype_name
+from ..formats._mpindex import _dtype_name
 from ..gcpause import gc_paused
 from ckpt.saving.retention import Retention, kept_paths, read_local_owner, read_owner
 from ckpt.saving.staging import peek

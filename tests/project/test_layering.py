@@ -108,6 +108,16 @@ def test_no_import_cycles_among_installed_modules():
     assert _cycles(_import_graph(modules)) == []
 
 
+#: The size a source file may grow to before it is split by job (issue 25: small modules a newcomer reads).
+MAX_LINES = 600
+
+
+def test_no_installed_source_file_is_over_600_lines():
+    long = {name: n for name, path in _installed_modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by job: {long}"
+
+
 def test_storage_sits_below_the_formats():
     """Formats read and write through storage's blobs; storage asks its Catalog about formats
     (ckpt.saving.stores hands it the registry) and imports no format module, even inside a function."""

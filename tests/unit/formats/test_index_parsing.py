@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError
-from ckpt.formats import _codec, builtin, hdf5, msgpack
+from ckpt.formats import _codec, _mpindex, builtin, hdf5, msgpack
 from ckpt.formats.base import key_problem, keys_plainly_valid
 
 TENSORS = [("enc/w", np.arange(12, dtype=np.float32).reshape(3, 4)), ("enc/b", np.arange(4, dtype=np.int64)),
@@ -63,17 +63,17 @@ def _agree(fast, slow):
 
 def _agree_msgpack(tensors, start, end):
     """msgpack's fast path agrees with the loop, entry by entry and built all at once (as_dict)."""
-    slow = _outcome(msgpack._check_entries, tensors, "f", start, end, {})
-    fast = msgpack._parse_plain_entries(tensors, start, end)
+    slow = _outcome(_mpindex._check_entries, tensors, "f", start, end, {})
+    fast = _mpindex._parse_plain_entries(tensors, start, end)
     assert fast is None or ({key: fast[0][key] for key in fast[0]}, fast[1]) == slow  # built key by key
-    fresh = msgpack._parse_plain_entries(tensors, start, end)  # nothing built yet: as_dict builds all
+    fresh = _mpindex._parse_plain_entries(tensors, start, end)  # nothing built yet: as_dict builds all
     assert fresh is None or (fresh[0].as_dict(), fresh[1]) == slow
 
 
 def test_fast_paths_take_plain_indexes(msgpack_index, hdf5_index):
     tensors, start, end = msgpack_index
-    fast = msgpack._parse_plain_entries(tensors, start, end)
-    assert fast is not None and fast[:2] == msgpack._check_entries(tensors, "f", start, end, {})
+    fast = _mpindex._parse_plain_entries(tensors, start, end)
+    assert fast is not None and fast[:2] == _mpindex._check_entries(tensors, "f", start, end, {})
     _agree_msgpack(tensors, start, end)
     entries, userblock, size = hdf5_index
     fast = hdf5._parse_plain_entries(entries, userblock, size)
@@ -89,8 +89,8 @@ def test_fast_paths_take_every_numeric_dtype(tmp_path, name):
         start, end = reader._start, reader._index_offset
     raw = (tmp_path / "m.msgpack").read_bytes()[end:-msgpack.FOOTER_SIZE]
     index = _codec.unpack(raw, "m", "the index")["tensors"]
-    fast = msgpack._parse_plain_entries(index, start, end)
-    assert fast is not None and fast[:2] == msgpack._check_entries(index, "f", start, end, {})
+    fast = _mpindex._parse_plain_entries(index, start, end)
+    assert fast is not None and fast[:2] == _mpindex._check_entries(index, "f", start, end, {})
     assert fast[0]["a/x"].dtype == dtypes.as_dtype(name)
     builtin.Hdf5Format().write(str(tmp_path / "h.h5"), tensors, {})
     data = (tmp_path / "h.h5").read_bytes()

@@ -16,7 +16,8 @@ from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError
 from ckpt.formats import _codec, _io
 from ckpt.formats.base import open_reader
-from ckpt.formats.incremental import CHUNK_DIR, FORMAT_NAME, IncrementalReader, links
+from ckpt.formats._chunkcodec import links
+from ckpt.formats.incremental import CHUNK_DIR, FORMAT_NAME, IncrementalReader
 
 CHUNK = 4096
 

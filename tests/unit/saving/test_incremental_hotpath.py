@@ -13,8 +13,9 @@ import pytest
 import ckpt
 from ckpt.errors import CorruptCheckpointError
 from ckpt.formats import _codec, _io
-from ckpt.formats.incremental import (CHUNK_DIR, PARALLEL_BYTES, RETRY_AFTER, ChunkEncoding, _private, assemble,
-                                      chain_of, digest, links, tensor_entry)
+from ckpt.formats._chunkcodec import (PARALLEL_BYTES, RETRY_AFTER, ChunkEncoding, _private, assemble, chain_of,
+                                      digest, links)
+from ckpt.formats.incremental import CHUNK_DIR, tensor_entry
 
 CHUNK = 64 << 10
 

@@ -18,7 +18,7 @@ import ckpt
 import ckpt.cli
 import ckpt.formats
 from ckpt import distributed
-from ckpt.formats import incremental as inc_format
+from ckpt.formats import _chunkcodec as inc_format  # where chunks are hashed
 
 CHUNK = 4096
 CHUNKS = ".ckpt-chunks"

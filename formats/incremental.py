@@ -73,11 +73,6 @@ def is_incremental(head: bytes) -> bool:
     return head.startswith(HEAD)
 
 
-def chunk_path(directory: str, chunk: bytes) -> str:
-    """Where the chunk ``chunk`` (a digest) is stored for checkpoints in ``directory``."""
-    return os.path.join(directory, CHUNK_DIR, chunk.hex())
-
-
 def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None],
                  encoding: ChunkEncoding | None = None, previous: list[Any] | None = None,
                  note: dict[bytes, Any] | None = None) -> list[Any]:

@@ -61,7 +61,7 @@ def frozen_backbone(seed: int = 0) -> Model:
     variables = {f"backbone/{i:02d}/w": _variable(f"backbone/{i:02d}/w", (n,), rng) for i in range(12)}
     head = variables["head/w"] = _variable("head/w", (n,), rng)
     return Model("frozen backbone 192 MiB + head 16 MiB", variables,
-                 lambda r: r.standard_normal(out=head._value, dtype=np.float32))
+                 lambda r: r.standard_normal(out=head._writable_buffer(), dtype=np.float32))  # a counted write
 
 
 def sparse_rows(seed: int = 0) -> Model:
@@ -71,7 +71,7 @@ def sparse_rows(seed: int = 0) -> Model:
 
     def change(r: np.random.Generator) -> None:
         rows = r.choice(ROWS, size=int(ROWS * ROW_SHARE), replace=False)
-        table._value[rows] += r.standard_normal((len(rows), DIM), dtype=np.float32) * 0.01
+        table._writable_buffer()[rows] += r.standard_normal((len(rows), DIM), dtype=np.float32) * 0.01  # counted
 
     return Model("embedding 2^20 x 64, 1% rows", {"embedding/table": table}, change, sparse=True)
 

@@ -365,8 +365,10 @@ class IncrementalReader(FileReader):
         crc = 0
         for (_, _, piece), piece_crc in zip(items, crcs):
             crc = crc32c_combine(crc, piece_crc, len(piece))
-        if crc != info.extra.crc32c:
-            raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key)
+        if crc != info.extra.crc32c:  # a raw chunk file changed in place (its size and name still fit)
+            raise checksum_error(self.path, f"tensor {info.key!r}", crc, info.extra.crc32c, key=info.key,
+                                 cause=f"a chunk file of it in {self._chunks.location} is damaged "
+                                       f"(`ckpt verify {self.path}` names it)")
 
     def _read_strings(self, info: TensorInfo, out: np.ndarray) -> None:
         location: ChunkedLocation = info.extra

@@ -110,7 +110,9 @@ def test_a_damaged_shared_chunk_is_named_and_other_tensors_still_restore(tmp_pat
         path = os.path.join(d, f"m-{step}.msgpack")
         with pytest.raises(CorruptCheckpointError, match="'exact'") as info:
             _load(path, "exact")
-        assert info.value.key == "exact"
+        assert info.value.key == "exact"  # the index file is whole: the message points at the chunk folder
+        assert f"a chunk file of it in {os.path.join(d, CHUNKS)} is damaged" in str(info.value)
+        assert f"ckpt verify {path}" in str(info.value)
         problems = ckpt.verify(path).problems
         assert len(problems) == 1 and chunk in problems[0] and "'exact'" in problems[0]
         assert _load(path, "big")[0, 0] == step

@@ -44,8 +44,8 @@ PARALLEL_BYTES = 4 << 20
 class ChunkEncoding:
     """How a save encodes the chunks it writes (the store callbacks and the options).
 
-    ``exists(name)`` tells whether the store holds the chunk file ``name.hex()`` and ``get(name)``
-    returns its stored bytes (the caller holds the directory's lock, so neither changes under
+    ``exists(name)`` tells whether the store holds the chunk file ``name.hex()`` and ``get(name, limit)``
+    returns its stored bytes, at most ``limit`` (the caller holds the directory's lock, so neither changes under
     it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
     is stored as its XOR with its previous version while that chain is shorter than
     ``max_chain`` (0: never).
@@ -57,7 +57,7 @@ class ChunkEncoding:
     """
 
     def __init__(self, exists: Callable[[bytes], bool] = lambda name: False,
-                 get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                 get: Callable[[bytes, int], bytes] | None = None, compression: str | None = None,
                  max_chain: int = 0, recall: dict[bytes, Any] | None = None) -> None:
         self.exists, self.get, self.compression, self.max_chain = exists, get, compression, max_chain
         self.recall: dict[bytes, Any] = {} if recall is None else recall
@@ -117,7 +117,7 @@ class ChunkEncoding:
             return None
         old = bytearray(size)
         try:
-            assemble(lambda name: memoryview(self.get(name)), base, memoryview(old), "the previous version")  # type: ignore[misc]
+            assemble(lambda name: memoryview(self.get(name, size)), base, memoryview(old), "the previous version")  # type: ignore[misc]
         except (OSError, CorruptCheckpointError):
             return None
         return old if digest(memoryview(old)) == chain_of(base)[0] else None

@@ -115,14 +115,15 @@ class ChunkedFormat(Format):
     @abstractmethod
     def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None], *,
                      previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
-                     get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                     get: Callable[[bytes, int], bytes] | None = None, compression: str | None = None,
                      max_chain: int = 0, recall: dict[bytes, Any] | None = None,
                      note: dict[bytes, Any] | None = None) -> list[Any]:
         """Cut ``array`` into chunks of ``chunk_bytes``, hand each the store lacks to
         ``put(name, stored bytes)`` (possibly from several threads), return its index entry once
-        every chunk is stored. ``exists(name)`` and ``get(name)`` look into the store;
-        ``previous`` is the tensor's entry in the previous save (the base of delta-encoded
-        chunks, at most ``max_chain`` deep); ``compression`` encodes whole chunks. ``recall`` is
+        every chunk is stored. ``exists(name)`` and ``get(name, limit)`` (its stored bytes, at
+        most ``limit``) look into the store; ``previous`` is the tensor's entry in the previous
+        save (the base of delta-encoded chunks, at most ``max_chain`` deep); ``compression``
+        encodes whole chunks. ``recall`` is
         what the format noted in ``note`` during the Saver's previous save (the Saver keeps it
         between saves; the format may take entries out of it)."""
 

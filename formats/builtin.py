@@ -131,7 +131,7 @@ class IncrementalFormat(ChunkedFormat):
 
     def tensor_entry(self, array: Any, chunk_bytes: int, put: Callable[[bytes, bytes | memoryview], None], *,
                      previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
-                     get: Callable[[bytes], bytes] | None = None, compression: str | None = None,
+                     get: Callable[[bytes, int], bytes] | None = None, compression: str | None = None,
                      max_chain: int = 0, recall: dict[bytes, Any] | None = None,
                      note: dict[bytes, Any] | None = None) -> list[Any]:
         from . import _chunkcodec, incremental  # lazy: a format module loads on use

@@ -240,7 +240,7 @@ class IncrementalReader(FileReader):
         """Every file of the chunks ``refs`` read whole (side by side where the Folder can), or
         what is wrong with it."""
         names = list(dict.fromkeys(n for ref in refs for n in links(ref)))
-        got = self._chunks.read_whole([n.hex() for n in names])
+        got = self._chunks.read_whole([n.hex() for n in names], self.chunk_bytes)  # no chunk file is longer
         return {name: data if isinstance(data, str) else memoryview(data) for name, data in zip(names, got)}
 
     def _groups(self, info: TensorInfo, view: memoryview | None) -> Iterator[list[tuple[Any, memoryview]]]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
+from ckpt.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, Format, format_for_path, get_format
 from ckpt.formats.incremental import MAX_CHAIN as MAX_CHAIN  # the default of Saver(max_chain=)
 from ckpt.storage.urls import is_url
@@ -98,9 +98,13 @@ def _put_chunk(folder: str, name: str, data: bytes | memoryview) -> bool:
     return True
 
 
-def _get_chunk(folder: str, name: bytes) -> bytes:
-    with open(os.path.join(folder, name.hex()), "rb") as f:
-        return f.read()
+def _get_chunk(folder: str, name: bytes, limit: int) -> bytes:
+    path = os.path.join(folder, name.hex())
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:  # damaged (no chunk file is longer than its chunk): not read into memory whole
+        raise CorruptCheckpointError(f"{path} holds more than {limit} bytes", path=path)
+    return data
 
 
 @dataclass
@@ -123,19 +127,20 @@ class Encoding:
 class ChunkStore:
     """What an incremental save asks of its chunk store, by chunk file name (a digest, or two):
     ``put(name, stored bytes)`` writes it create-only (False: it was there already),
-    ``exists(name)`` and ``get(name)`` (its stored bytes) look into it. A local directory's
+    ``exists(name)`` and ``get(name, limit)`` (its stored bytes, at most ``limit``; a longer file
+    is damage: CorruptCheckpointError) look into it. A local directory's
     (``local_chunks``) or an object store's (``ckpt.saving.incremental_remote``)."""
 
     put: Callable[[bytes, bytes | memoryview], bool]
     exists: Callable[[bytes], bool]
-    get: Callable[[bytes], bytes]
+    get: Callable[[bytes, int], bytes]
 
 
 def local_chunks(folder: str) -> ChunkStore:
     """The chunk store of the local folder ``folder`` (the caller holds the directory's lock)."""
     return ChunkStore(lambda name, data: _put_chunk(folder, name.hex(), data),
                       lambda name: os.path.exists(os.path.join(folder, name.hex())),
-                      lambda name: _get_chunk(folder, name))
+                      lambda name, limit: _get_chunk(folder, name, limit))
 
 
 def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,

@@ -99,8 +99,8 @@ def commit_incremental_remote(store: RemoteDirectory, name: str, tensors: Sequen
                 present.add(chunk.hex())
             return _put_chunk(store, folder.where(chunk.hex()), data)
 
-        def get(chunk: bytes) -> bytes:
-            data = folder.read_whole([chunk.hex()])[0]
+        def get(chunk: bytes, limit: int) -> bytes:
+            data = folder.read_whole([chunk.hex()], limit)[0]
             if isinstance(data, str):  # listed under the hold, so never collected since: damage, not a race
                 raise CorruptCheckpointError(f"{folder.where(chunk.hex())} {data}")  # the chunk is written whole
             return data

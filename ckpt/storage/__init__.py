@@ -177,9 +177,11 @@ class Folder(Protocol):
             StorageError: the store failed (an outage, not the objects' fault).
         """
 
-    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
-        """The whole bytes of each object of ``names``, whatever their length (several at once
-        where the store allows), or what is wrong with it ("is missing").
+    def read_whole(self, names: Sequence[str], limit: int) -> list[bytes | str]:
+        """The whole bytes of each object of ``names``, of any length up to ``limit`` (several at
+        once where the store allows), or what is wrong with it ("is missing", "holds more than
+        ``limit`` bytes": no more than ``limit + 1`` bytes are read, so a damaged or hostile
+        object cannot exhaust memory).
 
         Raises:
             StorageError: the store failed (an outage, not the objects' fault).

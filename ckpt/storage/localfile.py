@@ -388,15 +388,16 @@ class LocalFolder:
             return f"cannot be read: {exc.strerror or exc}"
         return None if got == len(view) else f"holds {got} bytes, not {len(view)}: it is truncated"
 
-    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+    def read_whole(self, names: Sequence[str], limit: int) -> list[bytes | str]:
         if len(names) > 1:  # a delta chain's files, each up to a chunk: side by side
-            return side_by_side(self._read_whole, [(name,) for name in names])
-        return [self._read_whole(name) for name in names]
+            return side_by_side(self._read_whole, [(name, limit) for name in names])
+        return [self._read_whole(name, limit) for name in names]
 
-    def _read_whole(self, name: str) -> bytes | str:
+    def _read_whole(self, name: str, limit: int) -> bytes | str:
         try:
             with open(self.where(name), "rb") as f:
-                return f.read()
+                data = f.read(limit + 1)
+                return data if len(data) <= limit else f"holds more than {limit} bytes"
         except FileNotFoundError:
             return "is missing"
         except OSError as exc:

@@ -3,7 +3,7 @@
 
 ``read_objects`` reads each object with one GET of its first ``n + 1`` bytes (the extra byte tells
 an object longer than expected; a shorter one, an encoded chunk, comes back as its bytes), and
-``read_whole`` objects of unknown length (a delta chain's files) with one GET each; up to
+``read_whole`` objects of unknown length up to a limit (a delta chain's files) with one GET each; up to
 ``Sizes.concurrency`` in flight at once on stores with an async implementation. A missing object
 is reported, not raised, so a reader names the tensor that needed it.
 
@@ -16,8 +16,8 @@ Example:
     >>> folder.read_objects([("a", memoryview(buf)), ("b", memoryview(buf)), ("a", memoryview(short)),
     ...                      ("a", memoryview(long))])
     [None, 'is missing', 'holds more than 2 bytes', b'abc']
-    >>> bytes(buf), folder.read_whole(["a", "b"]), folder.sizes()
-    (b'abc', [b'abc', 'is missing'], {'a': 3})
+    >>> bytes(buf), folder.read_whole(["a", "b"], 3), folder.read_whole(["a"], 2), folder.sizes()
+    (b'abc', [b'abc', 'is missing'], ['holds more than 2 bytes'], {'a': 3})
 """
 
 from __future__ import annotations
@@ -55,17 +55,18 @@ class RemoteFolder:
                 return list(sync(self.store.fs.loop, self._read_all, [(n, v, len(v) + 1) for n, v in items]))
             return [self._fill(view, self._get_sync(name, len(view) + 1)) for name, view in items]
 
-    def read_whole(self, names: Sequence[str]) -> list[bytes | str]:
+    def read_whole(self, names: Sequence[str], limit: int) -> list[bytes | str]:
         if not names:
             return []
         with translating(self.where(names[0]), "reading the chunk store's objects"):
             if getattr(self.store.fs, "async_impl", False):
-                got = sync(self.store.fs.loop, self._read_all, [(n, None, None) for n in names])
+                got = sync(self.store.fs.loop, self._read_all, [(n, None, limit + 1) for n in names])
             else:
-                got = [self._get_sync(name, None) for name in names]
-        return [data if data is not None else "is missing" for data in got]
+                got = [self._get_sync(name, limit + 1) for name in names]
+        return ["is missing" if data is None else f"holds more than {limit} bytes" if len(data) > limit else data
+                for data in got]
 
-    def _get_sync(self, name: str, end: int | None) -> bytes | None:
+    def _get_sync(self, name: str, end: int) -> bytes | None:
         try:
             return bytes(self.store.fs.cat_file(self.store.path(self.where(name)), start=0, end=end))
         except FileNotFoundError as exc:
@@ -73,17 +74,16 @@ class RemoteFolder:
                 raise
             return None
 
-    async def _read_all(self, items: Sequence[tuple[str, memoryview | None, int | None]]) -> list[Any]:
-        """GET each ``(name, view, end)``'s first ``end`` bytes (all when None) side by side; each
+    async def _read_all(self, items: Sequence[tuple[str, memoryview | None, int]]) -> list[Any]:
+        """GET each ``(name, view, end)``'s first ``end`` bytes side by side; each
         result is ``_fill``'s for a view, else the bytes or None (missing)."""
         gate = asyncio.Semaphore(self.store.sizes.concurrency)
 
-        async def one(name: str, view: memoryview | None, end: int | None) -> Any:
+        async def one(name: str, view: memoryview | None, end: int) -> Any:
             path = self.store.path(self.where(name))
             async with gate:
                 try:
-                    data = bytes(await self.store.within(self.store.fs._cat_file(path, start=0, end=end),
-                                                         end or 0))
+                    data = bytes(await self.store.within(self.store.fs._cat_file(path, start=0, end=end), end))
                 except FileNotFoundError as exc:
                     if not missing_object(exc):
                         raise

@@ -180,6 +180,32 @@ def test_a_damaged_previous_version_is_not_a_delta_base(tmp_path: Any) -> None:
         assert reader["f64"].tobytes() == v["f64"].numpy().tobytes()
 
 
+def test_an_oversized_chunk_file_is_damage_and_is_never_read_whole(tmp_path: Any) -> None:
+    """A chunk file longer than any chunk (damaged or hostile: here a sparse 64 GiB file) is not read
+    into memory: restore and verify name the tensor and the file, and the next save writes whole."""
+    d = str(tmp_path)
+    saved = _save_steps(d, 2, seed=4, max_to_keep=None, max_chain=4)
+    last = list(saved)[-1]
+    bf_refs = _entries(last)["bf"][3]
+    assert isinstance(bf_refs[0], list)
+    base = links(bf_refs[0])[-1]
+    os.truncate(os.path.join(d, CHUNK_DIR, base.hex()), 1 << 36)
+    with ckpt.load_checkpoint(last) as reader:
+        with pytest.raises(CorruptCheckpointError, match=f"'bf'.*{base.hex()}.*holds more than {CHUNK} bytes"):
+            reader["bf"]
+        assert reader["f64"].tobytes() == saved[last]["f64"].tobytes()
+    problems = ckpt.verify(last).problems
+    assert len(problems) == 1 and "'bf'" in problems[0] and base.hex() in problems[0]
+    rng = np.random.default_rng(9)  # a new Saver (no kept bases) reads previous versions back: bounded
+    v = _vars(rng)
+    v["bf"].assign(saved[last]["bf"])
+    saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK, max_to_keep=None, max_chain=4)
+    _touch(v, rng)
+    path = saver.save(os.path.join(d, "m.msgpack"), global_step=2)
+    with ckpt.load_checkpoint(path) as reader:
+        assert reader["bf"].tobytes() == v["bf"].numpy().tobytes()
+
+
 def test_compression_combines_with_incremental_saves(tmp_path: Any) -> None:
     d = str(tmp_path)
     rng = np.random.default_rng(6)

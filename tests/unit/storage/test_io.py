@@ -430,7 +430,8 @@ def test_a_local_folder_reads_a_large_batch_side_by_side_each_answer_in_place(tm
 
     assert batch() == want
     assert all(bytes(b) == files[n] for n, b in zip(names, bufs) if n.startswith("c"))
-    assert folder.read_whole(["short", "missing", "c1"]) == [b"xyz", "is missing", files["c1"]]
+    assert folder.read_whole(["short", "missing", "c1"], len(files["c1"])) == [b"xyz", "is missing", files["c1"]]
+    assert folder.read_whole(["c1"], len(files["c1"]) - 1) == [f"holds more than {len(files['c1']) - 1} bytes"]
     # a batch read from one of the pool's own threads runs on that thread (no pool waits on itself)
     got, inner, outer = side_by_side(lambda: (batch(), side_by_side(threading.get_ident, [()] * 3),
                                               threading.get_ident()), [()])[0]

@@ -91,7 +91,7 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     same = previous is not None and previous[0] == name and list(previous[1]) == list(arr.shape)
     bases: list[Any] = list(previous[3]) if same and previous is not None else []
     view = _io.byte_view(arr)
-    jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put)
+    jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put, i)
             for i, start in enumerate(range(0, len(view), chunk_bytes))]
     if len(view) >= PARALLEL_BYTES and len(jobs) > 1:
         results = _io.side_by_side(enc.chunk, jobs)

@@ -25,8 +25,8 @@ from ckpt.errors import CorruptCheckpointError
 from . import _io
 from ._planes import decode_chunk, encode_chunk
 
-__all__ = ["ChunkEncoding", "PARALLEL_BYTES", "RETRY_AFTER", "assemble", "chain_bound", "chain_of", "decode_into",
-           "digest", "encode_whole", "links"]
+__all__ = ["ChunkEncoding", "PARALLEL_BYTES", "RETRY_AFTER", "assemble", "chain_of", "decode_into", "digest",
+           "encode_whole", "links", "restarts"]
 
 
 def digest(data: memoryview | bytes) -> bytes:
@@ -44,11 +44,12 @@ PARALLEL_BYTES = 4 << 20
 class ChunkEncoding:
     """How a save encodes the chunks it writes (the store callbacks and the options).
 
-    ``exists(name)`` tells whether the store holds the chunk file ``name.hex()`` and ``get(name, limit)``
-    returns its stored bytes, at most ``limit`` (the caller holds the directory's lock, so neither changes under
-    it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
+    ``exists(name)`` tells whether the store holds the chunk file ``name.hex()`` and ``get(name,
+    limit)`` returns its stored bytes, at most ``limit`` (the caller holds the directory's lock, so
+    neither changes under it); ``compression`` ("zstd" or None) encodes whole chunks as byte planes; a changed chunk
     is stored as its XOR with its previous version while that chain is shorter than
-    ``max_chain`` (0: never).
+    ``max_chain`` (0: never) and its turn to restart whole has not come (``restarts``: ``turn``
+    plus the chunk's index in its tensor; None: chains restart only at ``max_chain``).
 
     ``recall`` holds what the previous save of the same Saver noted about the chunks it wrote, by
     digest: the chunk's bytes (hashed to that digest in this process: a delta against it needs
@@ -58,15 +59,16 @@ class ChunkEncoding:
 
     def __init__(self, exists: Callable[[bytes], bool] = lambda name: False,
                  get: Callable[[bytes, int], bytes] | None = None, compression: str | None = None,
-                 max_chain: int = 0, recall: dict[bytes, Any] | None = None) -> None:
+                 max_chain: int = 0, recall: dict[bytes, Any] | None = None, turn: int | None = None) -> None:
         self.exists, self.get, self.compression, self.max_chain = exists, get, compression, max_chain
+        self.turn = turn
         self.recall: dict[bytes, Any] = {} if recall is None else recall
 
-    def chunk(self, piece: memoryview, itemsize: int, base: Any,
-              put: Callable[[bytes, bytes | memoryview], None]) -> tuple[Any, int | None, Any]:
-        """The reference of the chunk ``piece``, its crc32c (None when unchanged since the
-        previous save: the caller may not need it) and the note for the next save, writing what
-        the store lacks."""
+    def chunk(self, piece: memoryview, itemsize: int, base: Any, put: Callable[[bytes, bytes | memoryview], None],
+              index: int = 0) -> tuple[Any, int | None, Any]:
+        """The reference of the chunk ``piece`` (the ``index``-th of its tensor), its crc32c (None
+        when unchanged since the previous save: the caller may not need it) and the note for the
+        next save, writing what the store lacks."""
         deltas = base is not None and self.get is not None and self.max_chain > 0
         old = self.recall.pop(chain_of(base)[0], None) if deltas else None
         # a chunk that changed last time likely changes again: hash a private copy, kept as the
@@ -79,7 +81,8 @@ class ChunkEncoding:
         crc = _io.crc32c(data)
         if self.exists(x):
             return x, crc, None
-        if deltas and len(chain_of(base)) - 1 < chain_bound(base, self.max_chain):
+        turn = None if self.turn is None else self.turn + index
+        if deltas and not restarts(len(chain_of(base)) - 1, turn, self.max_chain):
             if isinstance(old, int):  # a recent delta did not pay: skip the encoding
                 put(x, encode_whole(data, itemsize) if self.compression else data)
                 return x, crc, old - 1 or None
@@ -142,12 +145,15 @@ def links(ref: bytes | list[bytes]) -> list[bytes]:
     return [chain[i] + chain[i + 1] for i in range(len(chain) - 1)] + [chain[-1]]
 
 
-def chain_bound(ref: bytes | list[bytes], max_chain: int) -> int:
-    """How many deltas a chain may hold before its chunk is written whole again: between half of
-    ``max_chain`` and all of it, picked by the whole base's digest, so that the chunks of a table
-    that all started in one save do not all restart in one later save."""
-    low = (max_chain + 1) // 2
-    return low + chain_of(ref)[-1][0] % (max_chain - low + 1) if max_chain > 0 else 0
+def restarts(deltas: int, turn: int | None, max_chain: int) -> bool:
+    """Whether a changed chunk whose chain holds ``deltas`` deltas is written whole rather than as
+    one more delta: when the chain is ``max_chain`` long (a restore's bound), or when it is the
+    chunk's turn (``turn``, the Saver's save count plus the chunk's place, is a multiple of
+    ``max_chain``) and its chain holds a delta. The chunks of a table whose chains all started in
+    one save thus restart in turn, 1/``max_chain`` of them per save from the second save on, each
+    every ``max_chain`` saves while it changes every save (a bound drawn per chain bunched the
+    first restarts; drawn from [1, max_chain] it would restart twice as often)."""
+    return deltas >= max_chain or (turn is not None and deltas > 0 and turn % max_chain == 0)
 
 
 def encode_whole(piece: memoryview, itemsize: int) -> bytes | memoryview:

@@ -117,7 +117,7 @@ class ChunkedFormat(Format):
                      previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
                      get: Callable[[bytes, int], bytes] | None = None, compression: str | None = None,
                      max_chain: int = 0, recall: dict[bytes, Any] | None = None,
-                     note: dict[bytes, Any] | None = None) -> list[Any]:
+                     note: dict[bytes, Any] | None = None, turn: int | None = None) -> list[Any]:
         """Cut ``array`` into chunks of ``chunk_bytes``, hand each the store lacks to
         ``put(name, stored bytes)`` (possibly from several threads), return its index entry once
         every chunk is stored. ``exists(name)`` and ``get(name, limit)`` (its stored bytes, at
@@ -125,7 +125,9 @@ class ChunkedFormat(Format):
         save (the base of delta-encoded chunks, at most ``max_chain`` deep); ``compression``
         encodes whole chunks. ``recall`` is
         what the format noted in ``note`` during the Saver's previous save (the Saver keeps it
-        between saves; the format may take entries out of it)."""
+        between saves; the format may take entries out of it). ``turn`` (the Saver's save count
+        plus a number drawn from the tensor's key; None: unknown) says which chunks' delta chains
+        restart whole in this save, so that they restart in turn rather than all at once."""
 
     @abstractmethod
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],

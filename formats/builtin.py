@@ -133,10 +133,11 @@ class IncrementalFormat(ChunkedFormat):
                      previous: list[Any] | None = None, exists: Callable[[bytes], bool] | None = None,
                      get: Callable[[bytes, int], bytes] | None = None, compression: str | None = None,
                      max_chain: int = 0, recall: dict[bytes, Any] | None = None,
-                     note: dict[bytes, Any] | None = None) -> list[Any]:
+                     note: dict[bytes, Any] | None = None, turn: int | None = None) -> list[Any]:
         from . import _chunkcodec, incremental  # lazy: a format module loads on use
 
-        encoding = _chunkcodec.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain, recall)
+        encoding = _chunkcodec.ChunkEncoding(exists or (lambda name: False), get, compression, max_chain, recall,
+                                             turn)
         return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous, note)
 
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],

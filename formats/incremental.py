@@ -49,8 +49,8 @@ FORMAT_NAME = "ckpt-incremental"
 VERSION = 2
 READS = (1, 2)
 #: Default bound on a delta chain (deltas between a chunk and the whole chunk it rests on): with
-#: 1% of a table's rows changing per save, 8 writes ~14% per save, 16 ~7%, so 16 (docs/incremental.md);
-#: a restore reads up to max_chain + 1 files per chunk.
+#: 1% of a table's rows changing per save, 8 writes 13.2% in every save, 16 7.0%, so 16
+#: (docs/incremental.md); a restore reads up to max_chain + 1 files per chunk.
 MAX_CHAIN = 16
 #: a longer chain in an index is damage, not a save's (max_chain is a small int)
 _LONGEST = 1 << 10
@@ -91,7 +91,7 @@ def tensor_entry(array: np.ndarray, chunk_bytes: int, put: Callable[[bytes, byte
     same = previous is not None and previous[0] == name and list(previous[1]) == list(arr.shape)
     bases: list[Any] = list(previous[3]) if same and previous is not None else []
     view = _io.byte_view(arr)
-    jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put)
+    jobs = [(view[start:start + chunk_bytes], arr.dtype.itemsize, bases[i] if bases else None, put, i)
             for i, start in enumerate(range(0, len(view), chunk_bytes))]
     if len(view) >= PARALLEL_BYTES and len(jobs) > 1:
         results = _io.side_by_side(enc.chunk, jobs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,14 @@ class Encoding:
     recall: dict[bytes, Any] = field(default_factory=dict)
     #: keys whose Variable was not written since the previous save (entries reused, if still sound)
     unchanged: frozenset[str] = frozenset()
+    #: the Saver's count of saves: the clock by which delta chains restart whole in turn (``turn``)
+    save: int = 0
+
+    def turn(self, key: str) -> int:
+        """Where ``key``'s chunks stand in the chains' restart cycle: the save count plus a number
+        drawn from the key (crc32: the same in every process), so that one-chunk tensors restart
+        in turn too, not all in one save."""
+        return self.save + zlib.crc32(key.encode())
 
 
 @dataclass
@@ -164,7 +173,8 @@ def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tu
         value = np.asarray(arr)
         entries[key] = fmt.tensor_entry(value, chunk_bytes, put, previous=encoding.previous.get(key),
                                         exists=chunks.exists, get=chunks.get, compression=encoding.compression,
-                                        max_chain=encoding.max_chain, recall=encoding.recall, note=stats.notes)
+                                        max_chain=encoding.max_chain, recall=encoding.recall, note=stats.notes,
+                                        turn=encoding.turn(key))
         refs += 0 if dtypes.is_string(value.dtype) else -(-value.nbytes // chunk_bytes)
     stats.chunks_reused = refs - stats.chunks_written
     return entries

@@ -341,7 +341,8 @@ class Saver:
 
         full_every, chunk_bytes, max_chain = self._incremental
         job = IncrementalJob(chunk_bytes, full=full_every is not None and self._saves % full_every == 0,
-                             encoding=Encoding(self._compression, max_chain, self._previous, self._notes))
+                             encoding=Encoding(self._compression, max_chain, self._previous, self._notes,
+                                               save=self._saves))
         self._saves += 1
         self.last_incremental = None  # until this save commits
         return job
@@ -395,7 +396,7 @@ class Saver:
         self._saves += 1
         counts = write_counts(self._vars)  # before any byte is read (hashed, or staged by blocking=False)
         encoding = Encoding(self._compression, max_chain, self._previous, self._notes,
-                            unchanged=unchanged_keys(self._written, counts))
+                            unchanged=unchanged_keys(self._written, counts), save=self._saves)
 
         def write(sources: Any, background: bool = True) -> str:
             if not full:

@@ -69,7 +69,8 @@ def test_large_tensors_round_trip_bit_exact_through_chains_built_side_by_side(tm
     assert max(len(chain_of(r)) - 1 for p in saved for r in _refs(p, "big")) == 4  # chains grew to max_chain
     assert len(set(_refs(last, "zeros"))) == 1  # one chunk, referenced by every position
     stats = saver.last_incremental
-    assert stats is not None and 0 < stats.bytes_written < 0.2 * len(saved[last]["big"])
+    # every save, a quarter of the chains (max_chain=4) restart whole in turn, the rest are deltas
+    assert stats is not None and 0 < stats.bytes_written < (1 / 4 + 0.1) * len(saved[last]["big"])
 
 
 def test_repeated_chunks_of_one_save_are_written_once(tmp_path: Any) -> None:

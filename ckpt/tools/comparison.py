@@ -74,24 +74,33 @@ class ValueDiff:
         return {k: jsonable(v) for k, v in asdict(self).items()}
 
 
+_Buffers = dict[tuple[str, str], np.ndarray]  # scratch buffers by name and dtype
+
+
 class _Tally:
     """A ValueDiff built chunk by chunk, with the scratch buffers its pieces reuse."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: tuple[_Buffers, _Buffers] | None = None) -> None:
         self.count = self.unequal = self.outside = 0
         self.max_abs: float | None = 0.0
         self.max_rel: float | None = 0.0
         self.sum_d2 = self.sum_a2 = 0.0  # sums of |a - b|^2 and of |a|^2 (finite a), float64
         self.strings = False
         self.seen_unequal_bytes = False
-        self._scratch: dict[tuple[str, str], np.ndarray] = {}
+        self._buffers = scratch if scratch is not None else ({}, {})  # this thread's, the second thread's
+        self._scratch = self._buffers[0]
         self._helper: _Tally | None = None  # what the second thread adds up (its own buffers)
 
     def helper(self) -> _Tally:
         """The tally the second thread fills, merged into this one's result."""
         if self._helper is None:
-            self._helper = _Tally()
+            self._helper = _Tally((self._buffers[1], {}))
         return self._helper
+
+    def next(self) -> _Tally:
+        """A new tally (the next tensor's) that reuses this one's buffers: a tensor's worth of fresh
+        scratch memory costs more page faults than its comparison saves."""
+        return _Tally(self._buffers)
 
     def scratch(self, name: str, dtype: np.dtype[Any], n: int) -> np.ndarray:
         """A reused buffer of ``n`` elements (fresh memory costs a page fault per 4 KiB)."""
@@ -434,10 +443,9 @@ def metadata_changes(ma: dict[str, Any], mb: dict[str, Any]) -> list[MetadataCha
     return changes
 
 
-def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float,
+def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float, tally: _Tally,
                     chunk_bytes: int | None = None) -> ValueDiff:
-    """Stream one pair of same-shape tensors through in matching chunks."""
-    tally = _Tally()
+    """Stream one pair of same-shape tensors through in matching chunks into a new ``tally``."""
     for ca, cb in paired_chunks(ra, rb, key, chunk_bytes=chunk_bytes):
         _add_chunk(tally, ca, cb, atol, rtol)
     return tally.result()
@@ -473,6 +481,7 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
         union = sorted(set(ta) | set(tb))
         chosen = select_keys(union, keys, f"{ra.path} and {rb.path}")
         changes = []
+        tally = _Tally()  # each tensor's is tally.next(): they share scratch buffers
         for key in chosen:
             ia, ib = ta.get(key), tb.get(key)
             if ib is None:
@@ -484,7 +493,8 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
             values = None
             # values are compared wherever shapes match, also across numeric dtypes (float32 -> float16)
             if ia.shape == ib.shape and dtypes.is_string(ia.dtype) == dtypes.is_string(ib.dtype):
-                values = _compare_tensor(ra, rb, key, atol, rtol, chunk_bytes)
+                tally = tally.next()
+                values = _compare_tensor(ra, rb, key, atol, rtol, tally, chunk_bytes)
                 if progress is not None:
                     progress(ia.nbytes)
             if ia.dtype != ib.dtype or ia.shape != ib.shape:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt.tools.comparison import CHUNK, DOT, _dot, compare_values
+from ckpt.tools.comparison import CHUNK, DOT, _dot, _Tally, compare_values
 
 
 def oracle(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> dict[str, float]:
@@ -188,3 +188,27 @@ def test_integer_and_bfloat16_values_agree_with_the_oracle(dtype):
     assert (vd.unequal, vd.outside, vd.max_abs, vd.max_rel) == (
         want["unequal"], want["outside"], want["max_abs"], want["max_rel"])
     assert vd.rel_l2 == pytest.approx(want["rel_l2"], rel=1e-12)
+
+
+def test_the_next_tensors_tally_reuses_the_scratch_buffers_and_each_thread_keeps_its_own():
+    f64 = np.dtype(np.float64)
+    first = _Tally()
+    second = first.next()
+    assert np.shares_memory(first.scratch("d", f64, 10), second.scratch("d", f64, 10))
+    assert np.shares_memory(first.helper().scratch("d", f64, 10), second.helper().scratch("d", f64, 10))
+    assert not np.shares_memory(second.scratch("d", f64, 10), second.helper().scratch("d", f64, 10))
+    assert (second.count, second.max_rel, second.sum_d2) == (0, 0.0, 0.0)  # nothing of the first carried over
+
+
+def test_compare_of_several_tensors_gives_each_its_own_figures(tmp_path):
+    rng = np.random.default_rng(23)
+    big = [rng.standard_normal(5 * CHUNK).astype(np.float32) for _ in range(3)]
+    moved = [big[0] + np.float32(1e-3), big[1].copy(), big[2] * np.float32(2)]
+    moved[1][77] = 0.0
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.msgpack")
+    ckpt.Saver({f"t{i}": ckpt.Variable(x) for i, x in enumerate(big)}).save(a)
+    ckpt.Saver({f"t{i}": ckpt.Variable(x) for i, x in enumerate(moved)}).save(b)
+    result = ckpt.compare(a, b)
+    for i in range(3):
+        values = result.tensor(f"t{i}").values
+        assert values == compare_values(big[i], moved[i])

@@ -141,11 +141,11 @@ def _dot(x: np.ndarray) -> float:
     """x · x in float64 (x float64): BLAS dot products of DOT elements, one ``vecdot`` call for the
     whole rows, added up in order (OpenBLAS spreads longer ones over threads, whose hand-offs cost
     more than the sum on a busy machine)."""
-    whole = x.size - x.size % DOT
-    rows = x[:whole].reshape(-1, DOT)
+    tail = x.size % DOT
+    rows = (x[:-tail] if tail else x).reshape(-1, DOT)
     parts: list[float] = np.vecdot(rows, rows).tolist()
-    if whole < x.size:
-        parts.append(float(np.dot(x[whole:], x[whole:])))
+    if tail:
+        parts.append(float(np.dot(x[-tail:], x[-tail:])))
     return sum(parts, 0.0)
 
 
@@ -189,35 +189,50 @@ def _add_exact(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol:
         tally.sum_a2 += _sum_squares(np.abs(xa) if xa.dtype.kind == "c" else xa)
 
 
-def _add_fast(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> bool:
+class _Work:
+    """One thread's buffers for the pieces of one pair of chunks, fetched once (not per piece)."""
+
+    __slots__ = ("a", "absb", "b", "d", "flags", "q", "size")
+
+    def __init__(self, tally: _Tally, size: int, dtype: np.dtype[Any]) -> None:
+        f64 = np.dtype(np.float64)
+        self.size = size
+        self.a, self.b, self.d, self.q = (tally.scratch(name, f64, size) for name in ("a", "b", "d", "ref"))
+        self.flags = tally.scratch("flags", np.dtype(np.bool_), size)
+        self.absb = tally.scratch("absb", dtype, size)  # |b| in B's dtype (exact)
+
+    def cut(self, buffer: np.ndarray, n: int) -> np.ndarray:
+        return buffer if n == self.size else buffer[:n]
+
+
+def _add_fast(tally: _Tally, work: _Work, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> bool:
     """One piece of two same-dtype float chunks with no NaN or Inf: _add_exact's float64
     arithmetic in a few passes over reused buffers instead of its dozen over fresh ones. False,
     doing nothing, where the piece holds a NaN or Inf: the caller takes the exact path."""
     n = pa.size
-    f64 = np.dtype(np.float64)
     xa, xb = pa, pb
-    if pa.dtype != f64:  # float16 or float32 -> float64: exact
-        xa, xb = tally.scratch("a", f64, n), tally.scratch("b", f64, n)
+    if pa.dtype != np.float64:  # float16 or float32 -> float64: exact
+        xa, xb = work.cut(work.a, n), work.cut(work.b, n)
         np.copyto(xa, pa)
         np.copyto(xb, pb)
-    d = tally.scratch("d", f64, n)
+    d = work.cut(work.d, n)
     np.subtract(xa, xb, out=d)  # signed: max |d| is max(max d, -min d), and squares drop the sign
-    hi, lo = float(d.max()), float(d.min())  # NaN where a NaN or Inf is in either piece
+    hi, lo = float(np.maximum.reduce(d)), float(np.minimum.reduce(d))  # NaN where a NaN or Inf is in a piece
     if not (math.isfinite(hi) and math.isfinite(lo)):
         return False
     tally.sum_a2 += _dot(xa)
     top = max(hi, -lo)
     if top == 0:
         return True
-    flags = tally.scratch("flags", np.dtype(np.bool_), n)
+    flags = work.cut(work.flags, n)
     unequal = int(np.count_nonzero(np.not_equal(d, 0, out=flags)))  # d == 0 exactly where a == b
     tally.unequal += unequal
     tally.sum_d2 += _dot(d)
     tally.max_abs = max(tally.max_abs or 0.0, top)
     if atol or rtol:
-        ref = tally.scratch("ref", f64, n)
+        ref = work.cut(work.q, n)
         np.abs(xb, out=ref)
-        bound = tally.scratch("bound", f64, n)
+        bound = tally.scratch("bound", np.dtype(np.float64), n)
         np.multiply(ref, rtol, out=bound)
         bound += atol
         np.abs(d, out=d)
@@ -226,19 +241,19 @@ def _add_fast(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: 
         tally.max_rel = max(tally.max_rel or 0.0, float(np.fmax.reduce(ref)))
         return True
     tally.outside += unequal
-    if not _rel_bounded(tally, top, pb):
-        q = tally.scratch("ref", f64, n)
+    if not _rel_bounded(tally, top, pb, work.cut(work.absb, n)):
+        q = work.cut(work.q, n)
         np.divide(d, xb, out=q)  # |d / b| = |d| / |b|; 0 / 0 = NaN (a difference of 0): fmax skips it
         tally.max_rel = max(tally.max_rel or 0.0, float(np.fmax.reduce(q)), -float(np.fmin.reduce(q)))
     return True
 
 
-def _rel_bounded(tally: _Tally, top: float, pb: np.ndarray) -> bool:
+def _rel_bounded(tally: _Tally, top: float, pb: np.ndarray, scratch: np.ndarray) -> bool:
     """Whether no |a - b| / |b| of a piece can pass the largest so far: each is at most
     max |a - b| / min |b| (rounding keeps the order), a cheaper pass than the division."""
     if not tally.max_rel:  # nothing to beat yet
         return False
-    smallest = float(np.abs(pb, out=tally.scratch("absb", pb.dtype, pb.size)).min())
+    smallest = float(np.minimum.reduce(np.abs(pb, out=scratch)))
     return smallest > 0 and top / smallest <= tally.max_rel
 
 
@@ -277,10 +292,11 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
 def _add_pieces(tally: _Tally, ra: np.ndarray, rb: np.ndarray, starts: range, step: int, fast: bool,
                 atol: float, rtol: float) -> None:
     """The pieces of two chunks that begin at ``starts``, into ``tally`` (on either thread)."""
+    work = _Work(tally, min(step, ra.size), ra.dtype) if fast else None
     with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):  # per thread
         for i in starts:
             pa, pb = ra[i:i + step], rb[i:i + step]
-            if not fast or not _add_fast(tally, pa, pb, atol, rtol):
+            if work is None or not _add_fast(tally, work, pa, pb, atol, rtol):
                 _add_exact(tally, pa, pb, atol, rtol)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -85,11 +85,21 @@ class _Tally:
         self.max_abs: float | None = 0.0
         self.max_rel: float | None = 0.0
         self.sum_d2 = self.sum_a2 = 0.0  # sums of |a - b|^2 and of |a|^2 (finite a), float64
+        self.piece = -1  # the piece being added, where two threads share a chunk's pieces out
+        self.parts: list[tuple[int, float, float]] = []  # then each piece's sums, added in order later
         self.strings = False
         self.seen_unequal_bytes = False
         self._buffers = scratch if scratch is not None else ({}, {})  # this thread's, the second thread's
         self._scratch = self._buffers[0]
         self._helper: _Tally | None = None  # what the second thread adds up (its own buffers)
+
+    def add_sums(self, a2: float, d2: float = 0.0) -> None:
+        """Add a piece's sums of |a|^2 and |a - b|^2 (recorded, while pieces are shared out)."""
+        if self.piece < 0:
+            self.sum_a2 += a2
+            self.sum_d2 += d2
+        else:
+            self.parts.append((self.piece, a2, d2))
 
     def helper(self) -> _Tally:
         """The tally the second thread fills, merged into this one's result."""
@@ -185,8 +195,8 @@ def _add_exact(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol:
     if d.size:
         tally.max_abs = max(tally.max_abs or 0.0, float(d.max()))
         tally.max_rel = max(tally.max_rel or 0.0, float(rel.max()))
-        tally.sum_d2 += _dot(d)  # infinite where a NaN met a number
-        tally.sum_a2 += _sum_squares(np.abs(xa) if xa.dtype.kind == "c" else xa)
+        # |a - b|^2 infinite where a NaN met a number
+        tally.add_sums(_sum_squares(np.abs(xa) if xa.dtype.kind == "c" else xa), _dot(d))
 
 
 class _Work:
@@ -220,14 +230,15 @@ def _add_fast(tally: _Tally, work: _Work, pa: np.ndarray, pb: np.ndarray, atol: 
     hi, lo = float(np.maximum.reduce(d)), float(np.minimum.reduce(d))  # NaN where a NaN or Inf is in a piece
     if not (math.isfinite(hi) and math.isfinite(lo)):
         return False
-    tally.sum_a2 += _dot(xa)
+    a2 = _dot(xa)
     top = max(hi, -lo)
     if top == 0:
+        tally.add_sums(a2)
         return True
     flags = work.cut(work.flags, n)
     unequal = int(np.count_nonzero(np.not_equal(d, 0, out=flags)))  # d == 0 exactly where a == b
     tally.unequal += unequal
-    tally.sum_d2 += _dot(d)
+    tally.add_sums(a2, _dot(d))
     tally.max_abs = max(tally.max_abs or 0.0, top)
     if atol or rtol:
         ref = work.cut(work.q, n)
@@ -279,25 +290,40 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
         tally.seen_unequal_bytes = True
     starts = range(0, ra.size, step)
     if len(starts) < 4:
-        _add_pieces(tally, ra, rb, starts, step, fast, atol, rtol)
+        _add_pieces(tally, ra, rb, starts, iter(range(len(starts))), step, fast, atol, rtol, False)
         return
-    half = starts[len(starts) // 2:]
-    job = _second.get().submit(_add_pieces, tally.helper(), ra, rb, half, step, fast, atol, rtol)
+    # both threads take the next piece until none is left (neither waits for the other's fixed share
+    # when the I/O threads hold up one of them)
+    order, helper = iter(range(len(starts))), tally.helper()
+    job = _second.get().submit(_add_pieces, helper, ra, rb, starts, order, step, fast, atol, rtol, True)
     try:
-        _add_pieces(tally, ra, rb, starts[:len(starts) // 2], step, fast, atol, rtol)
+        _add_pieces(tally, ra, rb, starts, order, step, fast, atol, rtol, True)
     finally:
         job.result()  # the chunks are reused buffers: the second thread must be done with them
+    # the sums as if each thread had taken a fixed half, in order: the same bits whatever the timing
+    half = len(starts) // 2
+    for k, a2, d2 in sorted(tally.parts + helper.parts):
+        into = tally if k < half else helper
+        into.sum_a2 += a2
+        into.sum_d2 += d2
+    tally.parts.clear()
+    helper.parts.clear()
 
 
-def _add_pieces(tally: _Tally, ra: np.ndarray, rb: np.ndarray, starts: range, step: int, fast: bool,
-                atol: float, rtol: float) -> None:
-    """The pieces of two chunks that begin at ``starts``, into ``tally`` (on either thread)."""
+def _add_pieces(tally: _Tally, ra: np.ndarray, rb: np.ndarray, starts: range, order: Iterator[int], step: int,
+                fast: bool, atol: float, rtol: float, record: bool) -> None:
+    """The pieces of two chunks that begin at ``starts[k]`` for each ``k`` this thread takes from
+    ``order``, into ``tally`` (on either thread); ``record``: each piece's sums kept apart."""
     work = _Work(tally, min(step, ra.size), ra.dtype) if fast else None
     with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):  # per thread
-        for i in starts:
+        for k in order:
+            if record:
+                tally.piece = k
+            i = starts[k]
             pa, pb = ra[i:i + step], rb[i:i + step]
             if work is None or not _add_fast(tally, work, pa, pb, atol, rtol):
                 _add_exact(tally, pa, pb, atol, rtol)
+    tally.piece = -1
 
 
 def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0, *,

@@ -212,3 +212,22 @@ def test_compare_of_several_tensors_gives_each_its_own_figures(tmp_path):
     for i in range(3):
         values = result.tensor(f"t{i}").values
         assert values == compare_values(big[i], moved[i])
+
+
+def test_relative_l2_has_the_bits_of_each_thread_summing_a_fixed_half_in_order():
+    """The two threads take pieces as they come; the sums are still added as a fixed half each (piece
+    order), so rel_l2 has the same bits on every run whatever the timing."""
+    step, pieces = 1024, 37
+    rng = np.random.default_rng(31)
+    scale = np.repeat(10.0 ** rng.uniform(-8, 8, pieces), step)  # the order of the additions shows in the bits
+    a = (rng.standard_normal(step * pieces) * scale).astype(np.float32)
+    b = (a + rng.standard_normal(a.size) * scale * 1e-3).astype(np.float32)
+    xa, d = a.astype(np.float64), a.astype(np.float64) - b.astype(np.float64)
+    sums = {"a": [0.0, 0.0], "d": [0.0, 0.0]}
+    for k in range(pieces):
+        part = slice(k * step, (k + 1) * step)
+        sums["a"][k >= pieces // 2] += _dot(xa[part])
+        sums["d"][k >= pieces // 2] += _dot(d[part])
+    want = math.sqrt(sums["d"][0] + sums["d"][1]) / math.sqrt(sums["a"][0] + sums["a"][1])
+    for _ in range(5):
+        assert compare_values(a, b, step=step).rel_l2 == want

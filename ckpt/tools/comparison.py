@@ -264,6 +264,8 @@ def _rel_bounded(tally: _Tally, top: float, pb: np.ndarray, scratch: np.ndarray)
     max |a - b| / min |b| (rounding keeps the order), a cheaper pass than the division."""
     if not tally.max_rel:  # nothing to beat yet
         return False
+    if tally.max_rel == math.inf:  # a value moved off zero: nothing can beat it (and min |b| may be 0)
+        return True
     smallest = float(np.minimum.reduce(np.abs(pb, out=scratch)))
     return smallest > 0 and top / smallest <= tally.max_rel
 

@@ -218,7 +218,8 @@ class _Work:
 def _add_fast(tally: _Tally, work: _Work, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> bool:
     """One piece of two same-dtype float chunks with no NaN or Inf: _add_exact's float64
     arithmetic in a few passes over reused buffers instead of its dozen over fresh ones. False,
-    doing nothing, where the piece holds a NaN or Inf: the caller takes the exact path."""
+    doing nothing, where the piece holds a NaN or Inf (or an overflowing difference): the caller
+    takes the exact path."""
     n = pa.size
     xa, xb = pa, pb
     if pa.dtype != np.float64:  # float16 or float32 -> float64: exact

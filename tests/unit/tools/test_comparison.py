@@ -231,3 +231,16 @@ def test_relative_l2_has_the_bits_of_each_thread_summing_a_fixed_half_in_order()
     want = math.sqrt(sums["d"][0] + sums["d"][1]) / math.sqrt(sums["a"][0] + sums["a"][1])
     for _ in range(5):
         assert compare_values(a, b, step=step).rel_l2 == want
+
+
+def test_values_across_dtypes_agree_with_the_oracle():
+    """float32 against float16 of one shape: compared in float64 element by element (no fast path)."""
+    rng = np.random.default_rng(43)
+    a, _ = noisy_pair(rng, 5 * 1024 + 7, np.float32, special=True)
+    with np.errstate(over="ignore"):  # float32's largest values are float16's infinities
+        b = a.astype(np.float16)
+        want = oracle(a, b, 0.0, 0.0)
+    vd = compare_values(a, b, step=1024)
+    assert (vd.unequal, vd.outside, vd.max_abs, vd.max_rel) == (
+        want["unequal"], want["outside"], want["max_abs"], want["max_rel"])
+    assert vd.rel_l2 == pytest.approx(want["rel_l2"], rel=1e-12)

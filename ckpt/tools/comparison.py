@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,24 +74,43 @@ class ValueDiff:
         return {k: jsonable(v) for k, v in asdict(self).items()}
 
 
+_Buffers = dict[tuple[str, str], np.ndarray]  # scratch buffers by name and dtype
+
+
 class _Tally:
     """A ValueDiff built chunk by chunk, with the scratch buffers its pieces reuse."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: tuple[_Buffers, _Buffers] | None = None) -> None:
         self.count = self.unequal = self.outside = 0
         self.max_abs: float | None = 0.0
         self.max_rel: float | None = 0.0
         self.sum_d2 = self.sum_a2 = 0.0  # sums of |a - b|^2 and of |a|^2 (finite a), float64
+        self.piece = -1  # the piece being added, where two threads share a chunk's pieces out
+        self.parts: list[tuple[int, float, float]] = []  # then each piece's sums, added in order later
         self.strings = False
         self.seen_unequal_bytes = False
-        self._scratch: dict[tuple[str, str], np.ndarray] = {}
+        self._buffers = scratch if scratch is not None else ({}, {})  # this thread's, the second thread's
+        self._scratch = self._buffers[0]
         self._helper: _Tally | None = None  # what the second thread adds up (its own buffers)
+
+    def add_sums(self, a2: float, d2: float = 0.0) -> None:
+        """Add a piece's sums of |a|^2 and |a - b|^2 (recorded, while pieces are shared out)."""
+        if self.piece < 0:
+            self.sum_a2 += a2
+            self.sum_d2 += d2
+        else:
+            self.parts.append((self.piece, a2, d2))
 
     def helper(self) -> _Tally:
         """The tally the second thread fills, merged into this one's result."""
         if self._helper is None:
-            self._helper = _Tally()
+            self._helper = _Tally((self._buffers[1], {}))
         return self._helper
+
+    def next(self) -> _Tally:
+        """A new tally (the next tensor's) that reuses this one's buffers: a tensor's worth of fresh
+        scratch memory costs more page faults than its comparison saves."""
+        return _Tally(self._buffers)
 
     def scratch(self, name: str, dtype: np.dtype[Any], n: int) -> np.ndarray:
         """A reused buffer of ``n`` elements (fresh memory costs a page fault per 4 KiB)."""
@@ -129,11 +148,15 @@ def _as_number(raw: np.ndarray) -> np.ndarray:
 
 
 def _dot(x: np.ndarray) -> float:
-    """x · x in float64 (x float64), in BLAS calls of DOT elements: OpenBLAS spreads longer ones
-    over threads, whose hand-offs cost more than the sum on a busy machine."""
-    if x.size <= DOT:
-        return float(np.dot(x, x))
-    return sum(float(np.dot(x[i:i + DOT], x[i:i + DOT])) for i in range(0, x.size, DOT))
+    """x · x in float64 (x float64): BLAS dot products of DOT elements, one ``vecdot`` call for the
+    whole rows, added up in order (OpenBLAS spreads longer ones over threads, whose hand-offs cost
+    more than the sum on a busy machine)."""
+    tail = x.size % DOT
+    rows = (x[:-tail] if tail else x).reshape(-1, DOT)
+    parts: list[float] = np.vecdot(rows, rows).tolist()
+    if tail:
+        parts.append(float(np.dot(x[-tail:], x[-tail:])))
+    return sum(parts, 0.0)
 
 
 def _sum_squares(x: np.ndarray) -> float:
@@ -172,47 +195,80 @@ def _add_exact(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol:
     if d.size:
         tally.max_abs = max(tally.max_abs or 0.0, float(d.max()))
         tally.max_rel = max(tally.max_rel or 0.0, float(rel.max()))
-        tally.sum_d2 += _dot(d)  # infinite where a NaN met a number
-        tally.sum_a2 += _sum_squares(np.abs(xa) if xa.dtype.kind == "c" else xa)
+        # |a - b|^2 infinite where a NaN met a number
+        tally.add_sums(_sum_squares(np.abs(xa) if xa.dtype.kind == "c" else xa), _dot(d))
 
 
-def _add_fast(tally: _Tally, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> bool:
+class _Work:
+    """One thread's buffers for the pieces of one pair of chunks, fetched once (not per piece)."""
+
+    __slots__ = ("a", "absb", "b", "d", "flags", "q", "size")
+
+    def __init__(self, tally: _Tally, size: int, dtype: np.dtype[Any]) -> None:
+        f64 = np.dtype(np.float64)
+        self.size = size
+        self.a, self.b, self.d, self.q = (tally.scratch(name, f64, size) for name in ("a", "b", "d", "ref"))
+        self.flags = tally.scratch("flags", np.dtype(np.bool_), size)
+        self.absb = tally.scratch("absb", dtype, size)  # |b| in B's dtype (exact)
+
+    def cut(self, buffer: np.ndarray, n: int) -> np.ndarray:
+        return buffer if n == self.size else buffer[:n]
+
+
+def _add_fast(tally: _Tally, work: _Work, pa: np.ndarray, pb: np.ndarray, atol: float, rtol: float) -> bool:
     """One piece of two same-dtype float chunks with no NaN or Inf: _add_exact's float64
     arithmetic in a few passes over reused buffers instead of its dozen over fresh ones. False,
     doing nothing, where the piece holds a NaN or Inf (or an overflowing difference): the caller
     takes the exact path."""
     n = pa.size
-    f64 = np.dtype(np.float64)
     xa, xb = pa, pb
-    if pa.dtype != f64:  # float16 or float32 -> float64: exact
-        xa, xb = tally.scratch("a", f64, n), tally.scratch("b", f64, n)
+    if pa.dtype != np.float64:  # float16 or float32 -> float64: exact
+        xa, xb = work.cut(work.a, n), work.cut(work.b, n)
         np.copyto(xa, pa)
         np.copyto(xb, pb)
-    d = tally.scratch("d", f64, n)
-    np.subtract(xa, xb, out=d)
-    np.abs(d, out=d)
-    top = float(d.max())
-    if not math.isfinite(top):
+    d = work.cut(work.d, n)
+    np.subtract(xa, xb, out=d)  # signed: max |d| is max(max d, -min d), and squares drop the sign
+    hi, lo = float(np.maximum.reduce(d)), float(np.minimum.reduce(d))  # NaN where a NaN or Inf is in a piece
+    if not (math.isfinite(hi) and math.isfinite(lo)):
         return False
-    tally.sum_a2 += _dot(xa)
+    a2 = _dot(xa)
+    top = max(hi, -lo)
     if top == 0:
+        tally.add_sums(a2)
         return True
-    flags = tally.scratch("flags", np.dtype(np.bool_), n)
-    tally.unequal += int(np.count_nonzero(np.not_equal(d, 0, out=flags)))
-    ref = tally.scratch("ref", f64, n)
-    np.abs(xb, out=ref)
+    flags = work.cut(work.flags, n)
+    unequal = int(np.count_nonzero(np.not_equal(d, 0, out=flags)))  # d == 0 exactly where a == b
+    tally.unequal += unequal
+    tally.add_sums(a2, _dot(d))
+    tally.max_abs = max(tally.max_abs or 0.0, top)
     if atol or rtol:
-        bound = tally.scratch("bound", f64, n)
+        ref = work.cut(work.q, n)
+        np.abs(xb, out=ref)
+        bound = tally.scratch("bound", np.dtype(np.float64), n)
         np.multiply(ref, rtol, out=bound)
         bound += atol
+        np.abs(d, out=d)
         tally.outside += int(np.count_nonzero(np.greater(d, bound, out=flags)))
-    else:
-        tally.outside += int(np.count_nonzero(flags))
-    tally.sum_d2 += _dot(d)
-    np.divide(d, ref, out=ref)  # 0 / 0 = NaN where both are zero (a difference of 0): fmax skips it
-    tally.max_abs = max(tally.max_abs or 0.0, top)
-    tally.max_rel = max(tally.max_rel or 0.0, float(np.fmax.reduce(ref)))
+        np.divide(d, ref, out=ref)  # 0 / 0 = NaN where both are zero (a difference of 0): fmax skips it
+        tally.max_rel = max(tally.max_rel or 0.0, float(np.fmax.reduce(ref)))
+        return True
+    tally.outside += unequal
+    if not _rel_bounded(tally, top, pb, work.cut(work.absb, n)):
+        q = work.cut(work.q, n)
+        np.divide(d, xb, out=q)  # |d / b| = |d| / |b|; 0 / 0 = NaN (a difference of 0): fmax skips it
+        tally.max_rel = max(tally.max_rel or 0.0, float(np.fmax.reduce(q)), -float(np.fmin.reduce(q)))
     return True
+
+
+def _rel_bounded(tally: _Tally, top: float, pb: np.ndarray, scratch: np.ndarray) -> bool:
+    """Whether no |a - b| / |b| of a piece can pass the largest so far: each is at most
+    max |a - b| / min |b| (rounding keeps the order), a cheaper pass than the division."""
+    if not tally.max_rel:  # nothing to beat yet
+        return False
+    if tally.max_rel == math.inf:  # a value moved off zero: nothing can beat it (and min |b| may be 0)
+        return True
+    smallest = float(np.minimum.reduce(np.abs(pb, out=scratch)))
+    return smallest > 0 and top / smallest <= tally.max_rel
 
 
 def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol: float, step: int = CHUNK) -> None:
@@ -237,24 +293,40 @@ def _add_chunk(tally: _Tally, ra: np.ndarray, rb: np.ndarray, atol: float, rtol:
         tally.seen_unequal_bytes = True
     starts = range(0, ra.size, step)
     if len(starts) < 4:
-        _add_pieces(tally, ra, rb, starts, step, fast, atol, rtol)
+        _add_pieces(tally, ra, rb, starts, iter(range(len(starts))), step, fast, atol, rtol, False)
         return
-    half = starts[len(starts) // 2:]
-    job = _second.get().submit(_add_pieces, tally.helper(), ra, rb, half, step, fast, atol, rtol)
+    # both threads take the next piece until none is left (neither waits for the other's fixed share
+    # when the I/O threads hold up one of them)
+    order, helper = iter(range(len(starts))), tally.helper()
+    job = _second.get().submit(_add_pieces, helper, ra, rb, starts, order, step, fast, atol, rtol, True)
     try:
-        _add_pieces(tally, ra, rb, starts[:len(starts) // 2], step, fast, atol, rtol)
+        _add_pieces(tally, ra, rb, starts, order, step, fast, atol, rtol, True)
     finally:
         job.result()  # the chunks are reused buffers: the second thread must be done with them
+    # the sums as if each thread had taken a fixed half, in order: the same bits whatever the timing
+    half = len(starts) // 2
+    for k, a2, d2 in sorted(tally.parts + helper.parts):
+        into = tally if k < half else helper
+        into.sum_a2 += a2
+        into.sum_d2 += d2
+    tally.parts.clear()
+    helper.parts.clear()
 
 
-def _add_pieces(tally: _Tally, ra: np.ndarray, rb: np.ndarray, starts: range, step: int, fast: bool,
-                atol: float, rtol: float) -> None:
-    """The pieces of two chunks that begin at ``starts``, into ``tally`` (on either thread)."""
+def _add_pieces(tally: _Tally, ra: np.ndarray, rb: np.ndarray, starts: range, order: Iterator[int], step: int,
+                fast: bool, atol: float, rtol: float, record: bool) -> None:
+    """The pieces of two chunks that begin at ``starts[k]`` for each ``k`` this thread takes from
+    ``order``, into ``tally`` (on either thread); ``record``: each piece's sums kept apart."""
+    work = _Work(tally, min(step, ra.size), ra.dtype) if fast else None
     with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):  # per thread
-        for i in starts:
+        for k in order:
+            if record:
+                tally.piece = k
+            i = starts[k]
             pa, pb = ra[i:i + step], rb[i:i + step]
-            if not fast or not _add_fast(tally, pa, pb, atol, rtol):
+            if work is None or not _add_fast(tally, work, pa, pb, atol, rtol):
                 _add_exact(tally, pa, pb, atol, rtol)
+    tally.piece = -1
 
 
 def compare_values(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0, *,
@@ -416,10 +488,9 @@ def metadata_changes(ma: dict[str, Any], mb: dict[str, Any]) -> list[MetadataCha
     return changes
 
 
-def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float,
+def _compare_tensor(ra: Any, rb: Any, key: str, atol: float, rtol: float, tally: _Tally,
                     chunk_bytes: int | None = None) -> ValueDiff:
-    """Stream one pair of same-shape tensors through in matching chunks."""
-    tally = _Tally()
+    """Stream one pair of same-shape tensors through in matching chunks into a new ``tally``."""
     for ca, cb in paired_chunks(ra, rb, key, chunk_bytes=chunk_bytes):
         _add_chunk(tally, ca, cb, atol, rtol)
     return tally.result()
@@ -455,6 +526,7 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
         union = sorted(set(ta) | set(tb))
         chosen = select_keys(union, keys, f"{ra.path} and {rb.path}")
         changes = []
+        tally = _Tally()  # each tensor's is tally.next(): they share scratch buffers
         for key in chosen:
             ia, ib = ta.get(key), tb.get(key)
             if ib is None:
@@ -466,7 +538,8 @@ def compare(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.
             values = None
             # values are compared wherever shapes match, also across numeric dtypes (float32 -> float16)
             if ia.shape == ib.shape and dtypes.is_string(ia.dtype) == dtypes.is_string(ib.dtype):
-                values = _compare_tensor(ra, rb, key, atol, rtol, chunk_bytes)
+                tally = tally.next()
+                values = _compare_tensor(ra, rb, key, atol, rtol, tally, chunk_bytes)
                 if progress is not None:
                     progress(ia.nbytes)
             if ia.dtype != ib.dtype or ia.shape != ib.shape:

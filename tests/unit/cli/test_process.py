@@ -86,3 +86,18 @@ def test_a_damaged_source_still_fails_as_a_process_and_leaves_no_destination(tmp
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"Error: {src}: ") and "'enc/w'" in proc.stderr
     assert not os.path.exists(tmp_path / "c.h5")
+
+
+def test_a_conversion_process_loads_no_module_it_does_not_use(tmp_path):
+    """msgpack -> h5 of numeric tensors: no h5py (ckpt lays out the HDF5 file itself), no shutil
+    (with bz2 and lzma; only a failed sharded conversion removes a tree)."""
+    src = save(str(tmp_path / "m.msgpack"))
+    code = ("import sys\nfrom ckpt.cli.main import main\n"
+            "try:\n    main(['convert', sys.argv[1], sys.argv[2]], standalone_mode=False)\n"
+            "finally:\n    print(sorted(m for m in ('h5py', 'shutil', 'bz2', 'lzma') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code, src, str(tmp_path / "c.h5")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+    with ckpt.load_checkpoint(str(tmp_path / "c.h5")) as reader:
+        assert reader.verify() == [] and sorted(reader.tensors) == ["enc/b", "enc/w", "step"]

@@ -142,7 +142,7 @@ def _cp(src: str, dst: str) -> None:
 
 
 #: Runs the ckpt command as its console script does, then reports the process's peak memory and CPU time.
-_WRAPPER = ("import sys\nfrom ckpt.cli import main\ntry:\n    main(sys.argv[1:], prog_name='ckpt')\n"
+_WRAPPER = ("import sys\nfrom ckpt.cli.main import run\nsys.argv[0] = 'ckpt'\ntry:\n    run()\n"
             "finally:\n    import os\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
             "    t = os.times()\n"
             "    sys.stderr.write('\\nVmHWM ' + hwm[0].split()[1] + '\\nCPU ' + str(t.user + t.system) + '\\n')\n")

@@ -7,6 +7,7 @@ usage error, 130 for Ctrl-C; a closed output pipe ends the command quietly with 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -122,3 +123,25 @@ def main() -> None:
     key not found), 2 a usage error, 130 stopped by Ctrl-C; ckpt diff: 0 same, 1 different,
     2 trouble.
     """
+
+
+def run() -> None:
+    """The ``ckpt`` console script: :func:`main` as a process of its own.
+
+    Two settings only a whole process may make (never ``main``, which tests and other programs
+    call in their own process), neither of which changes what a command does:
+
+    - OpenBLAS starts no threads of its own, unless OPENBLAS_NUM_THREADS says otherwise: ckpt's
+      BLAS calls are dot products short enough that OpenBLAS runs them on the calling thread, so
+      its threads only spin after numpy loads (~25 ms of CPU per process, on the core the I/O
+      threads want).
+    - At exit the objects left are frozen out of the garbage collector: the interpreter's last
+      collections would walk every object of numpy, h5py and click to free memory the process
+      hands back anyway. atexit handlers, closes and flushes all still run; every file a command
+      writes is closed (and fsynced) before it returns.
+    """
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # read when numpy loads, which main() does later
+    try:
+        main()
+    finally:
+        gc.freeze()

@@ -60,9 +60,9 @@ def checksum_range(source: ReadableBlob, offset: int, size: int, what: str, valu
     """
     if checksum is not crc32c or size < window:
         return _checksum_chunks(source, offset, size, what, value, checksum)
-    import numpy as np  # lazy: storage's other helpers need no numpy; np.empty skips bytearray's memset
+    from ckpt.buffers import aligned_empty  # lazy (numpy): storage's other helpers need none
 
-    buf = np.empty(window, dtype=np.uint8).data
+    buf = aligned_empty((window,), "uint8").data  # uninitialized, and page-aligned as the data's file offsets
     done = 0
     while done < size:
         view = buf[:min(window, size - done)]

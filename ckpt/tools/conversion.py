@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -307,13 +306,19 @@ def _write_sharded(reader: Any, plan: dict[str, str], metadata: dict[str, Any], 
         os.rename(tmp, dst)
         fsync_directory(parent)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         if isinstance(exc, CheckpointError):
             raise type(exc)(str(exc).replace(tmp, dst)) from exc  # never name the temporary directory
         raise CheckpointWriteError(f"{dst}: writing failed: {exc.strerror or exc}") from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise
+
+
+def _remove_tree(path: str) -> None:
+    import shutil  # lazy: only a failed sharded conversion needs it (with bz2 and lzma, ~3 ms of a process)
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def convert(src: Checkpoint, dst: str | os.PathLike[str], keys: Keys = None, *,

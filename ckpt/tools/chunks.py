@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ckpt.buffers import ALIGN_MIN_BYTES, PAGE, aligned_empty
 from ckpt.checksums import crc32c_combine
 from ckpt.errors import checksum_error
 from ckpt.formats.base import Reader
@@ -150,11 +151,14 @@ def reusing_buffers() -> Iterator[None]:
 
 
 def _take(nbytes: int) -> np.ndarray:
+    """A chunk buffer, page-aligned where it is large (the kernel copies file pages into it ~1.6x faster:
+    ckpt.buffers)."""
     with _lock:
-        for i, buffer in enumerate(_free):
-            if buffer.size >= nbytes:
-                return _free.pop(i)[:nbytes]
-    return np.empty(nbytes, dtype=np.uint8)
+        for i, whole in enumerate(_free):
+            start = -whole.ctypes.data % PAGE if nbytes >= ALIGN_MIN_BYTES else 0
+            if whole.size - start >= nbytes:
+                return _free.pop(i)[start:start + nbytes]
+    return aligned_empty((nbytes,), np.uint8)
 
 
 def _give(buffer: np.ndarray) -> None:

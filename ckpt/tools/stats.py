@@ -196,7 +196,9 @@ class _Scratch:
         # wake its own threads, which then spin on the core the other half of the work needs)
         whole = n - n % DOT
         rows = row[:whole].reshape(-1, DOT)
-        s2 = float(np.add.reduce(np.vecdot(rows, rows))) + float(np.dot(row[whole:], row[whole:]))
+        s2 = float(np.add.reduce(np.vecdot(rows, rows)))
+        if whole < n:
+            s2 += float(np.dot(row[whole:], row[whole:]))
         return float(np.add.reduce(row)), s2
 
 
@@ -264,16 +266,16 @@ def _scratch(piece: int) -> _Scratch:
     return scratch
 
 
-def _on_both(chunk: np.ndarray, piece: int, work: Callable[[int, np.ndarray], T]) -> list[T]:
-    """``work(i, piece)`` on each ``piece`` elements of ``chunk``, results in order; the second half of
-    the pieces runs on the second thread meanwhile."""
+def _on_both(chunk: np.ndarray, piece: int, work: Callable[[list[np.ndarray]], list[T]]) -> list[T]:
+    """``work(pieces)`` on the ``piece``-element pieces of ``chunk``, results in order: the first half
+    on this thread, the second half on the second thread meanwhile."""
     pieces = [chunk[s:s + piece] for s in range(0, chunk.size, piece)]
     half = (len(pieces) + 1) // 2
     if len(pieces) < 2:
-        return [work(i, p) for i, p in enumerate(pieces)]
-    job = _second.get().submit(lambda: [work(half + i, p) for i, p in enumerate(pieces[half:])])
+        return work(pieces)
+    job = _second.get().submit(work, pieces[half:])
     try:
-        first = [work(i, p) for i, p in enumerate(pieces[:half])]
+        first = work(pieces[:half])
     finally:
         rest = job.result()  # the chunk's buffer must not be reused while the second thread reads it
     return first + rest
@@ -296,19 +298,19 @@ class _Accumulator:
         """One flat chunk (numbers; string tensors are fed their lengths)."""
         floor = self.histogram.floor
 
-        def work(raw: np.ndarray, shift: float) -> _Piece:
+        def work(pieces: list[np.ndarray], shift: float) -> list[_Piece]:
             hint = self.histogram.k  # the grid so far (fixed while a chunk is binned): pieces on it add up
+            scratch = _scratch(self.piece)
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std
-                return _first_pass(raw, _scratch(self.piece), self.domain, shift, floor, hint)
+                return [_first_pass(raw, scratch, self.domain, shift, floor, hint) for raw in pieces]
 
         if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
-            first = work(chunk[:self.piece], 0.0)
+            first = work([chunk[:self.piece]], 0.0)[0]
             self.ref = first.shift  # 0, or that piece's mean where 0 is far from it against the spread
             self._merge(first)
             chunk = chunk[self.piece:]
         ref = self.ref or 0.0
-        pieces = _on_both(chunk, self.piece, lambda i, raw: work(raw, ref))
-        for p in pieces:
+        for p in _on_both(chunk, self.piece, lambda pieces: work(pieces, ref)):
             self._merge(p)
 
     def _merge(self, p: _Piece) -> None:

@@ -29,9 +29,10 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -266,19 +267,37 @@ def _scratch(piece: int) -> _Scratch:
     return scratch
 
 
-def _on_both(chunk: np.ndarray, piece: int, work: Callable[[list[np.ndarray]], list[T]]) -> list[T]:
-    """``work(pieces)`` on the ``piece``-element pieces of ``chunk``, results in order: the first half
-    on this thread, the second half on the second thread meanwhile."""
+def _on_both(chunk: np.ndarray, piece: int, work: Callable[[Iterable[np.ndarray]], list[T]]) -> list[T]:
+    """``work(pieces)`` over the ``piece``-element pieces of ``chunk`` on this thread and the second one,
+    results in order. Each thread takes the next piece as it finishes one (not half each: where the
+    reads take a core from one thread for a while, the other one does not wait for it at the end)."""
     pieces = [chunk[s:s + piece] for s in range(0, chunk.size, piece)]
-    half = (len(pieces) + 1) // 2
     if len(pieces) < 2:
         return work(pieces)
-    job = _second.get().submit(work, pieces[half:])
+    results: list[Any] = [None] * len(pieces)
+    lock, counter = threading.Lock(), itertools.count()
+
+    def share() -> None:
+        taken: list[int] = []
+
+        def take() -> Iterator[np.ndarray]:
+            while True:
+                with lock:
+                    i = next(counter)
+                if i >= len(pieces):
+                    return
+                taken.append(i)
+                yield pieces[i]
+
+        for i, result in zip(taken, work(take())):  # work consumes take() before zip reads taken
+            results[i] = result
+
+    job = _second.get().submit(share)
     try:
-        first = work(pieces[:half])
+        share()
     finally:
-        rest = job.result()  # the chunk's buffer must not be reused while the second thread reads it
-    return first + rest
+        job.result()  # the chunk's buffer must not be reused while the second thread reads it
+    return results
 
 
 class _Accumulator:
@@ -298,7 +317,7 @@ class _Accumulator:
         """One flat chunk (numbers; string tensors are fed their lengths)."""
         floor = self.histogram.floor
 
-        def work(pieces: list[np.ndarray], shift: float) -> list[_Piece]:
+        def work(pieces: Iterable[np.ndarray], shift: float) -> list[_Piece]:
             hint = self.histogram.k  # the grid so far (fixed while a chunk is binned): pieces on it add up
             scratch = _scratch(self.piece)
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std

@@ -1,14 +1,18 @@
-"""ckpt.tools.histogram: the exact bin arithmetic behind the statistics' histogram."""
+"""ckpt.tools.histogram: the exact bin arithmetic behind the statistics' histogram; how the statistics
+share a chunk's pieces between two threads."""
 
 from __future__ import annotations
 
 import fractions
 import math
+import threading
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckpt.tools import stats
 from ckpt.tools.histogram import fits, floor_bin, grid_exponent
 
 TINY, BIG = 5e-324, 1.7976931348623157e308
@@ -53,3 +57,15 @@ def test_fits_says_whether_the_grid_is_at_most_k(lohi_floor, k):
 def test_fits_of_integer_ranges(a, b, k):
     lo, hi = min(a, b), max(a, b)
     assert fits(lo, hi, k, 0) == (grid_exponent(lo, hi, 0) <= k)
+
+
+def test_pieces_shared_by_two_threads_come_back_in_order_once_each():
+    """stats._on_both: each thread takes the next piece as it finishes one; results stay in piece order."""
+    chunk = np.arange(1000, dtype=np.float32)
+
+    def work(pieces):
+        return [(int(p[0]), p.size, threading.get_ident()) for p in pieces]
+
+    got = stats._on_both(chunk, 7, work)
+    assert [(first, size) for first, size, _ in got] == [(s, min(7, 1000 - s)) for s in range(0, 1000, 7)]
+    assert stats._on_both(chunk[:5], 7, work)[0][:2] == (0, 5)  # one piece: this thread alone

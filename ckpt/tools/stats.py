@@ -5,20 +5,19 @@ What ``ckpt inspect --stats`` prints: min, max, mean, std, zeros, NaN and Inf co
 chunks (memory holds a chunk, not a tensor), each checked against the tensor's checksum as it
 streams.
 
-Each chunk is handled in pieces of ``PIECE`` elements (small enough to stay in the CPU cache
-across the numpy calls each piece needs), shared between this thread and a second one (numpy
-and BLAS release the GIL in their loops): min, max, zeros and NaN/Inf counts in the tensor's own
-dtype (or float32, exact for every 16-bit and smaller dtype: numpy's float16 loops are slow,
-bfloat16/float8 have none); the histogram (``ckpt.tools.histogram``: 16 bins of width 2**k on the
-absolute grid [j * 2**k, (j + 1) * 2**k), k the smallest for which [min, max] spans at most 16
-bins), each piece binned on the grid of the range seen so far or of its own, grids merged
-exactly as the range widens; the sum and sum of squares in float64 (the piece's float64 copy,
-numpy's pairwise sum and BLAS dot products of 8192 elements, which OpenBLAS keeps on the
-calling thread), about a shift that keeps them free of cancellation (0, or the first piece's
-mean where it is far from 0 against the spread; a piece far from it is summed again about its
-own mean). Pieces are merged in order (means by Chan et al.'s formula): the results do not
-depend on thread timing, and the mean and std agree with exact arithmetic to about 1e-15 and
-1e-12 relative.
+Each chunk is handled in pieces of ``PIECE`` elements (small enough to stay in the CPU cache across
+the numpy calls each piece needs), shared between this thread and a second one, each taking the next
+piece as it finishes one (numpy and BLAS release the GIL in their loops): min, max, zeros and
+NaN/Inf counts in the tensor's own dtype (or float32, exact for every 16-bit and smaller dtype:
+numpy's float16 loops are slow, bfloat16/float8 have none); the histogram (``ckpt.tools.histogram``:
+16 bins of width 2**k on the absolute grid [j * 2**k, (j + 1) * 2**k), k the smallest for which
+[min, max] spans at most 16 bins), each piece binned on the grid of the range seen so far or of its
+own, grids merged exactly as the range widens; the sum and sum of squares in float64 (the piece's
+float64 copy, numpy's pairwise sum and BLAS dot products of 8192 elements, which OpenBLAS keeps on
+the calling thread), about a shift that keeps them free of cancellation (0, or the first piece's
+mean where it is far from 0 against the spread; a piece far from it is summed again about its own
+mean). Pieces are merged in order (means by Chan et al.'s formula): the results do not depend on
+thread timing, and the mean and std agree with exact arithmetic to about 1e-15 and 1e-12 relative.
 
 Example:
     >>> import numpy as np

@@ -38,6 +38,15 @@ INTERRUPTED = 130
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+def _no_blas_threads() -> None:
+    """Ask OpenBLAS for no threads of its own where numpy is not imported yet and the user did not
+    choose: no command wants them (the statistics and diff keep their dot products on the calling
+    thread), and numpy's import starts one per core that spins for a while (~30 ms of CPU a command,
+    more on a free core), competing with the command's own threads."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 class _Shell(click.Group):
     """A click group whose errors, usage errors included, are single "Error:" lines, and whose
     commands load when they are run."""
@@ -70,6 +79,7 @@ class _Shell(click.Group):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        _no_blas_threads()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-__all__ = ["BINS", "Histogram", "Scratch", "bin_values", "exponent_floor", "floor_bin", "grid_exponent"]
+__all__ = ["BINS", "Histogram", "Scratch", "bin_values", "exponent_floor", "fits", "floor_bin", "grid_exponent"]
 
 BINS = 16
 _PRECISION = 48  # bins are at least max|value| * 2**-48 wide: bin numbers below 2**49, exact float64 edges
@@ -59,6 +59,12 @@ def floor_bin(value: float | int, k: int) -> int:
     """``floor(value / 2**k)``, exactly (Python integers; no rounding, no underflow)."""
     if isinstance(value, int):
         return value >> k if k >= 0 else value << -k
+    try:  # scaling by 2**-k is exact but where it underflows (then the bin is 0 or -1), and cheaper than a ratio
+        scaled = math.ldexp(value, -k)
+    except OverflowError:
+        pass
+    else:
+        return -1 if scaled == 0 and value < 0 else math.floor(scaled)  # -0.0: a tiny negative value underflowed
     num, den = value.as_integer_ratio()
     return num // (den << k) if k >= 0 else (num << -k) // den
 
@@ -86,6 +92,14 @@ def grid_exponent(lo: float | int, hi: float | int, floor: int) -> int:
     while k > floor and floor_bin(hi, k - 1) - floor_bin(lo, k - 1) < BINS:
         k -= 1
     return k
+
+
+def fits(lo: float | int, hi: float | int, k: int, floor: int) -> bool:
+    """Whether ``grid_exponent(lo, hi, floor) <= k`` (two bin numbers: cheaper than finding the grid)."""
+    top = max(abs(lo), abs(hi))
+    if isinstance(lo, float) and top:
+        floor = max(floor, math.frexp(top)[1] - 1 - _PRECISION)
+    return k >= floor and floor_bin(hi, k) - floor_bin(lo, k) < BINS
 
 
 class Scratch:
@@ -169,8 +183,11 @@ def bin_values(x: np.ndarray, lo: float | int, hi: float | int, floor: int, scra
                hint: int | None = None) -> Bins:
     """Bin finite values ``x`` (min ``lo``, max ``hi``) on the grid of their own range, or on the
     coarser grid 2**``hint`` (pieces binned on one grid add up without regridding)."""
-    k = grid_exponent(lo, hi, floor)
-    k = k if hint is None else max(k, hint)
+    if hint is not None and fits(lo, hi, hint, floor):  # the usual case: the piece lies on the grid so far
+        k = hint
+    else:
+        k = grid_exponent(lo, hi, floor)
+        k = k if hint is None else max(k, hint)
     extra = np.zeros(BINS, np.int64)
     if lo == hi:  # one value: one bin
         extra[floor_bin(lo, k) & (BINS - 1)] = x.size
@@ -202,9 +219,8 @@ def bin_values(x: np.ndarray, lo: float | int, hi: float | int, floor: int, scra
             np.copyto(index, y, casting="unsafe")
     np.bitwise_and(index, BINS - 1, out=index)  # the bin nibble
     keys = _keys(index, scratch)
-    rest = index[3 * (index.size // 3):]
-    if rest.size:
-        extra += np.bincount(rest, minlength=BINS)
+    for nibble in index[3 * (index.size // 3):].tolist():  # at most two values: no numpy call for them
+        extra[nibble] += 1
     if lost:  # bin 0 -> bin -1
         extra[0] -= lost
         extra[BINS - 1] += lost
@@ -230,7 +246,8 @@ class Histogram:
             self._extra = bins.extra.copy()
             return
         lo, hi = min(self.lo, bins.lo), max(self.hi, bins.hi)
-        wide = grid_exponent(lo, hi, self.floor)  # >= both k: the grid of a wider range is coarser
+        # >= both k: the grid of a wider range is coarser (so where self.k fits the range, it is the grid)
+        wide = self.k if fits(lo, hi, self.k, self.floor) else grid_exponent(lo, hi, self.floor)
         if wide == self.k == bins.k:  # one grid, still at most 16 bins: nibbles add up
             if bins.keys is not None:
                 self._keys = bins.keys.copy() if self._keys is None else np.add(self._keys, bins.keys,

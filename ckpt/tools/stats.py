@@ -5,20 +5,19 @@ What ``ckpt inspect --stats`` prints: min, max, mean, std, zeros, NaN and Inf co
 chunks (memory holds a chunk, not a tensor), each checked against the tensor's checksum as it
 streams.
 
-Each chunk is handled in pieces of ``PIECE`` elements (small enough to stay in the CPU cache
-across the numpy calls each piece needs), shared between this thread and a second one (numpy
-and BLAS release the GIL in their loops): min, max, zeros and NaN/Inf counts in the tensor's own
-dtype (or float32, exact for every 16-bit and smaller dtype: numpy's float16 loops are slow,
-bfloat16/float8 have none); the histogram (``ckpt.tools.histogram``: 16 bins of width 2**k on the
-absolute grid [j * 2**k, (j + 1) * 2**k), k the smallest for which [min, max] spans at most 16
-bins), each piece binned on the grid of the range seen so far or of its own, grids merged
-exactly as the range widens; the sum and sum of squares in float64 (the piece's float64 copy,
-numpy's pairwise sum and BLAS dot products of 8192 elements, which OpenBLAS keeps on the
-calling thread), about a shift that keeps them free of cancellation (0, or the first piece's
-mean where it is far from 0 against the spread; a piece far from it is summed again about its
-own mean). Pieces are merged in order (means by Chan et al.'s formula): the results do not
-depend on thread timing, and the mean and std agree with exact arithmetic to about 1e-15 and
-1e-12 relative.
+Each chunk is handled in pieces of ``PIECE`` elements (small enough to stay in the CPU cache across
+the numpy calls each piece needs), shared between this thread and a second one, each taking the next
+piece as it finishes one (numpy and BLAS release the GIL in their loops): min, max, zeros and
+NaN/Inf counts in the tensor's own dtype (or float32, exact for every 16-bit and smaller dtype:
+numpy's float16 loops are slow, bfloat16/float8 have none); the histogram (``ckpt.tools.histogram``:
+16 bins of width 2**k on the absolute grid [j * 2**k, (j + 1) * 2**k), k the smallest for which
+[min, max] spans at most 16 bins), each piece binned on the grid of the range seen so far or of its
+own, grids merged exactly as the range widens; the sum and sum of squares in float64 (the piece's
+float64 copy, numpy's pairwise sum and BLAS dot products of 8192 elements, which OpenBLAS keeps on
+the calling thread), about a shift that keeps them free of cancellation (0, or the first piece's
+mean where it is far from 0 against the spread; a piece far from it is summed again about its own
+mean). Pieces are merged in order (means by Chan et al.'s formula): the results do not depend on
+thread timing, and the mean and std agree with exact arithmetic to about 1e-15 and 1e-12 relative.
 
 Example:
     >>> import numpy as np
@@ -29,9 +28,10 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -196,7 +196,9 @@ class _Scratch:
         # wake its own threads, which then spin on the core the other half of the work needs)
         whole = n - n % DOT
         rows = row[:whole].reshape(-1, DOT)
-        s2 = float(np.add.reduce(np.vecdot(rows, rows))) + float(np.dot(row[whole:], row[whole:]))
+        s2 = float(np.add.reduce(np.vecdot(rows, rows)))
+        if whole < n:
+            s2 += float(np.dot(row[whole:], row[whole:]))
         return float(np.add.reduce(row)), s2
 
 
@@ -264,19 +266,37 @@ def _scratch(piece: int) -> _Scratch:
     return scratch
 
 
-def _on_both(chunk: np.ndarray, piece: int, work: Callable[[int, np.ndarray], T]) -> list[T]:
-    """``work(i, piece)`` on each ``piece`` elements of ``chunk``, results in order; the second half of
-    the pieces runs on the second thread meanwhile."""
+def _on_both(chunk: np.ndarray, piece: int, work: Callable[[Iterable[np.ndarray]], list[T]]) -> list[T]:
+    """``work(pieces)`` over the ``piece``-element pieces of ``chunk`` on this thread and the second one,
+    results in order. Each thread takes the next piece as it finishes one (not half each: where the
+    reads take a core from one thread for a while, the other one does not wait for it at the end)."""
     pieces = [chunk[s:s + piece] for s in range(0, chunk.size, piece)]
-    half = (len(pieces) + 1) // 2
     if len(pieces) < 2:
-        return [work(i, p) for i, p in enumerate(pieces)]
-    job = _second.get().submit(lambda: [work(half + i, p) for i, p in enumerate(pieces[half:])])
+        return work(pieces)
+    results: list[Any] = [None] * len(pieces)
+    lock, counter = threading.Lock(), itertools.count()
+
+    def share() -> None:
+        taken: list[int] = []
+
+        def take() -> Iterator[np.ndarray]:
+            while True:
+                with lock:
+                    i = next(counter)
+                if i >= len(pieces):
+                    return
+                taken.append(i)
+                yield pieces[i]
+
+        for i, result in zip(taken, work(take())):  # work consumes take() before zip reads taken
+            results[i] = result
+
+    job = _second.get().submit(share)
     try:
-        first = [work(i, p) for i, p in enumerate(pieces[:half])]
+        share()
     finally:
-        rest = job.result()  # the chunk's buffer must not be reused while the second thread reads it
-    return first + rest
+        job.result()  # the chunk's buffer must not be reused while the second thread reads it
+    return results
 
 
 class _Accumulator:
@@ -296,19 +316,19 @@ class _Accumulator:
         """One flat chunk (numbers; string tensors are fed their lengths)."""
         floor = self.histogram.floor
 
-        def work(raw: np.ndarray, shift: float) -> _Piece:
+        def work(pieces: Iterable[np.ndarray], shift: float) -> list[_Piece]:
             hint = self.histogram.k  # the grid so far (fixed while a chunk is binned): pieces on it add up
+            scratch = _scratch(self.piece)
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std
-                return _first_pass(raw, _scratch(self.piece), self.domain, shift, floor, hint)
+                return [_first_pass(raw, scratch, self.domain, shift, floor, hint) for raw in pieces]
 
         if self.ref is None and chunk.size:  # the first piece sets the shift every other piece's sums use
-            first = work(chunk[:self.piece], 0.0)
+            first = work([chunk[:self.piece]], 0.0)[0]
             self.ref = first.shift  # 0, or that piece's mean where 0 is far from it against the spread
             self._merge(first)
             chunk = chunk[self.piece:]
         ref = self.ref or 0.0
-        pieces = _on_both(chunk, self.piece, lambda i, raw: work(raw, ref))
-        for p in pieces:
+        for p in _on_both(chunk, self.piece, lambda pieces: work(pieces, ref)):
             self._merge(p)
 
     def _merge(self, p: _Piece) -> None:

@@ -44,6 +44,17 @@ def test_chunks_stream_the_whole_tensor_in_order(big):
     assert np.concatenate(small).tolist() == [0, 1, 2, 3, 4]
 
 
+def test_streamed_chunks_are_page_aligned_and_reused(big):
+    """The kernel copies file pages fastest into page-aligned memory (ckpt.buffers); a
+    reusing_buffers() block hands the same aligned buffers to the next tensor."""
+    path, _ = big
+    with ckpt.load_checkpoint(path) as reader, _chunks.reusing_buffers():
+        first = [c.ctypes.data for c in _chunks.tensor_chunks(reader, "x", chunk_elements=MiB)]
+        again = [c.ctypes.data for c in _chunks.tensor_chunks(reader, "x", chunk_elements=MiB)]
+    assert len(first) == 3 and all(address % 4096 == 0 for address in first)
+    assert set(again) == set(first)
+
+
 def test_chunk_bytes_sets_the_chunks_of_every_stream(big):
     path, x = big
     odd = x.size - 2 * MiB  # 4 MiB of float32 is MiB elements: the odd chunk first

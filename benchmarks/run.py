@@ -130,7 +130,7 @@ def checksum_share(model: Model, variables: dict[str, ckpt.Variable], directory:
 def inspect_seconds(path: str, reps: int) -> float:
     """Wall time of `ckpt inspect --names-only PATH` as a user runs it (a new process)."""
     exe = os.path.join(os.path.dirname(sys.executable), "ckpt")
-    command = [exe] if os.path.exists(exe) else [sys.executable, "-m", "ckpt.cli"]
+    command = [exe] if os.path.exists(exe) else [sys.executable, "-c", "from ckpt.cli.main import run; run()"]
     times = []
     for _ in range(reps):
         times.append(timed(lambda: subprocess.run(command + ["inspect", "--names-only", path], check=True,

@@ -3,7 +3,8 @@
 What ``ckpt inspect --stats`` prints: min, max, mean, std, zeros, NaN and Inf counts and a
 16-bin histogram with power-of-two bin widths. Checkpoint tensors are read once, in bounded
 chunks (memory holds a chunk, not a tensor), each checked against the tensor's checksum as it
-streams.
+streams; a tensor stored raw in a local file is read piece by piece by the threads that compute on
+it, while the piece is in their cache (``ckpt.tools.fused``: the same pieces, the same bits).
 
 Each chunk is handled in pieces of ``PIECE`` elements (small enough to stay in the CPU cache across
 the numpy calls each piece needs), shared between this thread and a second one, each taking the next

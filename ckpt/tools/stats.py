@@ -3,7 +3,8 @@
 What ``ckpt inspect --stats`` prints: min, max, mean, std, zeros, NaN and Inf counts and a
 16-bin histogram with power-of-two bin widths. Checkpoint tensors are read once, in bounded
 chunks (memory holds a chunk, not a tensor), each checked against the tensor's checksum as it
-streams.
+streams; a tensor stored raw in a local file is read piece by piece by the threads that compute on
+it, while the piece is in their cache (``ckpt.tools.fused``: the same pieces, the same bits).
 
 Each chunk is handled in pieces of ``PIECE`` elements (small enough to stay in the CPU cache across
 the numpy calls each piece needs), shared between this thread and a second one, each taking the next
@@ -39,7 +40,8 @@ import numpy as np
 
 from ckpt import dtypes
 from ckpt.tools.histogram import BINS, Bins, Histogram, Scratch, bin_values, exponent_floor
-from ckpt.tools.chunks import OneThread, reusing_buffers, tensor_chunks
+from ckpt.tools.chunks import OneThread, chunk_elements, reusing_buffers, tensor_chunks
+from ckpt.tools.fused import Layout, local_layout, piece_bounds, work_pieces
 from ckpt.tools.jsonview import jsonable
 from ckpt.tools.sources import Checkpoint, Keys, opened, select_keys
 from ckpt.storage.urls import StorageOptions
@@ -384,10 +386,39 @@ def array_stats(arr: np.ndarray, *, piece: int = PIECE) -> TensorStats:
     return _stats_of_chunks(_kind(arr.dtype), flat.size, arr.dtype, lambda: [flat], piece)
 
 
+def _stats_of_layout(layout: Layout, kind: str, count: int, chunk_bytes: int | None) -> TensorStats | None:
+    """Statistics of a tensor of a local file, each piece read by the thread that works on it (still
+    in its cache: ckpt.tools.fused), cut where the chunked path cuts (the same bits); None where
+    that path would cut otherwise (a ``chunk_bytes`` that is not a whole number of 4 MiB pieces)."""
+    item = max(layout.dtype.itemsize, 1)
+    chunk = chunk_elements(item, chunk_bytes=chunk_bytes)
+    if count * item > chunk * item and (chunk * item) % (4 << 20):
+        return None
+    acc = _Accumulator(kind, count, layout.dtype)
+    floor = acc.histogram.floor
+
+    def work(i: int, raw: np.ndarray) -> _Piece:
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # per thread: huge values, inf std
+            return _first_pass(raw, _scratch(acc.piece), acc.domain, acc.ref or 0.0, floor, acc.histogram.k)
+
+    def merge(p: _Piece) -> None:
+        if acc.ref is None:  # the first piece sets the shift every other piece's sums use
+            acc.ref = p.shift
+        acc._merge(p)
+
+    work_pieces(layout, piece_bounds(count, chunk, acc.piece), work, merge, _second)
+    return acc.result()
+
+
 def stats_of(reader: Any, key: str, *, chunk_bytes: int | None = None) -> TensorStats:
     """The statistics of one tensor of an open CheckpointReader, read in chunks of about
     ``chunk_bytes`` (None: ckpt.tools.chunks.CHUNK_BYTES)."""
     info = reader.tensors[key]
+    layout = local_layout(reader, key)
+    if layout is not None:
+        found = _stats_of_layout(layout, _kind(info.dtype), info.size, chunk_bytes)
+        if found is not None:
+            return found
     return _stats_of_chunks(_kind(info.dtype), info.size, info.dtype,
                             lambda: tensor_chunks(reader, key, chunk_bytes=chunk_bytes))
 

@@ -109,13 +109,15 @@ def _evict_all(directory: str) -> None:
 
 
 def measure(variables: dict[str, ckpt.Variable], change: Callable[[np.random.Generator], list[str]],
-            directory: str, saves: int, restore_kept: bool) -> Run:
-    """``saves`` incremental saves after the first, each beside a full save; then cold restores."""
+            directory: str, saves: int, restore_kept: bool, chunk_bytes: int | None = None) -> Run:
+    """``saves`` incremental saves after the first, each beside a full save; then cold restores
+    (``chunk_bytes``: the incremental Saver's, None for its default)."""
     total = sum(v._value.nbytes for v in variables.values())
     inc_dir, full_dir = os.path.join(directory, "inc"), os.path.join(directory, "full")
     os.makedirs(inc_dir)
     os.makedirs(full_dir)
-    saver = ckpt.Saver(variables, max_to_keep=KEEP, incremental=True)
+    chunks = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+    saver = ckpt.Saver(variables, max_to_keep=KEEP, incremental=True, **chunks)
     full = ckpt.Saver(variables, max_to_keep=1, format="msgpack")
     out, rng = Run(), np.random.default_rng(1)
     state = _digests(variables, list(variables))
@@ -153,11 +155,14 @@ def _ratio(full: list[float], inc: list[float]) -> str:
     return f"{statistics.median(full) / statistics.median(inc):.2f}x"
 
 
-def incremental_targets(label: str, directory: str, model_mib: int, saves: int, rows: int, table_saves: int) -> str:
-    """The markdown table of both targets, saved in ``directory``."""
-    lines = [f"**incremental on {label} (issue 28 targets): bytes written per save (new chunk files + index) / the "
-             "model; save and cold restore against a full msgpack save / restore of the same values, interleaved; "
-             "medians**\n",
+def incremental_targets(label: str, directory: str, model_mib: int, saves: int, rows: int, table_saves: int,
+                        chunk_bytes: int | None = None) -> str:
+    """The markdown table of both targets, saved in ``directory`` (``chunk_bytes``: the incremental
+    Saver's, None for its default)."""
+    chunk = "the default chunk_bytes" if chunk_bytes is None else f"chunk_bytes={chunk_bytes >> 20} MiB"
+    lines = [f"**incremental on {label} ({chunk}; issue 28 targets): bytes written per save (new chunk files + "
+             "index) / the model; save and cold restore against a full msgpack save / restore of the same values, "
+             "interleaved; medians**\n",
              fmt_row(["model", "saves", "written / model: median, mean, max", "incremental save s",
                       "full save s", "speed-up", "restore s (kept steps)", "full restore s", "restore / full",
                       "bit-exact", "chunk files", "memory kept / model"]),
@@ -166,7 +171,7 @@ def incremental_targets(label: str, directory: str, model_mib: int, saves: int, 
             (f"frozen backbone {model_mib} MiB, 10% changes", frozen_backbone, model_mib, saves, True),
             (f"table {rows} x {DIM} float32, 1% rows", sparse_table, rows, table_saves, False)):
         variables, change = make(arg)
-        run = measure(variables, change, directory, count, every)
+        run = measure(variables, change, directory, count, every, chunk_bytes)
         del variables
         lines.append(fmt_row([
             name, str(count),

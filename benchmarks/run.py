@@ -242,8 +242,9 @@ def main(args: Any) -> None:
         directory = os.path.join(args.disk, f"ckpt-bench-inc-{os.getpid()}")
         os.makedirs(directory, exist_ok=True)
         try:
+            chunk_bytes = None if args.inc_chunk_mib is None else args.inc_chunk_mib << 20
             print(incremental_targets("disk", directory, args.inc_model_mib, args.inc_saves, args.inc_rows,
-                                      args.inc_table_saves) + "\n")
+                                      args.inc_table_saves, chunk_bytes) + "\n")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     if "incremental-chunks" in cases and args.tmpfs:  # Saver(incremental=True) by chunk size, on tmpfs

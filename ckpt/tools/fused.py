@@ -40,7 +40,7 @@ from ckpt.saving.reader import CheckpointReader
 from ckpt.storage.localfile import LocalFile
 from ckpt.tools.chunks import OneThread
 
-__all__ = ["Layout", "local_layout", "piece_bounds", "work_pieces"]
+__all__ = ["Layout", "local_layout", "piece_bounds", "work_paired_pieces", "work_pieces"]
 
 T = TypeVar("T")
 
@@ -85,11 +85,14 @@ def piece_bounds(size: int, chunk: int, piece: int) -> list[tuple[int, int]]:
 _local = threading.local()
 
 
-def _buffer(nbytes: int) -> np.ndarray:
-    """This thread's page-aligned read buffer, at least ``nbytes`` long (kept: pages touched once)."""
-    buffer: np.ndarray | None = getattr(_local, "buffer", None)
+def _buffer(nbytes: int, slot: int = 0) -> np.ndarray:
+    """This thread's page-aligned read buffer number ``slot``, at least ``nbytes`` long (kept:
+    pages touched once)."""
+    buffers: list[np.ndarray | None] = _local.__dict__.setdefault("buffers", [])
+    buffers.extend([None] * (slot + 1 - len(buffers)))
+    buffer = buffers[slot]
     if buffer is None or buffer.size < nbytes:
-        buffer = _local.buffer = aligned_empty((max(nbytes, 1),), np.uint8)
+        buffer = buffers[slot] = aligned_empty((max(nbytes, 1),), np.uint8)
     return buffer
 
 
@@ -122,8 +125,22 @@ def work_pieces(layout: Layout, bounds: list[tuple[int, int]], work: Callable[[i
     Raises the checksum error (after every piece) where the bytes read are not those the file
     stored a crc32c for.
     """
-    item = max(layout.dtype.itemsize, 1)
-    crcs: list[int] = [0] * len(bounds)
+    _work_all([layout], bounds, lambda i, values: work(i, values[0]), merge, helper, alone)
+
+
+def work_paired_pieces(a: Layout, b: Layout, bounds: list[tuple[int, int]],
+                       work: Callable[[int, np.ndarray, np.ndarray], T], merge: Callable[[T], None],
+                       helper: OneThread) -> None:
+    """``work_pieces`` over the same pieces of two tensors of one size: each piece of both is read
+    by the thread that calls ``work(i, values_a, values_b)``; both crc32c values are checked (A's
+    first) after every piece."""
+    _work_all([a, b], bounds, lambda i, values: work(i, values[0], values[1]), merge, helper, 0)
+
+
+def _work_all(layouts: list[Layout], bounds: list[tuple[int, int]], work: Callable[[int, list[np.ndarray]], T],
+              merge: Callable[[T], None], helper: OneThread, alone: int) -> None:
+    """work_pieces over the same pieces of each of ``layouts``."""
+    crcs: list[list[int]] = [[0] * len(bounds) for _ in layouts]
     results: dict[int, Any] = {}
     lock = threading.Lock()
     merged = 0
@@ -132,9 +149,13 @@ def work_pieces(layout: Layout, bounds: list[tuple[int, int]], work: Callable[[i
 
     def one(i: int) -> None:
         lo, hi = bounds[i]
-        buffer = _buffer((hi - lo) * item)[:(hi - lo) * item]
-        crcs[i] = _read(layout, lo * item, buffer.data)
-        result = work(i, buffer.view(layout.dtype))
+        values = []
+        for slot, layout in enumerate(layouts):
+            item = max(layout.dtype.itemsize, 1)
+            buffer = _buffer((hi - lo) * item, slot)[:(hi - lo) * item]
+            crcs[slot][i] = _read(layout, lo * item, buffer.data)
+            values.append(buffer.view(layout.dtype))
+        result = work(i, values)
         nonlocal merged
         with lock:  # the run of finished pieces from the next to merge on, in order
             results[i] = result
@@ -165,6 +186,13 @@ def work_pieces(layout: Layout, bounds: list[tuple[int, int]], work: Callable[[i
                 job.exception()  # no thread may still use the pieces once we are gone
         if failed:
             raise failed[0]
+    for layout, got in zip(layouts, crcs):
+        _check(layout, bounds, got)
+
+
+def _check(layout: Layout, bounds: list[tuple[int, int]], crcs: list[int]) -> None:
+    """Raise the checksum error unless the pieces' crc32c values, combined in order, are the stored one."""
+    item = max(layout.dtype.itemsize, 1)
     crc = crcs[0] if crcs else 0
     for (lo, hi), got in zip(bounds[1:], crcs[1:]):
         crc = crc32c_combine(crc, got, (hi - lo) * item)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from ckpt.tools.comparison import CHUNK, DOT, _dot, _Tally, compare_values
+from ckpt.tools.valuediff import CHUNK, DOT, _dot, _Tally, compare_values
 
 
 def oracle(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> dict[str, float]:

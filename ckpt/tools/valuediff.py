@@ -32,7 +32,7 @@ from ckpt.tools.jsonview import jsonable
 __all__ = ["CHUNK", "ValueDiff", "compare_values", "tensor_values"]
 
 
-CHUNK = 1 << 16
+CHUNK = 1 << 18
 DOT = 8192  # elements of one BLAS dot product (OpenBLAS threads only longer ones)
 _second = OneThread("ckpt-compare")  # takes half of each chunk's pieces (numpy and BLAS release the GIL)
 

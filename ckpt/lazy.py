@@ -42,3 +42,13 @@ class LazySource:
     def chunks(self) -> Iterator[Any] | None:
         """The tensor's bytes in pieces, or None (the default) when it does not stream."""
         return None
+
+    def checked_crc32c(self, block_bytes: int) -> tuple[int, bytes | None] | None:
+        """The crc32c of the tensor's C-order bytes and of each block of ``block_bytes`` (packed
+        little-endian uint32s; None for one block), as ``chunks()`` checks them while they stream,
+        or None (the default) when the source does not know them.
+
+        A writer may store these instead of computing them again, but only once ``chunks()`` has
+        been read to its end without an error (the stream's own check passed).
+        """
+        return None

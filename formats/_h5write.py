@@ -37,6 +37,7 @@ from ._h5head import HEADER as _HEADER
 from ._blocks import checksums
 from ._codec import HDF5_VERSION, encode_strings, packb
 from ._validation import tensor_scopes
+from ._writing import checked_checksums
 from .base import materialize, source_chunks, stage
 
 VERSION = HDF5_VERSION
@@ -300,20 +301,27 @@ def _write_data(blob: WritableBlob, plans: list[_Plan], offsets: list[int | None
 def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], offset: int | None, plan: _Plan,
                   block_bytes: int, path: str) -> tuple[int, bytes | None]:
     """Write a streamed numeric tensor's chunks at its offset, each at once (chunks come from
-    reused buffers); return its crc32c and packed block checksums (None for one block)."""
+    reused buffers); return its crc32c and packed block checksums (None for one block): the
+    source's own where it checked its bytes against them as they streamed (a conversion)."""
     running = _blocks.RunningChecksums(block_bytes)
+    known = checked_checksums(plan.source, block_bytes)
+    done = 0
     for view in stream:
         if not len(view):
             continue
-        if running.nbytes + len(view) > plan.nbytes:
+        if done + len(view) > plan.nbytes:
             raise ValueError(f"{path}: tensor {plan.key!r} gave more than the {plan.nbytes} bytes its dtype and "
                              "shape hold")
         assert offset is not None  # every tensor with data has a place
-        _io.write_checked(blob, view, offset + running.nbytes, running.update)
-    if running.nbytes != plan.nbytes:
-        raise ValueError(f"{path}: tensor {plan.key!r} gave {running.nbytes} bytes; its dtype and shape hold "
+        if known is None:
+            _io.write_checked(blob, view, offset + done, running.update)
+        else:
+            blob.write_at(view, offset + done)
+        done += len(view)
+    if done != plan.nbytes:
+        raise ValueError(f"{path}: tensor {plan.key!r} gave {done} bytes; its dtype and shape hold "
                          f"{plan.nbytes}")
-    return running.result()
+    return running.result() if known is None else known
 
 
 def _write_index(blob: WritableBlob, entries: list[Any], metadata: dict[str, Any], size: int, meta_crc: int,

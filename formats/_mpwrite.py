@@ -26,6 +26,7 @@ from ckpt.storage import WritableBlob
 from . import _blocks, _io
 from ._blocks import checksums
 from ._codec import packb
+from ._writing import checked_checksums
 from .base import materialize, source_chunks
 from .msgpack import (
     _FOOTER,
@@ -84,8 +85,9 @@ def write_msgpack(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], metada
                 objects += len(extents)
                 checksum, packed = running.result()
             else:
+                known = checked_checksums(source, block_bytes)  # a converted tensor's, checked as it streams
                 extents, checksum, packed, pos, written = _write_chunks(blob, stream, nbytes, pos, block_bytes,
-                                                                        max_bin, what)
+                                                                        max_bin, what, known)
                 objects += written
             if packed is not None:
                 blocks[key] = packed
@@ -208,10 +210,12 @@ def _stream_blocks(stream: Iterator[memoryview], nbytes: int, block_bytes: int, 
 
 
 def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int, pos: int, block_bytes: int,
-                  max_bin: int, what: str) -> tuple[list[list[int]], int, bytes | None, int, int]:
+                  max_bin: int, what: str, known: tuple[int, bytes | None] | None = None
+                  ) -> tuple[list[list[int]], int, bytes | None, int, int]:
     """Write a streamed numeric tensor as ``write`` lays out an array (padding, bins of at most
     ``max_bin`` bytes); return its extents, crc32c, packed block checksums, the new position and
-    the number of msgpack objects written."""
+    the number of msgpack objects written. ``known``: the checksums the stream's source checked
+    its bytes against (``checked_checksums``), stored instead of computed again."""
     objects = 0
     if nbytes >= ALIGN_MIN_BYTES:  # large tensors start page-aligned (fast copies)
         padding = _padding(pos + len(_bin_header(min(nbytes, max_bin))))
@@ -241,9 +245,12 @@ def _write_chunks(blob: WritableBlob, stream: Iterator[memoryview], nbytes: int,
                 open_bin()
             take = min(len(view) - start, max_bin - done % max_bin, nbytes - done)
             piece = view[start:start + take]
-            _io.write_checked(blob, piece, pos, running.update)
+            if known is None:
+                _io.write_checked(blob, piece, pos, running.update)
+            else:
+                blob.write_at(piece, pos)
             done, pos, start = done + take, pos + take, start + take
     if done != nbytes:
         raise ValueError(f"{what} gave {done} bytes; its dtype and shape hold {nbytes}")
-    checksum, packed = running.result()
+    checksum, packed = running.result() if known is None else known
     return extents, checksum, packed, pos, objects

@@ -64,6 +64,13 @@ def source_chunks(source: Any) -> Iterator[memoryview] | None:
     return None if chunks is None else (memoryview(c).cast("B") for c in chunks)
 
 
+def checked_checksums(source: Any, block_bytes: int) -> tuple[int, bytes | None] | None:
+    """The checksums a streaming source checked its bytes against (``LazySource.checked_crc32c``),
+    or None: a writer that gets them writes the chunks without a crc32c pass of its own. Use them
+    only after the stream ended without an error; the read-back of a converted file checks them."""
+    return source.checked_crc32c(block_bytes) if isinstance(source, LazySource) else None
+
+
 def materialize(source: Any) -> np.ndarray:
     """The array behind a tensor handed to a writer: an ndarray itself, a lazy source read now."""
     return source if isinstance(source, np.ndarray) else np.asarray(source)

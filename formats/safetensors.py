@@ -41,6 +41,7 @@ from ckpt.storage import WritableBlob
 
 from . import _blocks, _io
 from ._foreign import NUMPY_DTYPES, check_key, json_int
+from ._writing import checked_checksums
 from .base import FileReader, TensorInfo, materialize, source_chunks, unique_pairs
 
 #: The reference implementation's limit on the header length.
@@ -108,13 +109,17 @@ def write_safetensors(blob: WritableBlob, tensors: Sequence[tuple[str, Any]], me
             runs.flush()  # chunks come from reused buffers: written at once, after what precedes them
             nbytes = _io.expected_nbytes(dtype, shape)
             running, done = _blocks.RunningChecksums(max(1, nbytes)), 0  # one block: the tensor's crc32c
+            known = checked_checksums(source, max(1, nbytes))  # a converted tensor's, checked as it streams
             for view in stream:
-                _io.write_checked(blob, view, pos + done, running.update)
+                if known is None:
+                    _io.write_checked(blob, view, pos + done, running.update)
+                else:
+                    blob.write_at(view, pos + done)
                 done += len(view)
             if done != _io.expected_nbytes(dtype, shape):
                 raise ValueError(f"{path}: tensor {key!r} gave {done} bytes; its dtype and shape hold "
                                  f"{_io.expected_nbytes(dtype, shape)}")
-            crcs[key] = running.result()[0]
+            crcs[key] = (running.result() if known is None else known)[0]
             pos += done
             continue
         if not isinstance(source, np.ndarray):

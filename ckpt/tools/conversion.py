@@ -46,6 +46,7 @@ from ckpt.formats.base import (
     write_with,
 )
 from ckpt.lazy import LazySource
+from ckpt.formats._blocks import combine, pack_crcs
 from ckpt.saving.reader import CheckpointReader
 from ckpt.storage import ReadableBlob, WritableBlob
 from ckpt.errors import (
@@ -171,6 +172,25 @@ class _Source(LazySource):
             yield chunk.view(np.uint8)
             if self._progress is not None:
                 self._progress(chunk.nbytes)
+
+    def checked_crc32c(self, block_bytes: int) -> tuple[int, bytes | None] | None:
+        """SRC's stored crc32c of the tensor, which ``chunks()`` checks the bytes against as they
+        stream, and its stored block crc32c values where SRC keeps them in blocks of ``block_bytes``
+        that combine to it; None otherwise. The new file is read back and verified against them."""
+        raw = self._reader._reader  # the format reader: raw bytes at file offsets, and their checksums
+        key, nbytes = self._info.key, self._info.nbytes
+        crc = stored_crc32c(self._reader, key)
+        if crc is None or raw.data_extents(key) is None:
+            return None
+        if nbytes <= block_bytes:
+            return crc, None
+        table = raw.block_checksums(key)
+        if table is None or table[1] != block_bytes or len(table[0]) != -(-nbytes // block_bytes):
+            return None
+        crcs = [int(c) for c in table[0]]
+        if combine(crcs, nbytes, block_bytes) != crc:  # a block table that disagrees with the checked crc32c
+            return None
+        return crc, pack_crcs(crcs)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         info = self._info

@@ -232,6 +232,9 @@ def _read_commit(directory: str, blob: ReadableBlob | None = None) -> tuple[byte
         if isinstance(exc, CheckpointError):
             raise
         raise CorruptCheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except MemoryError:  # a damaged or hostile record of many GiB: no size bounds a real one
+        raise CorruptCheckpointError(f"{path}: the commit record is too large to read into memory "
+                                     "(damaged, or not a checkpoint's)", path=directory) from None
 
 
 def _read_remote_commit(blob: ReadableBlob) -> tuple[bytes, RemoteDirectory]:

@@ -319,6 +319,14 @@ def test_damaged_commit_record_is_reported(tmp_path):
         ckpt.load_checkpoint(path)
 
 
+def test_a_commit_record_too_large_for_memory_is_reported(tmp_path):
+    """A damaged COMMIT of 64 GiB (sparse) is a CorruptCheckpointError naming it, not a MemoryError."""
+    path = _save(str(tmp_path), 1, "rows")[0]
+    os.truncate(os.path.join(path, "COMMIT"), 1 << 36)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="COMMIT: the commit record is too large"):
+        ckpt.load_checkpoint(path)
+
+
 def _commit_v1(raw: bytes) -> bytes:
     """A version 2 commit record rewritten as version 1 wrote it: three objects as a stream."""
     header, record, _ = msgpack.unpackb(raw, raw=False)

@@ -134,19 +134,28 @@ def test_retention_keeps_every_base_a_kept_checkpoint_reaches(tmp_path: Any) -> 
     assert set(os.listdir(os.path.join(d, CHUNK_DIR))) == closure
 
 
+def _bf_base(path: str) -> bytes:
+    """The whole chunk the first delta chain of tensor 'bf' in checkpoint ``path`` rests on."""
+    bf_refs = _entries(path)["bf"][3]
+    assert isinstance(bf_refs[0], list)
+    return links(bf_refs[0])[-1]
+
+
+def _flip(where: str, at: int, mask: int) -> None:
+    """Damage the file ``where`` in place: XOR its byte ``at`` with ``mask``."""
+    with open(where, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ mask]))
+
+
 def test_a_damaged_base_fails_every_tensor_that_reaches_it_and_nothing_else(tmp_path: Any) -> None:
     d = str(tmp_path)
     saved = _save_steps(d, 3, seed=4, max_to_keep=None, max_chain=4)
     first, _, last = list(saved)
-    bf_refs = _entries(last)["bf"][3]
-    assert isinstance(bf_refs[0], list)
-    base = links(bf_refs[0])[-1]  # the whole chunk bf's first chain rests on, written by the first save
-    where = os.path.join(d, CHUNK_DIR, base.hex())
-    with open(where, "rb") as f:
-        data = bytearray(f.read())
-    data[100] ^= 0xFF
-    with open(where, "wb") as f:
-        f.write(data)
+    base = _bf_base(last)  # written by the first save
+    _flip(os.path.join(d, CHUNK_DIR, base.hex()), 100, 0xFF)
     for path in (first, last):
         with ckpt.load_checkpoint(path) as reader:
             with pytest.raises(CorruptCheckpointError, match="'bf'") as info:
@@ -167,12 +176,7 @@ def test_a_damaged_previous_version_is_not_a_delta_base(tmp_path: Any) -> None:
     saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK)
     saver.save(os.path.join(d, "m.msgpack"), global_step=0)
     [f64_first, _] = _entries(os.path.join(d, "m-0.msgpack"))["f64"][3]
-    where = os.path.join(d, CHUNK_DIR, f64_first.hex())
-    with open(where, "rb") as f:
-        data = bytearray(f.read())
-    data[0] ^= 1
-    with open(where, "wb") as f:
-        f.write(data)
+    _flip(os.path.join(d, CHUNK_DIR, f64_first.hex()), 0, 1)
     _touch(v, rng)
     path = saver.save(os.path.join(d, "m.msgpack"), global_step=1)
     assert isinstance(_entries(path)["f64"][3][0], bytes)  # written whole
@@ -186,9 +190,7 @@ def test_an_oversized_chunk_file_is_damage_and_is_never_read_whole(tmp_path: Any
     d = str(tmp_path)
     saved = _save_steps(d, 2, seed=4, max_to_keep=None, max_chain=4)
     last = list(saved)[-1]
-    bf_refs = _entries(last)["bf"][3]
-    assert isinstance(bf_refs[0], list)
-    base = links(bf_refs[0])[-1]
+    base = _bf_base(last)
     os.truncate(os.path.join(d, CHUNK_DIR, base.hex()), 1 << 36)
     with ckpt.load_checkpoint(last) as reader:
         with pytest.raises(CorruptCheckpointError, match=f"'bf'.*{base.hex()}.*holds more than {CHUNK} bytes"):

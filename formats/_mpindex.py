@@ -24,7 +24,7 @@ from . import _io
 from ._planes import CODEC
 from ._readers import LazyIndex
 from ._validation import _FILE_DTYPES
-from .base import TensorInfo, all_exactly, all_lists, check_shape, dtype_or_raise, key_problem, keys_plainly_valid, \
+from .base import TensorInfo, all_exactly, all_lists, index_entry, keys_plainly_valid, \
     plain_extents
 
 class MsgpackLocation(NamedTuple):
@@ -123,14 +123,7 @@ def _check_entries(tensors: dict[Any, Any], path: str, start: int, data_end: int
     ordered = True
     objects = 3
     for key, entry in tensors.items():
-        problem = key_problem(key)
-        if problem:
-            raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
-        if type(entry) is not list or len(entry) != 4:
-            raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed index entry")
-        name, shape, extents, crc = entry
-        dtype = dtype_or_raise(name, path, key)
-        shape = check_shape(shape, path, key)
+        dtype, shape, extents, crc = index_entry(key, entry, path)
         if type(crc) is not int or not 0 <= crc < 2 ** 32 or type(extents) is not list or not extents:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed extents or checksum")
         nbytes = 0

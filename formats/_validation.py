@@ -187,6 +187,19 @@ def dtype_or_raise(name: Any, path: str, key: str) -> np.dtype:
     return dtype
 
 
+def index_entry(key: Any, entry: Any, path: str) -> tuple[np.dtype, tuple[int, ...], Any, Any]:
+    """Check the parts every msgpack-index entry ``[dtype name, shape, x, y]`` shares (the key, the
+    entry's form, its dtype and shape) and return ``(dtype, shape, x, y)``; ``x`` and ``y`` are the
+    format's own (extents and crc32c, or crc32c and chunks), checked by its reader."""
+    problem = key_problem(key)
+    if problem:
+        raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
+    if type(entry) is not list or len(entry) != 4:
+        raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed index entry")
+    name, shape, x, y = entry
+    return dtype_or_raise(name, path, key), check_shape(shape, path, key), x, y
+
+
 #: The most elements a shape may describe, zero dimensions aside (numpy refuses larger arrays
 #: even when they are empty, and no file holds that many).
 MAX_ELEMENTS = 2 ** 48

@@ -47,6 +47,7 @@ from ._validation import (
     check_tensors,
     check_version,
     dtype_or_raise,
+    index_entry,
     key_problem,
     keys_plainly_valid,
     normalize_metadata,
@@ -63,4 +64,4 @@ __all__ = ["TensorInfo", "Reader", "BaseReader", "FileReader", "LazyIndex", "as_
            "key_problem", "normalize_metadata", "materialize", "source_chunks", "LazySource", "check_tensors",
            "open_blob", "open_folder",
            "SNIFF_BYTES", "keys_plainly_valid", "all_lists", "all_exactly", "plain_extents", "unique_pairs",
-           "check_version", "dtype_or_raise", "MAX_ELEMENTS", "check_shape", "check_metadata", "stage"]
+           "check_version", "dtype_or_raise", "index_entry", "MAX_ELEMENTS", "check_shape", "check_metadata", "stage"]

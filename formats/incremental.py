@@ -39,7 +39,7 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, chec
 from . import _io
 from ._codec import packb, unpack
 from ._chunkcodec import ChunkEncoding, PARALLEL_BYTES, assemble, chain_of, decode_into, digest, links
-from .base import FileReader, TensorInfo, check_metadata, check_shape, dtype_or_raise, key_problem, open_folder
+from .base import FileReader, TensorInfo, check_metadata, index_entry, open_folder
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -188,14 +188,7 @@ class IncrementalReader(FileReader):
 
     def _entry(self, key: Any, entry: Any) -> TensorInfo:
         path = self.path
-        problem = key_problem(key)
-        if problem:
-            raise CorruptCheckpointError(f"{path}: invalid tensor key {key!r} in the index: {problem}")
-        if type(entry) is not list or len(entry) != 4:
-            raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed index entry")
-        name, shape, crc, chunks = entry
-        dtype = dtype_or_raise(name, path, key)
-        shape = check_shape(shape, path, key)
+        dtype, shape, crc, chunks = index_entry(key, entry, path)
         if type(crc) is not int or type(chunks) is not list:
             raise CorruptCheckpointError(f"{path}: tensor {key!r}: malformed chunks or checksum")
         if dtypes.is_string(dtype):

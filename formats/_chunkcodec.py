@@ -76,13 +76,15 @@ class ChunkEncoding:
         own = bytes(piece) if isinstance(old, bytes) else None
         data = memoryview(own) if own is not None else piece
         x = digest(data)
-        if base is not None and chain_of(base)[0] == x and all(map(self.exists, links(base))):
+        same = base is not None and chain_of(base)[0] == x
+        if same and all(map(self.exists, links(base))):
             return base, None, None  # unchanged since the previous save: the same chain
         crc = _io.crc32c(data)
         if self.exists(x):
             return x, crc, None
         turn = None if self.turn is None else self.turn + index
-        if deltas and not restarts(len(chain_of(base)) - 1, turn, self.max_chain):
+        # unchanged, but a file of its chain is gone (or its pack is being compacted): stored whole again
+        if deltas and not same and not restarts(len(chain_of(base)) - 1, turn, self.max_chain):
             if isinstance(old, int):  # a recent delta did not pay: skip the encoding
                 put(x, encode_whole(data, itemsize) if self.compression else data)
                 return x, crc, old - 1 or None

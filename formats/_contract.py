@@ -131,15 +131,22 @@ class ChunkedFormat(Format):
 
     @abstractmethod
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
-                   nested: bool = False) -> bytes:
+                   nested: bool = False, packs: dict[bytes, tuple[bytes, int, int]] | None = None) -> bytes:
         """The bytes of a checkpoint file holding these index ``entries`` (by key); ``nested``: a
         shard file inside a sharded checkpoint's directory, whose chunks are in the ``chunk_dir``
-        beside that directory."""
+        beside that directory; ``packs``: where the chunks written into pack files are (chunk name
+        -> (pack id, offset, stored length); the others are files of their own)."""
 
     @abstractmethod
     def references(self, path: str, blob: ReadableBlob | None = None) -> set[bytes]:
-        """The names of every chunk the checkpoint ``path`` references (read from ``blob``, which
-        it then owns, where given: an object opened with the caller's storage options)."""
+        """The names of every file of the chunk store the checkpoint ``path`` reads (pack ids and
+        chunk files; read from ``blob``, which it then owns, where given: an object opened with
+        the caller's storage options)."""
+
+    def locations(self, path: str) -> dict[bytes, tuple[bytes, int, int]]:
+        """Where the chunks the checkpoint ``path`` stores in pack files are (``pack_index``'s
+        ``packs``); a format without packs has none."""
+        return {}
 
     def entry_files(self, entry: list[Any], dtype: Any, shape: tuple[int, ...], chunk_bytes: int) -> \
             tuple[int, list[bytes]] | None:

@@ -141,10 +141,15 @@ class IncrementalFormat(ChunkedFormat):
         return incremental.tensor_entry(array, chunk_bytes, put, encoding, previous, note)
 
     def pack_index(self, metadata: dict[str, Any], chunk_bytes: int, entries: dict[str, list[Any]],
-                   nested: bool = False) -> bytes:
+                   nested: bool = False, packs: dict[bytes, tuple[bytes, int, int]] | None = None) -> bytes:
         from . import incremental  # lazy: a format module loads on use
 
-        return incremental.pack_index(metadata, chunk_bytes, entries, nested)
+        return incremental.pack_index(metadata, chunk_bytes, entries, nested, packs)
+
+    def locations(self, path: str) -> dict[bytes, tuple[bytes, int, int]]:
+        from . import incremental  # lazy: a format module loads on use
+
+        return incremental.chunk_locations(path)
 
     def references(self, path: str, blob: ReadableBlob | None = None) -> set[bytes]:
         from . import incremental  # lazy: a format module loads on use

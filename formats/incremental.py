@@ -19,8 +19,9 @@ store beside that directory, shared with the directory's other checkpoints.
 
 ``chunks`` is the list of 32-byte SHA-256 digests of a numeric tensor's chunks in C order (the
 last one shorter), or, for a byte-string tensor, the list of its items (stored inline). The
-crc32c is over the tensor's bytes (over the packed list of items for strings). docs/formats.md
-specifies it.
+crc32c is over the tensor's bytes (over the packed list of items for strings). Version 3 adds
+``"packs"``: where the chunks a local save wrote live in its pack files (``_packs``); a chunk it
+does not list is a file of its own. docs/formats.md specifies it.
 """
 
 from __future__ import annotations
@@ -39,15 +40,17 @@ from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError, chec
 from . import _io
 from ._codec import packb, unpack
 from ._chunkcodec import ChunkEncoding, PARALLEL_BYTES, assemble, chain_of, decode_into, digest, links
+from ._packs import Location, PackedFolder, pack_table, read_pack_table
 from .base import FileReader, TensorInfo, check_metadata, index_entry, open_folder
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
 FORMAT_NAME = "ckpt-incremental"
-#: version 2 adds delta chains and encoded chunk files; version 1 files (whole raw chunks) still read
-VERSION = 2
-READS = (1, 2)
+#: version 2 adds delta chains and encoded chunk files, version 3 pack files; versions 1 (whole raw
+#: chunks) and 2 still read
+VERSION = 3
+READS = (1, 2, 3)
 #: Default bound on a delta chain (deltas between a chunk and the whole chunk it rests on): with
 #: 1% of a table's rows changing per save, 8 writes 13.2% in every save, 16 7.0%, so 16
 #: (docs/incremental.md); a restore reads up to max_chain + 1 files per chunk.
@@ -122,12 +125,17 @@ def entry_files(entry: list[Any], dtype: np.dtype, shape: tuple[int, ...], chunk
 
 
 def pack_index(metadata: dict[str, Any], chunk_bytes: int, tensors: dict[str, list[Any]],
-               nested: bool = False) -> bytes:
+               nested: bool = False, packs: dict[bytes, Location] | None = None) -> bytes:
     """The bytes of an incremental checkpoint file (``nested``: a shard file of a sharded checkpoint,
-    whose chunks are in the store beside the checkpoint's directory)."""
+    whose chunks are in the store beside the checkpoint's directory; ``packs``: where the chunks
+    stored in pack files are, by name)."""
     chunk_dir = NESTED_CHUNK_DIR if nested else CHUNK_DIR
+    located = packs or {}
+    names = {name for entry in tensors.values() if not dtypes.is_string(dtypes.as_dtype(entry[0]))
+             for ref in entry[3] for name in links(ref) if name in located}
     index = packb({"format": FORMAT_NAME, "version": VERSION, "metadata": metadata, "chunk_dir": chunk_dir,
-                   "chunk_bytes": chunk_bytes, "hash": HASH, "tensors": tensors})
+                   "chunk_bytes": chunk_bytes, "hash": HASH, "tensors": tensors,
+                   "packs": pack_table({name: located[name] for name in names})})
     return packb([{"format": FORMAT_NAME, "version": VERSION}, index, _io.crc32c(index)])
 
 
@@ -182,7 +190,11 @@ class IncrementalReader(FileReader):
         #: the directory holding the chunk folder
         self.directory = os.path.dirname(path) if chunk_dir == CHUNK_DIR else \
             os.path.normpath(os.path.join(os.path.dirname(path), os.pardir))
-        self._chunks = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
+        #: where the chunks stored in pack files are (name -> (pack id, offset, length))
+        self.located: dict[bytes, Location] = \
+            read_pack_table(index.get("packs", []), path, chunk_bytes) if self.version >= 3 else {}
+        folder = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
+        self._chunks = PackedFolder(folder, self.located) if self.located else folder
         self._metadata = check_metadata(index.get("metadata", {}), path)
         self._tensors = {key: self._entry(key, entry) for key, entry in index["tensors"].items()}
 
@@ -213,8 +225,30 @@ class IncrementalReader(FileReader):
         info = self.info(key)
         return [] if dtypes.is_string(info.dtype) else [n for ref in info.extra.chunks for n in links(ref)]
 
+    def close(self) -> None:
+        try:
+            close = getattr(getattr(self, "_chunks", None), "close", None)
+            if close is not None:
+                close()
+        finally:
+            super().close()
+
+    def files_of(self, key: str) -> set[bytes]:
+        """The names of the files in the chunk store a numeric tensor reads: its packs' ids and
+        the names of its chunks stored as files of their own."""
+        return {self.located[n][0] if n in self.located else n for n in self.chunks_of(key)}
+
+    def stored_at(self, name: bytes) -> tuple[str, int, int | None]:
+        """Where the chunk file ``name``'s stored bytes are: (the path or URL of the file holding
+        them, their offset in it, their length; None: the whole file, a chunk of its own)."""
+        if name in self.located:
+            pack, offset, length = self.located[name]
+            return self._chunks.location.rstrip("/") + "/" + pack.hex(), offset, length
+        return self._chunks.location.rstrip("/") + "/" + name.hex(), 0, None
+
     def chunk_location(self, name: bytes) -> str:
-        """The path or URL of the chunk file ``name`` this checkpoint reads."""
+        """Where the chunk ``name`` this checkpoint reads is: its file's path or URL, or its bytes
+        in a pack file."""
         return self._chunks.where(name.hex())
 
     def _damaged(self, info: TensorInfo, name: bytes, problem: str) -> CorruptCheckpointError:
@@ -434,14 +468,27 @@ class IncrementalReader(FileReader):
         return problems
 
 
-def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:
-    """The names of every chunk file the incremental checkpoint ``path`` (read from ``blob``, which
-    this then owns, where given) reads (its deltas' bases included: the closure retention keeps)."""
+def _opened(path: str, blob: ReadableBlob | None) -> IncrementalReader:
+    """The reader of the index ``path`` (from ``blob``, which it then owns, closed on failure too)."""
     try:
-        reader = IncrementalReader(path, blob)
+        return IncrementalReader(path, blob)
     except BaseException:
         if blob is not None:
             blob.close()
         raise
+
+
+def referenced_chunks(path: str, blob: ReadableBlob | None = None) -> set[bytes]:
+    """The names of every file of the chunk store the incremental checkpoint ``path`` (read from
+    ``blob``, which this then owns, where given) reads: pack ids and chunk files, its deltas' bases
+    included (the closure retention keeps)."""
+    reader = _opened(path, blob)
     with reader:
-        return {c for key in reader.tensors for c in reader.chunks_of(key)}
+        return {f for key in reader.tensors for f in reader.files_of(key)}
+
+
+def chunk_locations(path: str, blob: ReadableBlob | None = None) -> dict[bytes, Location]:
+    """Where the chunks the incremental checkpoint ``path`` stores in pack files are (by name)."""
+    reader = _opened(path, blob)
+    with reader:
+        return reader.located

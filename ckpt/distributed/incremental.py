@@ -63,8 +63,8 @@ def write_index_shard(files: LocalStore, name: str, blocks: list[Any], job: Incr
             yield block.key, array
 
     parent = os.path.dirname(os.path.abspath(files.location))
-    entries = write_chunks(fmt, parent, arrays(), job.chunk_bytes, job.stats, files.location, job.encoding)
-    data = fmt.pack_index({}, job.chunk_bytes, entries, nested=True)
+    entries, packs = write_chunks(fmt, parent, arrays(), job.chunk_bytes, job.stats, files.location, job.encoding)
+    data = fmt.pack_index({}, job.chunk_bytes, entries, nested=True, packs=packs)
     report: list[Any] = []
 
     def check(written: Any) -> None:  # the sizes as a reader of the written index sees them

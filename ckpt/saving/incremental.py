@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckpt import dtypes
-from ckpt.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckpt.errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
 from ckpt.formats.base import SNIFF_BYTES, ChunkedFormat, Format, format_for_path, get_format
 from ckpt.formats.incremental import MAX_CHAIN as MAX_CHAIN  # the default of Saver(max_chain=)
 from ckpt.storage.urls import is_url
@@ -31,6 +30,8 @@ from ckpt.storage.atomic import fsync_directory, replace_atomically, require_dir
 from ckpt.storage.local import LocalStore, fill_file
 from ckpt.storage import StateChange
 from ckpt.storage.state import CheckpointState, state_lock
+from ckpt.formats._packs import Location
+from ckpt.saving.packs import TMP_PREFIX, PackStore, stored_chunks
 from ckpt.saving.unchanged import Reuse
 
 #: Default chunk size, chosen by `python -m benchmarks --cases incremental-chunks` (docs/benchmarks.md):
@@ -39,7 +40,6 @@ from ckpt.saving.unchanged import Reuse
 #: an embedding table's rows changing, no size from 16 KiB up writes less than 48%, so smaller
 #: chunks buy little there for their cost.
 CHUNK_BYTES = 1 << 20
-_TMP_PREFIX = ".tmp-"
 #: the registered format whose checkpoints incremental saves write
 FORMAT = "ckpt-incremental"
 
@@ -81,33 +81,6 @@ class IncrementalStats:
     notes: dict[bytes, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
-def _put_chunk(folder: str, name: str, data: bytes | memoryview) -> bool:
-    """Store ``data`` as ``folder/name`` unless it is there; True when written."""
-    final = os.path.join(folder, name)
-    if os.path.exists(final):
-        return False
-    tmp = os.path.join(folder, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
-    with open(tmp, "wb", buffering=0) as f:
-        f.write(data)
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, final)  # create-only: an existing chunk of that name holds the same bytes
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
-    return True
-
-
-def _get_chunk(folder: str, name: bytes, limit: int) -> bytes:
-    path = os.path.join(folder, name.hex())
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:  # damaged (no chunk file is longer than its chunk): not read into memory whole
-        raise CorruptCheckpointError(f"{path} holds more than {limit} bytes", path=path)
-    return data
-
-
 @dataclass
 class Encoding:
     """How an incremental save encodes its chunks: whole chunks compressed or not, changed
@@ -138,18 +111,11 @@ class ChunkStore:
     ``put(name, stored bytes)`` writes it create-only (False: it was there already),
     ``exists(name)`` and ``get(name, limit)`` (its stored bytes, at most ``limit``; a longer file
     is damage: CorruptCheckpointError) look into it. A local directory's
-    (``local_chunks``) or an object store's (``ckpt.saving.incremental_remote``)."""
+    (``ckpt.saving.packs.PackStore``) or an object store's (``ckpt.saving.incremental_remote``)."""
 
     put: Callable[[bytes, bytes | memoryview], bool]
     exists: Callable[[bytes], bool]
     get: Callable[[bytes, int], bytes]
-
-
-def local_chunks(folder: str) -> ChunkStore:
-    """The chunk store of the local folder ``folder`` (the caller holds the directory's lock)."""
-    return ChunkStore(lambda name, data: _put_chunk(folder, name.hex(), data),
-                      lambda name: os.path.exists(os.path.join(folder, name.hex())),
-                      lambda name, limit: _get_chunk(folder, name, limit))
 
 
 def encoded_entries(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
@@ -191,10 +157,12 @@ def entries_reusing(fmt: ChunkedFormat, chunks: ChunkStore, tensors: Iterable[tu
 
 
 def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str, Any]], chunk_bytes: int,
-                 stats: IncrementalStats, path: str, encoding: Encoding) -> dict[str, list[Any]]:
-    """Write the chunks of ``tensors`` that the chunk store of ``directory`` lacks, durably (the
-    folder is fsynced once they are all written); return the index entries. The caller holds the
-    directory's lock, so no collection deletes a chunk found present before it is referenced.
+                 stats: IncrementalStats, path: str,
+                 encoding: Encoding) -> tuple[dict[str, list[Any]], dict[bytes, Location]]:
+    """Write the chunks of ``tensors`` that the chunk store of ``directory`` lacks into one pack,
+    durably (the pack fsynced, then the folder); return the index entries and where their chunks
+    stored in packs are (``pack_index``'s ``packs``). The caller holds the directory's lock, so no
+    collection deletes a chunk found present before it is referenced.
 
     Raises:
         CheckpointWriteError: naming ``path`` (the checkpoint), when the store cannot be written.
@@ -202,13 +170,19 @@ def write_chunks(fmt: ChunkedFormat, directory: str, tensors: Iterable[tuple[str
     folder = os.path.join(directory, fmt.chunk_dir)
     try:
         require_directory(os.path.join(folder, "-"))  # durably, as the chunks' entries are
-        entries = entries_reusing(fmt, local_chunks(folder), tensors, chunk_bytes, stats, encoding)
+        store = PackStore(folder, *stored_chunks(fmt, index_paths(fmt, directory), folder))
+        try:
+            entries = entries_reusing(fmt, ChunkStore(store.put, store.exists, store.get), tensors, chunk_bytes,
+                                      stats, encoding)
+            store.finish()
+        finally:
+            store.abandon()  # a failed save's unfinished pack (nothing once finished)
         fsync_directory(folder)
     except OSError as exc:
         raise CheckpointWriteError(f"{path}: not saved, cannot write to the chunk store {folder}: "
                                    f"{exc.strerror or exc}; the previous checkpoint is still the latest",
                                    path=path) from exc
-    return entries
+    return entries, store.located()
 
 
 def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str, Any]],
@@ -222,8 +196,9 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
     stats = IncrementalStats()
     require_directory(path)  # as every save does; the lock file lives there
     with state_lock(store.location):
-        entries = write_chunks(fmt, store.location, tensors, chunk_bytes, stats, path, encoding or Encoding())
-        data = fmt.pack_index(dict(metadata), chunk_bytes, entries)
+        entries, packs = write_chunks(fmt, store.location, tensors, chunk_bytes, stats, path,
+                                      encoding or Encoding())
+        data = fmt.pack_index(dict(metadata), chunk_bytes, entries, packs=packs)
         read: list[CheckpointState] = []
         with replace_atomically(path, before_rename=lambda: read.append(store.intend(name, step, tmp, metrics))) \
                 as tmp:
@@ -234,26 +209,39 @@ def commit_incremental(store: LocalStore, name: str, tensors: Sequence[tuple[str
     return state, stats
 
 
+def index_paths(fmt: ChunkedFormat, directory: str) -> list[str]:
+    """The index files of ``directory``'s checkpoints: its files that are indexes and the shard
+    files that are indexes in its sharded checkpoints' directories (committed or not: a save
+    still running or killed keeps its chunks until its files are gone)."""
+    found = []
+    for name in LocalStore(directory).list_names():
+        try:
+            found += _indexes_at(fmt, os.path.join(directory, name))
+        except OSError:
+            continue  # removed meanwhile, or unreadable: its chunks are merely not known
+    return found
+
+
+def _indexes_at(fmt: ChunkedFormat, path: str) -> list[str]:
+    """The index files of the checkpoint ``path``: itself, or its shard files (a sharded checkpoint)."""
+    if os.path.isdir(path):
+        if format_for_path(path) is None:  # not a checkpoint's name: not ours to read
+            return []
+        inner = (os.path.join(path, name) for name in sorted(os.listdir(path)) if not name.startswith("."))
+        return [p for p in inner if os.path.isfile(p) and _is_index(fmt, p)]
+    return [path] if os.path.isfile(path) and _is_index(fmt, path) else []
+
+
 def references_at(fmt: ChunkedFormat, path: str) -> set[bytes] | None:
-    """The chunks the checkpoint ``path`` references: an index file, or a sharded checkpoint's
-    directory (every shard file in it that is an index, committed or not: a save still running or
-    killed keeps its chunks until its files are gone); None when it references none.
+    """The files of the chunk store (packs and chunk files) the checkpoint ``path`` references:
+    an index file, or a sharded checkpoint's directory (every shard file in it that is an index);
+    None when it references none.
 
     Raises:
         OSError, CheckpointError: a file that may be an index cannot be read.
     """
-    if os.path.isdir(path):
-        if format_for_path(path) is None:  # not a checkpoint's name: not ours to read
-            return None
-        found: set[bytes] | None = None
-        for name in sorted(os.listdir(path)):
-            inner = os.path.join(path, name)
-            if not name.startswith(".") and os.path.isfile(inner) and _is_index(fmt, inner):
-                found = (found or set()) | fmt.references(inner)
-        return found
-    if os.path.isfile(path) and _is_index(fmt, path):
-        return set(fmt.references(path))
-    return None
+    indexes = _indexes_at(fmt, path)
+    return set().union(*(fmt.references(p) for p in indexes)) if indexes else None
 
 
 def _is_index(fmt: ChunkedFormat, path: str) -> bool:
@@ -295,7 +283,7 @@ def collect_chunks(store: LocalStore, fmt: ChunkedFormat | None = None) -> int:
             continue
         try:
             os.unlink(os.path.join(folder, name))
-            deleted += not name.startswith(_TMP_PREFIX)
+            deleted += not name.startswith(TMP_PREFIX)
         except FileNotFoundError:
             pass
     return deleted

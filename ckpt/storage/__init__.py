@@ -187,6 +187,17 @@ class Folder(Protocol):
             StorageError: the store failed (an outage, not the objects' fault).
         """
 
+    def read_ranges(self, items: Sequence[tuple[str, int, memoryview]]) -> list[tuple[str | None, int | None]]:
+        """Fill each ``(name, offset, view)``'s view with the bytes of object ``name`` from
+        ``offset`` on (several at once, and neighbouring ranges of one object in one request,
+        where the store allows): the chunks of a pack file. Each answer is None when the view is
+        filled, else what is wrong ("is missing", "is truncated ..."), with the crc32c of the view
+        where the folder computes it while the bytes are in cache (None otherwise).
+
+        Raises:
+            StorageError: the store failed (an outage, not the objects' fault).
+        """
+
     def sizes(self) -> dict[str, int]:
         """``{name: size in bytes}`` of every object in the folder (one listing)."""
 

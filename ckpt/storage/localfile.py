@@ -21,6 +21,7 @@ import bisect
 import itertools
 import operator
 import os
+import threading
 from typing import Any
 from collections.abc import Callable, Sequence
 
@@ -302,6 +303,25 @@ class LocalFolder:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # descriptors of the files read by ranges (packs), kept until ``close``: the kernel reads
+        # ahead per descriptor, and a fresh one for every batch would start each cold
+        self._fds: dict[str, int | str] = {}
+        self._fds_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the descriptors of the files read by ranges."""
+        with self._fds_lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if isinstance(fd, int):
+                os.close(fd)
+
+    def _held(self, name: str) -> int | str:
+        with self._fds_lock:
+            fd = self._fds.get(name)
+            if fd is None:
+                fd = self._fds[name] = self._open(name)
+            return fd
 
     @property
     def location(self) -> str:
@@ -334,6 +354,22 @@ class LocalFolder:
             fd = self._open(name)
             if isinstance(fd, int):
                 _will_need(fd)
+                os.close(fd)
+
+    def prefetch_ranges(self, items: Sequence[tuple[str, int, int]]) -> None:
+        """``prefetch`` of ``(name, offset, length)`` byte ranges (neighbouring ones in one hint)."""
+        spans: dict[str, list[list[int]]] = {}
+        for name, offset, length in sorted(items):
+            held = spans.setdefault(name, [])
+            if held and held[-1][1] == offset:
+                held[-1][1] = offset + length
+            else:
+                held.append([offset, offset + length])
+        for name, ranges in spans.items():
+            fd = self._open(name)
+            if isinstance(fd, int):
+                for start, end in ranges:
+                    _will_need(fd, start, end - start)
                 os.close(fd)
 
     def _read_run(self, items: Sequence[tuple[str, memoryview]]) -> list[tuple[str | bytes | None, int]]:
@@ -403,6 +439,69 @@ class LocalFolder:
         except OSError as exc:
             return f"cannot be read: {exc.strerror or exc}"
 
+    def read_ranges(self, items: Sequence[tuple[str, int, memoryview]]) -> list[tuple[str | None, int | None]]:
+        """Neighbouring ranges of one file are read with one ``preadv`` (up to ``_RUN`` bytes), so
+        the kernel sees large sequential reads of a pack, as of one big checkpoint file: a batch of
+        at least ``BIG`` bytes is read as a big tensor is (those pieces in file order on the
+        workers, this thread taking the ones none has started), through one descriptor per file
+        kept until ``close`` (the kernel's readahead follows a descriptor), and the thread that
+        read a view computes its crc32c while the bytes are in its cache."""
+        order = sorted(range(len(items)), key=lambda i: (items[i][0], items[i][1]))
+        runs: list[list[int]] = []
+        size = 0
+        for i in order:
+            name, offset, view = items[i]
+            if runs:
+                last = items[runs[-1][-1]]
+                if last[0] == name and last[1] + len(last[2]) == offset and len(runs[-1]) < MAX_IOV \
+                        and size + len(view) <= _RUN:
+                    runs[-1].append(i)
+                    size += len(view)
+                    continue
+            runs.append([i])
+            size = len(view)
+        opened = {name: self._held(name) for name in dict.fromkeys(name for name, _, _ in items)}
+        answers: list[tuple[str | None, int | None]] = [(None, None)] * len(items)
+        if len(runs) > 1 and sum(len(view) for _, _, view in items) >= BIG:
+            # as a big tensor of one file is read: pieces in file order on the workers, this thread
+            # reading those none has started (from the last)
+            jobs = [submit(self._read_runs, items, [run], opened, answers) for run in runs]
+            for job in reversed(jobs):
+                steal(job)
+            for job in jobs:  # every piece waited for: none may write into a view after we return
+                job.job.exception()
+            for job in jobs:
+                job.job.result()
+        else:
+            self._read_runs(items, runs, opened, answers)
+        return answers
+
+    @staticmethod
+    def _read_runs(items: Sequence[tuple[str, int, memoryview]], runs: list[list[int]], opened: dict[str, int | str],
+                   answers: list[tuple[str | None, int | None]]) -> int:
+        """Each run of neighbouring ranges read with one ``preadv`` from the file's descriptor
+        (``opened``: one per file, shared by the threads, so the kernel sees one reader of the
+        file and reads it ahead as one), in order, each item's answer put in ``answers``;
+        returns how many runs."""
+        for run in runs:
+            fd = opened[items[run[0]][0]]
+            if isinstance(fd, str):
+                for i in run:
+                    answers[i] = (fd, None)
+                continue
+            start = items[run[0]][1]
+            try:
+                got = _preadv_views(fd, [items[i][2] for i in run], start)
+            except OSError as exc:
+                for i in run:
+                    answers[i] = (f"cannot be read: {exc.strerror or exc}", None)
+                continue
+            for i in run:
+                _, offset, view = items[i]
+                answers[i] = (None, crc32c(view)) if got >= offset - start + len(view) else \
+                    (f"is truncated: the file ends at byte {start + got}, before byte {offset + len(view)}", None)
+        return len(runs)
+
     def sizes(self) -> dict[str, int]:
         try:
             with os.scandir(self.path) as entries:
@@ -415,12 +514,17 @@ class LocalFolder:
 _HINTED = 32
 
 
-def _will_need(fd: int) -> None:
-    """Tell the kernel the file will be read whole soon (where it takes the hint)."""
+#: Bytes of neighbouring ranges of one file read with one ``preadv`` (a piece, as of a big tensor).
+_RUN = PIECE
+
+
+def _will_need(fd: int, offset: int = 0, length: int = 0) -> None:
+    """Tell the kernel the file (``length`` bytes from ``offset``; 0: to its end) will be read
+    soon (where it takes the hint)."""
     advise = getattr(os, "posix_fadvise", None)  # not on macOS
     if advise is not None:
         try:
-            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass  # a hint: the read itself reports what is wrong
 
@@ -433,6 +537,23 @@ def _preadv_full(fd: int, view: memoryview) -> int:
         if n == 0:
             break
         done += n
+    return done
+
+
+def _preadv_views(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` back to back from ``offset`` of ``fd``; the bytes read (fewer when the file
+    ends first)."""
+    total, done, first = sum(map(len, views)), 0, 0
+    while done < total:
+        n = os.preadv(fd, views[first:], offset + done)
+        if n == 0:
+            break
+        done += n
+        while first < len(views) and n >= len(views[first]):  # a short read: go on where it stopped
+            n -= len(views[first])
+            first += 1
+        if n:
+            views = views[:first] + [views[first][n:]] + views[first + 1:]
     return done
 
 

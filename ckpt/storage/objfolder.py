@@ -66,6 +66,35 @@ class RemoteFolder:
         return ["is missing" if data is None else f"holds more than {limit} bytes" if len(data) > limit else data
                 for data in got]
 
+    def read_ranges(self, items: Sequence[tuple[str, int, memoryview]]) -> list[tuple[str | None, int | None]]:
+        """One ranged GET per item, up to ``Sizes.concurrency`` in flight (no crc32c computed)."""
+        if not items:
+            return []
+        with translating(self.where(items[0][0]), "reading the chunk store's objects"):
+            if getattr(self.store.fs, "async_impl", False):
+                got = sync(self.store.fs.loop, self._read_all, [(n, None, (o, o + len(v))) for n, o, v in items])
+            else:
+                got = [self._range_sync(n, o, o + len(v)) for n, o, v in items]
+        answers: list[tuple[str | None, int | None]] = []
+        for (_, offset, view), data in zip(items, got):
+            if data is None:
+                answers.append(("is missing", None))
+            elif len(data) < len(view):
+                answers.append((f"is truncated: the object ends at byte {offset + len(data)}, before byte "
+                                f"{offset + len(view)}", None))
+            else:
+                view[:] = data[:len(view)]
+                answers.append((None, None))
+        return answers
+
+    def _range_sync(self, name: str, start: int, end: int) -> bytes | None:
+        try:
+            return bytes(self.store.fs.cat_file(self.store.path(self.where(name)), start=start, end=end))
+        except FileNotFoundError as exc:
+            if not missing_object(exc):
+                raise
+            return None
+
     def _get_sync(self, name: str, end: int) -> bytes | None:
         try:
             return bytes(self.store.fs.cat_file(self.store.path(self.where(name)), start=0, end=end))
@@ -74,16 +103,18 @@ class RemoteFolder:
                 raise
             return None
 
-    async def _read_all(self, items: Sequence[tuple[str, memoryview | None, int]]) -> list[Any]:
-        """GET each ``(name, view, end)``'s first ``end`` bytes side by side; each
-        result is ``_fill``'s for a view, else the bytes or None (missing)."""
+    async def _read_all(self, items: Sequence[tuple[str, memoryview | None, int | tuple[int, int]]]) -> list[Any]:
+        """GET each ``(name, view, end)``'s first ``end`` bytes (``end`` a (start, end) pair: those
+        bytes) side by side; each result is ``_fill``'s for a view, else the bytes or None (missing)."""
         gate = asyncio.Semaphore(self.store.sizes.concurrency)
 
-        async def one(name: str, view: memoryview | None, end: int) -> Any:
+        async def one(name: str, view: memoryview | None, end: int | tuple[int, int]) -> Any:
             path = self.store.path(self.where(name))
+            start, end = end if isinstance(end, tuple) else (0, end)
             async with gate:
                 try:
-                    data = bytes(await self.store.within(self.store.fs._cat_file(path, start=0, end=end), end))
+                    data = bytes(await self.store.within(self.store.fs._cat_file(path, start=start, end=end),
+                                                         end - start))
                 except FileNotFoundError as exc:
                     if not missing_object(exc):
                         raise

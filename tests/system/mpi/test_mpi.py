@@ -19,6 +19,7 @@ import pytest
 import ckpt
 from ckpt import distributed
 from ckpt.formats import ckpt_sharded as sharded
+from ckpt.saving.incremental import chunked_format, references_at
 from conftest import assert_bit_exact, TESTS
 from distributed_support import global_tensors
 
@@ -270,8 +271,8 @@ def test_async_save_runs_its_collectives_beside_the_training_loops(scenarios):
 
 def test_incremental_saves_on_three_processes_restore_on_two(tmp_path):
     """mpiexec -n 3: Saver(comm=, incremental=True, compression="zstd") saves three steps (max_to_keep=2); the third
-    writes no chunk (nothing changed since the second) and rank 0 collects the chunks only the dropped
-    first step referenced; 2 processes restore the latest bit-exactly."""
+    writes no chunk (nothing changed since the second) and rank 0's collection leaves exactly the files
+    the kept steps reference; 2 processes restore the latest bit-exactly."""
     directory = str(tmp_path / "run")
     os.makedirs(directory)
     results = mpirun(3, "incremental", str(tmp_path / "out"), directory)
@@ -279,9 +280,11 @@ def test_incremental_saves_on_three_processes_restore_on_two(tmp_path):
     first, second, third = ([r["stats"][i] for r in results] for i in range(3))
     assert sum(s[0] for s in first) > 0 and sum(s[0] for s in second) > 0  # 'emb' changed back
     assert sum(s[1] for s in third) == 0  # nothing changed: every chunk reused
-    assert third[0][3] > 0  # rank 0 collected the chunks only step 1 referenced
     kept = sorted(n for n in os.listdir(directory) if n.startswith("model-"))
     assert kept == ["model-2.msgpack", "model-3.msgpack"]
+    fmt = chunked_format()  # step 1's packs hold chunks step 2 still reads: kept, nothing else
+    wanted = set().union(*(references_at(fmt, os.path.join(directory, n)) or set() for n in kept))
+    assert set(os.listdir(os.path.join(directory, ".ckpt-chunks"))) == {f.hex() for f in wanted}
     with ckpt.load_checkpoint(os.path.join(directory, kept[-1])) as reader:
         assert reader.verify() == []
     restored = mpirun(2, "restore", str(tmp_path / "out"), "2:cols", "--", directory)

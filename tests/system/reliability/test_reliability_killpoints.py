@@ -196,7 +196,14 @@ def _referenced_names(path: str) -> set[bytes]:
 
 
 def _referenced_chunks(path: str) -> set[str]:
-    return {c.hex() for c in _referenced_names(path)}
+    """The files of the chunk store ``path`` reads (packs and chunk files), by name."""
+    if os.path.isdir(path):
+        with open_reader(path) as sharded:
+            files = [os.path.join(path, name) for name, _ in sharded.files]  # type: ignore[attr-defined]
+        return set().union(*(_referenced_chunks(f) for f in files))
+    with open_reader(path) as reader:
+        assert isinstance(reader, IncrementalReader)
+        return {f.hex() for key in reader.tensors for f in reader.files_of(key)}
 
 
 def _incremental_problems(directory: str, kind: str = "file") -> list[str]:

@@ -53,13 +53,25 @@ def test_an_incremental_checkpoint_copied_to_a_store_reads_its_chunks_from_there
         assert reader["big"].tobytes() == v["big"].numpy().tobytes()
         assert reader["frozen"].tobytes() == v["frozen"].numpy().tobytes()
         assert reader.verify() == []
-    [chunk] = [n for n in os.listdir(os.path.join(local, CHUNKS))
-               if os.path.getsize(os.path.join(local, CHUNKS, n)) == 5000 * 8 % CHUNK]  # frozen's short last chunk
-    fsspec.filesystem("memory").rm_file(f"{root}/{CHUNKS}/{chunk}")
+    with open_reader(path) as local_reader:  # frozen's short last chunk: its bytes in the save's pack
+        name = local_reader.chunks_of("frozen")[-1]  # type: ignore[attr-defined]
+        pack, offset, length = local_reader.stored_at(name)  # type: ignore[attr-defined]
+    assert length == 5000 * 8 % CHUNK
+    remote_pack = f"{root}/{CHUNKS}/{os.path.basename(pack)}"
+    fs = fsspec.filesystem("memory")
+    damaged = bytearray(fs.cat_file(remote_pack))
+    damaged[offset] ^= 0xFF
+    fs.pipe_file(remote_pack, bytes(damaged))
     with ckpt.load_checkpoint(url) as reader:
         assert reader["big"].tobytes() == v["big"].numpy().tobytes()  # the other tensors are unaffected
-        with pytest.raises(CorruptCheckpointError, match=f"tensor 'frozen': its chunk {root}/{CHUNKS}/{chunk} "
-                                                         "is missing"):
+        with pytest.raises(CorruptCheckpointError, match="tensor 'frozen'"):
+            reader["frozen"]
+        [problem] = reader.verify()
+        assert f"tensor 'frozen': its chunk {name.hex()} (bytes {offset}-{offset + length} of the pack " \
+               f"{remote_pack})" in problem and "damaged" in problem
+    fs.pipe_file(remote_pack, bytes(damaged[:offset]))  # cut before the chunk: it is missing from the pack
+    with ckpt.load_checkpoint(url) as reader:
+        with pytest.raises(CorruptCheckpointError, match=f"tensor 'frozen': its chunk {name.hex()} .* is truncated"):
             reader["frozen"]
 
 
@@ -185,7 +197,8 @@ def test_a_url_gets_the_same_deltas_and_compression_as_a_local_directory(tmp_pat
         assert (got["url"].chunks_written, got["url"].bytes_written) == \
             (got["local"].chunks_written, got["local"].bytes_written)
     names = _chunk_names(root)
-    assert names == set(os.listdir(os.path.join(local, CHUNKS)))
+    # the same chunks: the URL's as objects of their own, the local directory's in its saves' packs
+    assert names == _references(os.path.join(local, "m-3.msgpack")) | _references(os.path.join(local, "m-4.msgpack"))
     assert any(len(n) == 128 for n in names)  # deltas were written
     assert names == _references(f"{root}/m-3.msgpack") | _references(f"{root}/m-4.msgpack")
     with ckpt.load_checkpoint(f"{root}/m-4.msgpack") as reader:

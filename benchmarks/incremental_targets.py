@@ -2,7 +2,7 @@
 
 - **frozen backbone**: a float32 model of ``model_mib`` (default 1 GiB): a backbone of 16 MiB
   tensors (90% of the bytes) that never changes and a head (10%) rewritten before every save; ``saves`` saves after
-  the first (which fills the chunk store). Per save: bytes written (new chunk files + the index)
+  the first (which fills the chunk store). Per save: bytes written (the new pack + the index)
   / the model, the save's time against a full (self-contained msgpack) save of the same values,
   interleaved; then every kept checkpoint (``max_to_keep=3``) is restored from a cold page cache
   and checked bit-exact, against the restore of the last full save.
@@ -14,7 +14,7 @@
 Also the memory the Saver keeps between saves (its copies of the chunks that changed, the
 bases of the next deltas), as a share of the model: the largest after any save.
 
-Every save is durable (chunk files, the index, their folders and the state file fsynced), as a
+Every save is durable (its pack, the index, their folders and the state file fsynced), as a
 full save is. Digests of the values at each step are taken outside the timed parts.
 """
 
@@ -160,12 +160,12 @@ def incremental_targets(label: str, directory: str, model_mib: int, saves: int, 
     """The markdown table of both targets, saved in ``directory`` (``chunk_bytes``: the incremental
     Saver's, None for its default)."""
     chunk = "the default chunk_bytes" if chunk_bytes is None else f"chunk_bytes={chunk_bytes >> 20} MiB"
-    lines = [f"**incremental on {label} ({chunk}; issue 28 targets): bytes written per save (new chunk files + "
+    lines = [f"**incremental on {label} ({chunk}; issue 28 targets): bytes written per save (new pack + "
              "index) / the model; save and cold restore against a full msgpack save / restore of the same values, "
              "interleaved; medians**\n",
              fmt_row(["model", "saves", "written / model: median, mean, max", "incremental save s",
                       "full save s", "speed-up", "restore s (kept steps)", "full restore s", "restore / full",
-                      "bit-exact", "chunk files", "memory kept / model"]),
+                      "bit-exact", "files in the chunk store", "memory kept / model"]),
              fmt_row(["---"] * 12)]
     for name, make, arg, count, every in (
             (f"frozen backbone {model_mib} MiB, 10% changes", frozen_backbone, model_mib, saves, True),

@@ -308,6 +308,10 @@ class LocalFolder:
         self._fds: dict[str, int | str] = {}
         self._fds_lock = threading.Lock()
 
+    def __del__(self) -> None:  # a reader left unclosed still gives its descriptors back
+        if getattr(self, "_fds", None):
+            self.close()
+
     def close(self) -> None:
         """Close the descriptors of the files read by ranges."""
         with self._fds_lock:

@@ -73,7 +73,8 @@ def test_formats_md_incremental_recipe_runs():
     (recipe,) = [b for b in python_blocks("docs/formats.md") if 'index["chunk_dir"]' in b]
     scope: dict[str, object] = {}
     exec(recipe, scope)
-    assert scope["header"] == {"format": "ckpt-incremental", "version": 2}
+    assert scope["header"] == {"format": "ckpt-incremental", "version": 3}
+    assert len(scope["placed"]) == 1  # type: ignore[arg-type]  # the one chunk, in the save's pack
     assert scope["index"]["hash"] == "sha256" and scope["index"]["chunk_dir"] == ".ckpt-chunks"
 
 

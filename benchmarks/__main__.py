@@ -28,6 +28,8 @@ parser.add_argument("--inc-rows", type=int, default=1 << 20, help="case incremen
 parser.add_argument("--inc-table-saves", type=int, default=20, help="case incremental: table saves after the first")
 parser.add_argument("--inc-chunk-mib", type=int, default=None,
                     help="case incremental: the Savers' chunk_bytes in MiB (default: Saver's default)")
+parser.add_argument("--inc-restore-reps", type=int, default=3,
+                    help="case incremental: cold restores of each kept checkpoint, each beside a full one")
 parser.add_argument("--s3-model-mib", type=int, default=256, help="case s3: model saved and restored")
 parser.add_argument("--s3-big-mib", type=int, default=1024, help="case s3: checkpoint of the one-tensor read")
 parser.add_argument("--async-interval", type=float, default=10.0,

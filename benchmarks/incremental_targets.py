@@ -109,9 +109,13 @@ def _evict_all(directory: str) -> None:
 
 
 def measure(variables: dict[str, ckpt.Variable], change: Callable[[np.random.Generator], list[str]],
-            directory: str, saves: int, restore_kept: bool, chunk_bytes: int | None = None) -> Run:
-    """``saves`` incremental saves after the first, each beside a full save; then cold restores
-    (``chunk_bytes``: the incremental Saver's, None for its default)."""
+            directory: str, saves: int, restore_kept: bool, chunk_bytes: int | None = None,
+            restore_reps: int = 3) -> Run:
+    """``saves`` incremental saves after the first, each beside a full save; then cold restores,
+    ``restore_reps`` of each kept checkpoint, each beside one of the last full checkpoint, which of
+    the two goes first alternating (a restore from disk varies by tens of percent from one run to
+    the next on a shared virtual disk: more samples, fewer surprises); ``chunk_bytes``: the
+    incremental Saver's, None for its default."""
     total = sum(v._value.nbytes for v in variables.values())
     inc_dir, full_dir = os.path.join(directory, "inc"), os.path.join(directory, "full")
     os.makedirs(inc_dir)
@@ -137,14 +141,18 @@ def measure(variables: dict[str, ckpt.Variable], change: Callable[[np.random.Gen
             want[saved[0]] = dict(state)
         out.files = len(os.listdir(os.path.join(inc_dir, ".ckpt-chunks")))
         kept = [p for p in want if os.path.exists(p)]
+        last_full = ckpt.latest_checkpoint(full_dir)
+        assert last_full is not None
         for path in kept if restore_kept else kept[-1:]:
-            _evict_all(inc_dir)
-            out.restore.append(_timed(lambda: saver.restore(path)))
-            out.exact.append(_digests(variables, list(variables)) == want[path])
-            last_full = ckpt.latest_checkpoint(full_dir)
-            assert last_full is not None
-            _evict_all(full_dir)
-            out.full_restore.append(_timed(lambda: full.restore(last_full)))
+            for rep in range(restore_reps):
+                for which in ("inc", "full") if rep % 2 == 0 else ("full", "inc"):
+                    if which == "full":
+                        _evict_all(full_dir)
+                        out.full_restore.append(_timed(lambda: full.restore(last_full)))
+                        continue
+                    _evict_all(inc_dir)
+                    out.restore.append(_timed(lambda: saver.restore(path)))
+                    out.exact.append(_digests(variables, list(variables)) == want[path])
     finally:
         shutil.rmtree(inc_dir, ignore_errors=True)
         shutil.rmtree(full_dir, ignore_errors=True)
@@ -156,7 +164,7 @@ def _ratio(full: list[float], inc: list[float]) -> str:
 
 
 def incremental_targets(label: str, directory: str, model_mib: int, saves: int, rows: int, table_saves: int,
-                        chunk_bytes: int | None = None) -> str:
+                        chunk_bytes: int | None = None, restore_reps: int = 3) -> str:
     """The markdown table of both targets, saved in ``directory`` (``chunk_bytes``: the incremental
     Saver's, None for its default)."""
     chunk = "the default chunk_bytes" if chunk_bytes is None else f"chunk_bytes={chunk_bytes >> 20} MiB"
@@ -171,7 +179,7 @@ def incremental_targets(label: str, directory: str, model_mib: int, saves: int, 
             (f"frozen backbone {model_mib} MiB, 10% changes", frozen_backbone, model_mib, saves, True),
             (f"table {rows} x {DIM} float32, 1% rows", sparse_table, rows, table_saves, False)):
         variables, change = make(arg)
-        run = measure(variables, change, directory, count, every, chunk_bytes)
+        run = measure(variables, change, directory, count, every, chunk_bytes, restore_reps)
         del variables
         lines.append(fmt_row([
             name, str(count),

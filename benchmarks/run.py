@@ -244,7 +244,7 @@ def main(args: Any) -> None:
         try:
             chunk_bytes = None if args.inc_chunk_mib is None else args.inc_chunk_mib << 20
             print(incremental_targets("disk", directory, args.inc_model_mib, args.inc_saves, args.inc_rows,
-                                      args.inc_table_saves, chunk_bytes) + "\n")
+                                      args.inc_table_saves, chunk_bytes, args.inc_restore_reps) + "\n")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     if "incremental-chunks" in cases and args.tmpfs:  # Saver(incremental=True) by chunk size, on tmpfs

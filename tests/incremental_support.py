@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from ckpt.formats import _codec, _io
 from ckpt.formats import ckpt_sharded as sharded
 from ckpt.formats.base import ChunkedFormat, get_format
 from ckpt.formats.incremental import CHUNK_DIR, IncrementalReader
@@ -72,10 +73,18 @@ def chunks_in(path: str, where: str) -> set[bytes]:
     return {n for index in index_files(path) for n in _names(index) if stored_at(path, n)[0] == where}
 
 
-def keys_reading(path: str, where: str) -> set[str]:
-    """The tensors of the checkpoint ``path`` (an index file) that read the file ``where``."""
+def keys_reading(path: str, where: str, past: int = 0) -> set[str]:
+    """The tensors of the checkpoint ``path`` (an index file) that read bytes of the file ``where``
+    (``past``: bytes after its first ``past``; what a cut there takes from them)."""
     with IncrementalReader(path) as reader:
-        return {k for k in reader.tensors if os.path.basename(where) in {f.hex() for f in reader.files_of(k)}}
+        placed = {n: reader.stored_at(n) for k in reader.tensors for n in reader.chunks_of(k)}
+        return {k for k in reader.tensors for n in reader.chunks_of(k)
+                if placed[n][0] == where and placed[n][1] + (placed[n][2] or 1) > past}
+
+
+def problem_keys(problems: Iterable[str]) -> set[str]:
+    """The tensors ``ckpt.verify`` problems name (``<path>: tensor '<key>': ...``)."""
+    return {p.split(": tensor '", 1)[1].split("'", 1)[0] for p in problems}
 
 
 def referenced_files(directory: str, names: Iterable[str]) -> set[str]:
@@ -99,3 +108,26 @@ def file_bytes(directory: str, files: Iterable[str]) -> int:
 def _names(index: str) -> set[bytes]:
     with IncrementalReader(index) as reader:
         return {n for k in reader.tensors for n in reader.chunks_of(k)}
+
+
+def as_version_2(path: str) -> None:
+    """Rewrite the incremental checkpoint ``path`` (an index file of this directory's store) as
+    version 2 wrote it: every chunk it reads a file of its own (``.ckpt-chunks/<name hex>``), the
+    index without a pack table. The packs stay (other checkpoints may read them)."""
+    with open(path, "rb") as f:
+        header, packed, _ = _codec.unpack(f.read(), path, "the file")
+    index = dict(_codec.unpack(packed, path, "the index"))
+    with IncrementalReader(path) as reader:
+        names = {n for k in reader.tensors for n in reader.chunks_of(k)}
+        stored = {n: reader.stored_at(n) for n in names}
+    for name, (where, offset, length) in stored.items():
+        with open(where, "rb") as f:
+            f.seek(offset)
+            data = f.read(-1 if length is None else length)
+        with open(os.path.join(os.path.dirname(where), name.hex()), "wb") as f:
+            f.write(data)
+    index["version"] = header["version"] = 2
+    del index["packs"]
+    packed = _codec.packb(index)
+    with open(path, "wb") as f:
+        f.write(_codec.packb([header, packed, _io.crc32c(packed)]))

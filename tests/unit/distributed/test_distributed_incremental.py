@@ -18,6 +18,7 @@ from ckpt.formats.incremental import CHUNK_DIR, MAX_CHAIN
 from ckpt.saving.incremental import references_at
 from conftest import assert_bit_exact
 from distributed_support import global_tensors, layout, make_variables, run_ranks
+from incremental_support import file_bytes, flip, stored_at
 
 CHUNK = 256  # small chunks: every tensor of global_tensors() has several
 
@@ -134,8 +135,7 @@ def test_a_damaged_shared_chunk_fails_every_checkpoint_that_references_it_naming
     paths = [path for path, _ in results[0]]
     with sharded.ShardedReader(paths[0]) as reader:
         chunk = reader._shard(0).chunks_of("emb")[0]  # the first shard file's index: its 'emb' rows' chunks
-    with open(os.path.join(str(tmp_path), CHUNK_DIR, chunk.hex()), "r+b") as f:
-        f.write(b"\xff\xff\xff\xff")
+    pack = flip(paths[0], chunk, count=4)
     for path in paths:  # 'emb' is frozen: both checkpoints reference the chunk
         with ckpt.load_checkpoint(path) as reader:
             with pytest.raises(ckpt.CorruptCheckpointError, match="emb") as info:
@@ -143,7 +143,9 @@ def test_a_damaged_shared_chunk_fails_every_checkpoint_that_references_it_naming
             assert info.value.key == "emb"
             assert_bit_exact(_tensors(int(path[-9])).get("head"), reader.get_tensor("head"))
             problems = reader.verify()
-            assert problems and all("emb" in p for p in problems) and any(chunk.hex() in p for p in problems)
+            assert problems and all("emb" in p for p in problems)
+            # the pack as each checkpoint reaches it (<path>/../.ckpt-chunks/<pack id>)
+            assert any(chunk.hex() in p and f"{CHUNK_DIR}/{os.path.basename(pack)})" in p for p in problems)
 
 
 def test_retention_collects_only_chunks_no_kept_checkpoint_references(tmp_path):
@@ -200,8 +202,9 @@ def _weights(step: int) -> dict[str, np.ndarray]:
     return {"table": table}
 
 
-def _stored(directory: str, names: set[bytes]) -> int:
-    return sum(os.path.getsize(os.path.join(directory, CHUNK_DIR, n.hex())) for n in names)
+def _stored(path: str, names: set[bytes]) -> int:
+    """The stored bytes of the chunks ``names`` of the checkpoint ``path``."""
+    return sum(stored_at(path, n)[2] for n in names)
 
 
 def _shard_refs(path: str) -> list[bytes | list[bytes]]:
@@ -216,8 +219,9 @@ def test_compression_stores_compressed_chunks_that_restore_and_slice_bit_exact(t
     path, table = results[0][0][0], _weights(1)["table"]
     refs = _shard_refs(path)
     assert len(refs) == table.nbytes // 4096 and all(isinstance(r, bytes) for r in refs)
-    stored = _stored(directory, set(refs))
-    everything = _stored(directory, {bytes.fromhex(n) for n in _chunks(directory)})  # 'table' and 'step'
+    stored = _stored(path, set(refs))
+    everything = file_bytes(directory, _chunks(directory))  # the packs the ranks wrote: 'table' and 'step'
+    assert _chunks(directory) == _referenced(directory, ["model-1.msgpack"])
     assert sum(r[0][1].bytes_written for r in results) == everything
     assert stored * 1.1 <= table.nbytes  # float32 N(0, 0.02): the exponent plane compresses
 
@@ -255,8 +259,7 @@ def test_a_damaged_delta_base_fails_every_checkpoint_whose_chain_rests_on_it(tmp
     results = _save_steps(str(tmp_path), 2, [1, 2, 3], chunk_bytes=4096, tensors=_weights, max_to_keep=None)
     paths = [path for path, _ in results[0]]
     base = _shard_refs(paths[2])[0][-1]  # the whole chunk step 1 wrote, under steps 2 and 3's deltas
-    with open(os.path.join(str(tmp_path), CHUNK_DIR, base.hex()), "r+b") as f:
-        f.write(b"\xff" * 8)
+    flip(paths[2], base, count=8)
     for path in paths:
         with ckpt.load_checkpoint(path) as reader:
             with pytest.raises(ckpt.CorruptCheckpointError, match="table") as info:

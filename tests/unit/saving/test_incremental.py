@@ -3,6 +3,7 @@ that keeps every referenced chunk, damaged chunks named."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import NoReturn
 
@@ -13,6 +14,7 @@ import ckpt
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ckpt.formats.base import open_reader
+from incremental_support import file_bytes, flip, keys_reading, referenced_files, remove, store_files
 
 CHUNK = 4096
 CHUNKS = ".ckpt-chunks"
@@ -86,10 +88,11 @@ def test_retention_deletes_only_unreferenced_chunks(tmp_path: object) -> None:
     assert sorted(n for n in os.listdir(d) if n.endswith(".msgpack")) == ["m-3.msgpack", "m-4.msgpack"]
     for step in (3, 4):
         assert ckpt.verify(os.path.join(d, f"m-{step}.msgpack")).ok
-    with open_reader(os.path.join(d, "m-4.msgpack")) as reader:
-        unique = {c for key in reader.tensors for c in reader.chunks_of(key)}  # type: ignore[attr-defined]
-    # every chunk of step 4 plus the one first chunk step 3 has of its own: nothing else is kept
-    assert len(os.listdir(os.path.join(d, CHUNKS))) == len(unique) + 1
+    kept = referenced_files(d, ["m-3.msgpack", "m-4.msgpack"])
+    # the first save's pack (every chunk but big's first, shared by both) and the one pack each of
+    # steps 3 and 4 wrote (its first chunk of big): the packs of steps 1 and 2 were deleted
+    assert store_files(d) == kept and len(kept) == 3
+    assert len(referenced_files(d, ["m-3.msgpack"]) & referenced_files(d, ["m-4.msgpack"])) == 1
 
 
 def test_a_damaged_shared_chunk_is_named_and_other_tensors_still_restore(tmp_path: object) -> None:
@@ -100,12 +103,9 @@ def test_a_damaged_shared_chunk_is_named_and_other_tensors_still_restore(tmp_pat
     saver.save(os.path.join(d, "m.msgpack"), global_step=1)
     _set_first(v["big"], 2)
     saver.save(os.path.join(d, "m.msgpack"), global_step=2)
-    shared = v["exact"].numpy().tobytes()
-    import hashlib
-
-    chunk = os.path.join(d, CHUNKS, hashlib.sha256(shared).hexdigest())
-    with open(chunk, "r+b") as f:
-        f.write(b"\xff")
+    shared = hashlib.sha256(v["exact"].numpy().tobytes()).digest()
+    first = os.path.join(d, "m-1.msgpack")
+    pack = flip(first, shared, at=0)
     for step in (1, 2):
         path = os.path.join(d, f"m-{step}.msgpack")
         with pytest.raises(CorruptCheckpointError, match="'exact'") as info:
@@ -114,11 +114,17 @@ def test_a_damaged_shared_chunk_is_named_and_other_tensors_still_restore(tmp_pat
         assert f"a chunk file of it in {os.path.join(d, CHUNKS)} is damaged" in str(info.value)
         assert f"ckpt verify {path}" in str(info.value)
         problems = ckpt.verify(path).problems
-        assert len(problems) == 1 and chunk in problems[0] and "'exact'" in problems[0]
+        assert len(problems) == 1 and "'exact'" in problems[0]
+        assert f"its chunk {shared.hex()} (bytes " in problems[0] and f"of the pack {pack})" in problems[0]
         assert _load(path, "big")[0, 0] == step
-    os.remove(chunk)
-    with pytest.raises(CorruptCheckpointError, match="missing"):
-        _load(os.path.join(d, "m-1.msgpack"), "exact")
+    readers = keys_reading(first, pack)
+    assert readers == {"big", "exact", "bf", "scalar"}  # the first save wrote every chunk into one pack
+    remove(first, shared)  # the pack goes: every tensor reading it is missing a chunk, the others read
+    for key in readers:
+        with pytest.raises(CorruptCheckpointError, match=f"'{key}'.*of the pack {pack}\\) is missing") as info:
+            _load(first, key)
+        assert info.value.key == key
+    assert _load(first, "text").tolist() == [b"a", b"", b"xyz"] and _load(first, "empty").shape == (0, 3)
 
 
 def test_full_every_writes_self_contained_checkpoints(tmp_path: object) -> None:
@@ -168,14 +174,17 @@ def test_a_save_creates_its_directory(tmp_path: object) -> None:
     assert _load(path, "big").tobytes() == v["big"].numpy().tobytes()
 
 
-def _two_steps(d: str) -> tuple[list[str], dict[str, set[str]]]:
-    """Two incremental checkpoints that differ in big's first chunk; their paths and chunk names."""
+def _two_steps(d: str, first: int = 1) -> tuple[list[str], dict[str, set[str]]]:
+    """Two incremental checkpoints that differ in big's first chunk; their paths and chunk names.
+    ``first=0``: a save of step 0 comes first (dropped by retention, its pack kept for the chunks
+    the two share), so each of the two stores its own first chunk in a pack of its own."""
     v = _vars(np.random.default_rng(9))
-    saver = _saver(v, max_to_keep=None)
+    saver = _saver(v, max_to_keep=2)
     paths = []
-    for step in (1, 2):
+    for step in range(first, 3):
         _set_first(v["big"], step)
         paths.append(saver.save(os.path.join(d, "m.msgpack"), global_step=step))
+    paths = paths[-2:]
     chunks = {}
     for path in paths:
         with open_reader(path) as reader:
@@ -183,20 +192,27 @@ def _two_steps(d: str) -> tuple[list[str], dict[str, set[str]]]:
     return paths, chunks
 
 
-def _chunk_bytes(d: str, names: set[str]) -> int:
-    return sum(os.path.getsize(os.path.join(d, CHUNKS, n)) for n in names)
-
-
 def test_list_checkpoints_gives_the_bytes_each_owns_and_shares(tmp_path: object) -> None:
     d = str(tmp_path)
-    paths, chunks = _two_steps(d)
-    both = chunks[paths[0]] & chunks[paths[1]]
+    paths, _ = _two_steps(d, first=0)
+    files = {path: referenced_files(d, [os.path.basename(path)]) for path in paths}
+    both = files[paths[0]] & files[paths[1]]
     rows = ckpt.list_checkpoints(d)
+    assert [os.path.join(d, row.path) for row in rows] == paths
     for row, path in zip(rows, paths):
-        own = chunks[path] - both
-        assert len(own) == 1  # big's first chunk
-        assert row.owned == os.path.getsize(path) + _chunk_bytes(d, own)
-        assert row.shared == _chunk_bytes(d, both) > 0
+        own = files[path] - both
+        assert len(own) == 1  # the pack holding its first chunk of big
+        assert row.owned == os.path.getsize(path) + file_bytes(d, own)
+        assert row.shared == file_bytes(d, both) > 0
+    # without the earlier save, step 1's own chunk is in the pack it wrote with every shared chunk:
+    # a pack two checkpoints reference is shared by both (deleting step 1 frees none of it)
+    d2 = os.path.join(d, "two")
+    paths, chunks = _two_steps(d2)
+    assert len(chunks[paths[0]] - chunks[paths[1]]) == 1
+    first, second = ckpt.list_checkpoints(d2)
+    assert first.owned == os.path.getsize(paths[0]) and first.shared == second.shared > 0
+    assert second.owned == os.path.getsize(paths[1]) + file_bytes(d2, referenced_files(d2, ["m-2.msgpack"]) -
+                                                                  referenced_files(d2, ["m-1.msgpack"]))
     plain = os.path.join(d, "plain")
     ckpt.Saver({"w": ckpt.Variable([1.0])}).save(os.path.join(plain, "m.h5"), global_step=1)
     [row] = ckpt.list_checkpoints(plain)
@@ -227,19 +243,19 @@ def test_verify_directory_checks_every_reference_of_every_kept_checkpoint(tmp_pa
     from ckpt.cli.main import main
 
     d = str(tmp_path)
-    paths, chunks = _two_steps(d)
+    paths, chunks = _two_steps(d, first=0)
     assert [r.ok for r in ckpt.verify_directory(d)] == [True, True]
     assert CliRunner().invoke(main, ["verify", d]).output == f"{d}: OK (2 kept checkpoints; the structure and " \
                                                              "every checksum match)\n"
     [only_first] = chunks[paths[0]] - chunks[paths[1]]
-    os.remove(os.path.join(d, CHUNKS, only_first))  # the latest checkpoint is whole: only a directory check sees it
+    # the latest checkpoint is whole: only a directory check sees it
+    own = remove(paths[0], bytes.fromhex(only_first))  # the pack only step 1 reads: its first chunk of big
     with open_reader(paths[1]) as reader:
         [shared] = [c.hex() for c in reader.chunks_of("exact")]  # type: ignore[attr-defined]  # another tensor
-    with open(os.path.join(d, CHUNKS, shared), "r+b") as f:
-        f.write(b"\xff")
+    flip(paths[1], bytes.fromhex(shared), at=0)
     reports = ckpt.verify_directory(d)
     assert [len(r.problems) for r in reports] == [2, 1]
-    assert any(only_first in p and "missing" in p for p in reports[0].problems)
+    assert any(only_first in p and own in p and "missing" in p for p in reports[0].problems)
     assert all(any(shared in p and "damaged" in p for p in r.problems) for r in reports)
     result = CliRunner().invoke(main, ["verify", d])
     assert result.exit_code == 1 and only_first in result.output

@@ -18,6 +18,8 @@ from ckpt.formats import _codec, _io
 from ckpt.formats.base import open_reader
 from ckpt.formats._chunkcodec import links
 from ckpt.formats.incremental import CHUNK_DIR, FORMAT_NAME, IncrementalReader
+from incremental_support import (as_version_2, cut, flip, keys_reading, problem_keys, referenced_files, store_files,
+                                 stored_at)
 
 CHUNK = 4096
 
@@ -130,8 +132,11 @@ def test_retention_keeps_every_base_a_kept_checkpoint_reaches(tmp_path: Any) -> 
     _assert_restores(path, want)
     with open_reader(path) as reader:
         assert isinstance(reader, IncrementalReader)
-        closure = {c.hex() for key in reader.tensors for c in reader.chunks_of(key)}
-    assert set(os.listdir(os.path.join(d, CHUNK_DIR))) == closure
+        closure = {c for key in reader.tensors for c in reader.chunks_of(key)}
+        files = {f.hex() for key in reader.tensors for f in reader.files_of(key)}
+    # the store holds exactly the files the chains' chunks are in, packs written by dropped saves too
+    assert {os.path.basename(stored_at(path, c)[0]) for c in closure} == files
+    assert store_files(d) == files == referenced_files(d, [os.path.basename(path)]) and len(files) > 1
 
 
 def _bf_base(path: str) -> bytes:
@@ -141,21 +146,12 @@ def _bf_base(path: str) -> bytes:
     return links(bf_refs[0])[-1]
 
 
-def _flip(where: str, at: int, mask: int) -> None:
-    """Damage the file ``where`` in place: XOR its byte ``at`` with ``mask``."""
-    with open(where, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)[0]
-        f.seek(at)
-        f.write(bytes([byte ^ mask]))
-
-
 def test_a_damaged_base_fails_every_tensor_that_reaches_it_and_nothing_else(tmp_path: Any) -> None:
     d = str(tmp_path)
     saved = _save_steps(d, 3, seed=4, max_to_keep=None, max_chain=4)
     first, _, last = list(saved)
     base = _bf_base(last)  # written by the first save
-    _flip(os.path.join(d, CHUNK_DIR, base.hex()), 100, 0xFF)
+    flip(last, base, at=100)
     for path in (first, last):
         with ckpt.load_checkpoint(path) as reader:
             with pytest.raises(CorruptCheckpointError, match="'bf'") as info:
@@ -176,7 +172,7 @@ def test_a_damaged_previous_version_is_not_a_delta_base(tmp_path: Any) -> None:
     saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK)
     saver.save(os.path.join(d, "m.msgpack"), global_step=0)
     [f64_first, _] = _entries(os.path.join(d, "m-0.msgpack"))["f64"][3]
-    _flip(os.path.join(d, CHUNK_DIR, f64_first.hex()), 0, 1)
+    flip(os.path.join(d, "m-0.msgpack"), f64_first, at=0, mask=1)
     _touch(v, rng)
     path = saver.save(os.path.join(d, "m.msgpack"), global_step=1)
     assert isinstance(_entries(path)["f64"][3][0], bytes)  # written whole
@@ -184,21 +180,10 @@ def test_a_damaged_previous_version_is_not_a_delta_base(tmp_path: Any) -> None:
         assert reader["f64"].tobytes() == v["f64"].numpy().tobytes()
 
 
-def test_an_oversized_chunk_file_is_damage_and_is_never_read_whole(tmp_path: Any) -> None:
-    """A chunk file longer than any chunk (damaged or hostile: here a sparse 64 GiB file) is not read
-    into memory: restore and verify name the tensor and the file, and the next save writes whole."""
-    d = str(tmp_path)
-    saved = _save_steps(d, 2, seed=4, max_to_keep=None, max_chain=4)
-    last = list(saved)[-1]
-    base = _bf_base(last)
-    os.truncate(os.path.join(d, CHUNK_DIR, base.hex()), 1 << 36)
-    with ckpt.load_checkpoint(last) as reader:
-        with pytest.raises(CorruptCheckpointError, match=f"'bf'.*{base.hex()}.*holds more than {CHUNK} bytes"):
-            reader["bf"]
-        assert reader["f64"].tobytes() == saved[last]["f64"].tobytes()
-    problems = ckpt.verify(last).problems
-    assert len(problems) == 1 and "'bf'" in problems[0] and base.hex() in problems[0]
-    rng = np.random.default_rng(9)  # a new Saver (no kept bases) reads previous versions back: bounded
+def _a_save_after_damage_writes_whole(d: str, last: str, saved: dict[str, dict[str, np.ndarray]]) -> None:
+    """A new Saver (no kept bases) reads previous versions back from the damaged store: it writes
+    whole what it cannot read, and its checkpoint restores."""
+    rng = np.random.default_rng(9)
     v = _vars(rng)
     v["bf"].assign(saved[last]["bf"])
     saver = ckpt.Saver(v, format="msgpack", incremental=True, chunk_bytes=CHUNK, max_to_keep=None, max_chain=4)
@@ -206,6 +191,45 @@ def test_an_oversized_chunk_file_is_damage_and_is_never_read_whole(tmp_path: Any
     path = saver.save(os.path.join(d, "m.msgpack"), global_step=2)
     with ckpt.load_checkpoint(path) as reader:
         assert reader["bf"].tobytes() == v["bf"].numpy().tobytes()
+
+
+def test_a_pack_cut_short_in_a_chunk_is_damage_named_by_restore_and_verify(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    saved = _save_steps(d, 2, seed=4, max_to_keep=None, max_chain=4)
+    last = list(saved)[-1]
+    base = _bf_base(last)
+    _, offset, _ = stored_at(last, base)
+    pack = cut(last, base, keep=10)
+    lost = keys_reading(last, pack, past=offset + 10)  # bf, and the tensors placed after it in the pack
+    with ckpt.load_checkpoint(last) as reader:
+        with pytest.raises(CorruptCheckpointError, match=f"'bf'.*{base.hex()}.*of the pack {pack}\\) is truncated"):
+            reader["bf"]
+        for key in set(saved[last]) - lost - {"text"}:
+            assert reader[key].tobytes() == saved[last][key].tobytes()
+    problems = ckpt.verify(last).problems
+    assert "bf" in lost and problem_keys(problems) == lost and all("truncated" in p for p in problems)
+    assert any("'bf'" in p and base.hex() in p for p in problems)
+    _a_save_after_damage_writes_whole(d, last, saved)
+
+
+def test_an_oversized_chunk_file_is_damage_and_is_never_read_whole(tmp_path: Any) -> None:
+    """A chunk stored as a file of its own (version 2, still read) longer than any chunk (damaged or
+    hostile: here a sparse 64 GiB file) is not read into memory: restore and verify name the tensor
+    and the file, and the next save writes whole."""
+    d = str(tmp_path)
+    saved = _save_steps(d, 2, seed=4, max_to_keep=None, max_chain=4)
+    last = list(saved)[-1]
+    as_version_2(last)
+    base = _bf_base(last)
+    assert stored_at(last, base)[0] == os.path.join(d, CHUNK_DIR, base.hex())  # a file of its own
+    os.truncate(os.path.join(d, CHUNK_DIR, base.hex()), 1 << 36)
+    with ckpt.load_checkpoint(last) as reader:
+        with pytest.raises(CorruptCheckpointError, match=f"'bf'.*{base.hex()}.*holds more than {CHUNK} bytes"):
+            reader["bf"]
+        assert reader["f64"].tobytes() == saved[last]["f64"].tobytes()
+    problems = ckpt.verify(last).problems
+    assert len(problems) == 1 and "'bf'" in problems[0] and base.hex() in problems[0]
+    _a_save_after_damage_writes_whole(d, last, saved)
 
 
 def test_compression_combines_with_incremental_saves(tmp_path: Any) -> None:
@@ -218,7 +242,7 @@ def test_compression_combines_with_incremental_saves(tmp_path: Any) -> None:
     raw = w.numpy().tobytes()
     for i, ref in enumerate(refs):
         assert ref == hashlib.sha256(raw[i * CHUNK:(i + 1) * CHUNK]).digest()  # named by the uncompressed bytes
-        assert os.path.getsize(os.path.join(d, CHUNK_DIR, ref.hex())) < 0.9 * CHUNK
+        assert stored_at(path, ref)[2] < 0.9 * CHUNK  # its bytes in the pack
     with ckpt.load_checkpoint(path) as reader:
         assert reader["w"].tobytes() == w.numpy().tobytes()
     assert ckpt.verify(path).ok

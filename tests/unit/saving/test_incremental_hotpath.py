@@ -16,6 +16,7 @@ from ckpt.formats import _codec, _io
 from ckpt.formats._chunkcodec import (PARALLEL_BYTES, RETRY_AFTER, ChunkEncoding, _private, assemble, chain_of,
                                       digest, links)
 from ckpt.formats.incremental import CHUNK_DIR, tensor_entry
+from incremental_support import flip, store_files, stored_at
 
 CHUNK = 64 << 10
 
@@ -79,7 +80,9 @@ def test_repeated_chunks_of_one_save_are_written_once(tmp_path: Any) -> None:
     path = saver.save(os.path.join(str(tmp_path), "m.msgpack"))
     stats = saver.last_incremental
     assert stats is not None and (stats.chunks_written, stats.bytes_written) == (1, CHUNK)
-    assert os.listdir(os.path.join(str(tmp_path), CHUNK_DIR)) == [_refs(path, "zeros")[0].hex()]
+    [pack] = store_files(str(tmp_path))  # one pack holding the one chunk once
+    assert stored_at(path, _refs(path, "zeros")[0]) == (os.path.join(str(tmp_path), CHUNK_DIR, pack), 0, CHUNK)
+    assert os.path.getsize(os.path.join(str(tmp_path), CHUNK_DIR, pack)) == CHUNK
 
 
 class _Store:
@@ -173,12 +176,8 @@ def test_a_base_damaged_after_it_was_noted_is_named_by_restore_and_verify(tmp_pa
         saver.save(os.path.join(d, "m.msgpack"), global_step=step)
     ref = _refs(os.path.join(d, "m-1.msgpack"), "big")[40]
     assert isinstance(ref, list)
-    damaged = os.path.join(d, CHUNK_DIR, links(ref)[0].hex())  # the delta save 1 wrote for chunk 40
-    with open(damaged, "r+b") as f:
-        f.seek(5)
-        byte = f.read(1)
-        f.seek(5)
-        f.write(bytes([byte[0] ^ 0x10]))
+    delta = links(ref)[0]  # the delta save 1 wrote for chunk 40
+    pack = flip(os.path.join(d, "m-1.msgpack"), delta, at=5, mask=0x10)
     _touch(v, rng)
     path = saver.save(os.path.join(d, "m.msgpack"), global_step=2)
     assert links(ref)[0] in links(_refs(path, "big")[40])  # chunk 40's new delta rests on it
@@ -188,7 +187,8 @@ def test_a_base_damaged_after_it_was_noted_is_named_by_restore_and_verify(tmp_pa
         assert info.value.key == "big" and info.value.path == path
         assert reader["small"].tobytes() == v["small"].numpy().tobytes()
     problems = ckpt.verify(path).problems
-    assert len(problems) == 1 and "'big'" in problems[0] and os.path.basename(damaged) in problems[0]
+    assert len(problems) == 1 and "'big'" in problems[0] and f"{delta.hex()} (bytes " in problems[0]
+    assert f"of the pack {pack})" in problems[0]
 
 
 def test_a_restore_reads_a_batch_of_tensors_side_by_side_and_names_the_first_damaged(tmp_path: Any) -> None:
@@ -204,9 +204,7 @@ def test_a_restore_reads_a_batch_of_tensors_side_by_side_and_names_the_first_dam
     saver.restore(path)
     assert all(v[k].numpy().tobytes() == want[k].tobytes() for k in v)
     for key in ("t2", "t3"):  # damage a chunk of each of the last two tensors
-        where = os.path.join(d, CHUNK_DIR, _refs(path, key)[3].hex())
-        with open(where, "r+b") as f:
-            f.write(b"\xff\xff")
+        flip(path, _refs(path, key)[3], count=2)
     with pytest.raises(CorruptCheckpointError) as info:
         saver.restore(path)
     assert str(info.value).startswith(f"{path}: tensor 't2'")  # the first in order, though t3's read too

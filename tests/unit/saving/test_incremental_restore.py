@@ -14,7 +14,8 @@ import ckpt
 from ckpt import dtypes
 from ckpt.errors import CorruptCheckpointError
 from ckpt.formats.base import open_reader
-from ckpt.formats.incremental import CHUNK_DIR, IncrementalReader
+from ckpt.formats.incremental import IncrementalReader
+from incremental_support import cut, flip, keys_reading, remove, stored_at
 
 CHUNK = 4096
 
@@ -47,9 +48,9 @@ def _read_all(path: str, group_bytes: int) -> dict[str, np.ndarray]:
         return outs
 
 
-def _chunk_file(directory: str, data: bytes, index: int) -> str:
-    piece = data[index * CHUNK:(index + 1) * CHUNK]
-    return os.path.join(directory, CHUNK_DIR, hashlib.sha256(piece).hexdigest())
+def _chunk(data: bytes, index: int) -> bytes:
+    """The name of chunk ``index`` of a tensor's bytes ``data``."""
+    return hashlib.sha256(data[index * CHUNK:(index + 1) * CHUNK]).digest()
 
 
 @pytest.mark.parametrize("group_chunks", [1, 2, 3, 5, 1000])
@@ -65,34 +66,49 @@ def test_a_batch_is_bit_exact_across_chunk_and_group_boundaries(tmp_path: object
             assert got[key].tobytes() == want.tobytes(), key
 
 
-@pytest.mark.parametrize("damage", ["flip", "missing", "longer"])
+@pytest.mark.parametrize("damage", ["flip", "cut_before", "cut_inside", "pack_missing"])
 def test_a_damaged_chunk_in_the_middle_of_a_big_group_names_its_tensor_and_file(tmp_path: object,
                                                                                  damage: str) -> None:
+    """A byte flipped in d's third chunk, its pack cut just before it or inside it, or its pack
+    deleted: the read names d (the first tensor in order that lost bytes) and where the chunk was;
+    every tensor that lost none still reads, every one that lost some fails naming itself."""
     path = _save(str(tmp_path))
-    chunk = _chunk_file(str(tmp_path), _values()["d"].tobytes(), 2)  # d's third chunk: mid-group
-    if damage == "missing":
-        os.remove(chunk)
+    chunk = _chunk(_values()["d"].tobytes(), 2)  # d's third chunk: mid-group
+    pack, offset, length = stored_at(path, chunk)
+    if damage == "flip":
+        flip(path, chunk, mask=1)
+        lost = {"d"}
+    elif damage == "pack_missing":
+        remove(path, chunk)
+        lost = keys_reading(path, pack)  # every numeric tensor: one save wrote one pack
+        assert lost == {"a", "b", "c", "d", "g"}
     else:
-        with open(chunk, "r+b") as f:
-            f.seek(0, os.SEEK_END if damage == "longer" else os.SEEK_SET)
-            f.write(b"\x00" if damage == "longer" else bytes([f.read(1)[0] ^ 1]))
-    with pytest.raises(CorruptCheckpointError, match="'d'") as info:
+        cut(path, chunk, keep=0 if damage == "cut_before" else length // 2)
+        lost = keys_reading(path, pack, past=offset)  # d, and what the pack holds after its third chunk
+        assert min(lost) == "d"
+    with pytest.raises(CorruptCheckpointError, match=f"'{min(lost)}'") as info:
         _read_all(path, 1 << 20)  # every chunk in one group
-    assert info.value.key == "d" and info.value.path == path
+    assert info.value.key == min(lost) and info.value.path == path
     if damage != "flip":  # a file of the right length with a wrong byte fails the tensor's crc32c
-        assert chunk in str(info.value)
+        assert f"of the pack {pack})" in str(info.value)
+        assert chunk.hex() in str(info.value) or damage == "pack_missing"
+        assert ("is missing" if damage == "pack_missing" else "is truncated: the file ends at byte") in str(info.value)
     with ckpt.load_checkpoint(path) as reader:  # the tensors around it still read
-        assert reader["b"].tobytes() == _values()["b"].tobytes()
-        assert reader["g"] == 7.25
+        for key, value in _values().items():
+            if key in lost:
+                with pytest.raises(CorruptCheckpointError, match=f"'{key}'"):
+                    reader[key]
+            elif not dtypes.is_string(np.asarray(value).dtype):
+                assert reader[key].tobytes() == np.asarray(value).tobytes(), key
 
 
 @pytest.mark.parametrize("group_chunks", [1, 4, 1000])
 def test_the_first_damaged_tensor_in_order_is_the_one_raised(tmp_path: object, group_chunks: int) -> None:
     path = _save(str(tmp_path))
     values = _values()
-    os.remove(_chunk_file(str(tmp_path), values["d"].tobytes(), 4))  # d: missing, later in the read
-    with open(_chunk_file(str(tmp_path), values["b"].tobytes(), 1), "r+b") as f:  # b: wrong bytes, earlier
-        f.write(b"\xff\xff")
+    pack = cut(path, _chunk(values["d"].tobytes(), 4))  # d: its last chunk missing, later in the read
+    assert "b" not in keys_reading(path, pack, past=os.path.getsize(pack))
+    flip(path, _chunk(values["b"].tobytes(), 1), count=2)  # b: wrong bytes, earlier
     with pytest.raises(CorruptCheckpointError, match="'b'") as info:
         _read_all(path, group_chunks * CHUNK)
     assert info.value.key == "b"

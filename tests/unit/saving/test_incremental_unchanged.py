@@ -19,6 +19,7 @@ import ckpt.cli
 import ckpt.formats
 from ckpt import distributed
 from ckpt.formats import _chunkcodec as inc_format  # where chunks are hashed
+from incremental_support import chunks_in, cut, remove, stored_at
 
 CHUNK = 4096
 CHUNKS = ".ckpt-chunks"
@@ -190,15 +191,34 @@ def test_the_crc_guard_catches_a_write_the_count_missed(tmp_path: pathlib.Path, 
 
 def test_a_reused_entry_whose_chunk_was_deleted_is_encoded_again(tmp_path: pathlib.Path) -> None:
     v = _model()
-    saver = _saver(v, max_chain=0)
-    first = saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=0)
-    a = v["backbone/a"].numpy()
+    saver = _saver(v, max_chain=0, max_to_keep=None)
+    saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=0)
+    a = v["backbone/a"].numpy().copy()
+    a.reshape(-1)[CHUNK // 4] += 1  # a's second chunk changes: save 1 writes it alone into its pack
+    v["backbone/a"].assign(a)
+    first = saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=1)
     lost = inc_format.digest(a.reshape(-1).view(np.uint8)[CHUNK:2 * CHUNK])
-    os.remove(os.path.join(str(tmp_path), CHUNKS, lost.hex()))
+    assert chunks_in(first, remove(first, lost)) == {lost}  # its pack held only that chunk
+    assert not ckpt.verify(first).ok
+    path = saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=2)
+    assert _stats(saver).tensors_reused == 3 and _stats(saver).chunks_written == 1
+    assert os.path.exists(stored_at(path, lost)[0])  # written again, into save 2's pack
+    _assert_holds(path, v)
+
+
+@pytest.mark.xfail(strict=True, reason="library bug, reported to the lead: a save's dedup (PackStore.exists) "
+                   "counts a chunk present when its pack exists, however short the pack is")
+def test_a_chunk_a_cut_pack_lost_is_written_again(tmp_path: pathlib.Path) -> None:
+    """A pack cut short loses the chunks past its end, as a deleted chunk file did: the next save
+    writes them again instead of committing a checkpoint that references them."""
+    v = _model()
+    saver = _saver(v, max_chain=0, max_to_keep=None)
+    first = saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=0)
+    lost = inc_format.digest(v["backbone/a"].numpy().reshape(-1).view(np.uint8)[CHUNK:2 * CHUNK])
+    cut(first, lost)
     assert not ckpt.verify(first).ok
     path = saver.save(os.path.join(str(tmp_path), "m.msgpack"), global_step=1)
-    assert _stats(saver).tensors_reused == 3 and _stats(saver).chunks_written == 1
-    assert os.path.exists(os.path.join(str(tmp_path), CHUNKS, lost.hex()))
+    assert _stats(saver).chunks_written >= 1
     _assert_holds(path, v)
 
 

@@ -43,7 +43,7 @@ def open_folder(blob: ReadableBlob, name: str) -> Folder:
     the same store: for an object, the store (and storage options) that opened it, so a format's
     side objects (an incremental checkpoint's chunks) are read as the checkpoint was."""
     if isinstance(blob, LocalFile):
-        return LocalFolder(os.path.join(os.path.dirname(blob.name), name))
+        return LocalFolder(os.path.normpath(os.path.join(os.path.dirname(blob.name), name)))  # "../x": named plainly
     from ckpt.storage.objfolder import RemoteFolder  # lazy: object-store code loads only for objects
     from ckpt.storage.remote import RemoteFile
 

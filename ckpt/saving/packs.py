@@ -81,16 +81,16 @@ class PackStore:
         self._end = 0
         self._members: dict[bytes, tuple[int, int]] = {}
         self._as_files: set[bytes] = set()  # names found present as files of their own
-        self._packs_present: dict[bytes, bool] = {}
+        self._pack_sizes: dict[bytes, int] = {}
 
     def exists(self, name: bytes) -> bool:
-        """Whether the chunk ``name`` is stored: written by this save, in a pack an index locates
-        it in (not a sparse one), or as a file of its own."""
+        """Whether the chunk ``name`` is stored: written by this save, within a pack an index
+        locates it in (not a sparse one), or as a file of its own."""
         if name in self._members:
             return True
         where = self._known.get(name)
-        if where is not None and where[0] not in self._sparse and self._pack_present(where[0]):
-            return True
+        if where is not None and where[0] not in self._sparse and where[1] + where[2] <= self._pack_size(where[0]):
+            return True  # (a pack cut short lost the chunks past its end: those are written again)
         if os.path.exists(os.path.join(self.folder, name.hex())):
             self._as_files.add(name)
             return True
@@ -161,8 +161,13 @@ class PackStore:
         located.update((name, (self.id, offset, length)) for name, (offset, length) in self._members.items())
         return located
 
-    def _pack_present(self, pack: bytes) -> bool:
-        present = self._packs_present.get(pack)
-        if present is None:
-            present = self._packs_present[pack] = os.path.exists(os.path.join(self.folder, pack.hex()))
-        return present
+    def _pack_size(self, pack: bytes) -> int:
+        """The pack's size in bytes (-1: missing), looked up once per save."""
+        size = self._pack_sizes.get(pack)
+        if size is None:
+            try:
+                size = os.path.getsize(os.path.join(self.folder, pack.hex()))
+            except OSError:
+                size = -1
+            self._pack_sizes[pack] = size
+        return size

@@ -206,8 +206,6 @@ def test_a_reused_entry_whose_chunk_was_deleted_is_encoded_again(tmp_path: pathl
     _assert_holds(path, v)
 
 
-@pytest.mark.xfail(strict=True, reason="library bug, reported to the lead: a save's dedup (PackStore.exists) "
-                   "counts a chunk present when its pack exists, however short the pack is")
 def test_a_chunk_a_cut_pack_lost_is_written_again(tmp_path: pathlib.Path) -> None:
     """A pack cut short loses the chunks past its end, as a deleted chunk file did: the next save
     writes them again instead of committing a checkpoint that references them."""

@@ -193,8 +193,8 @@ class IncrementalReader(FileReader):
         #: where the chunks stored in pack files are (name -> (pack id, offset, length))
         self.located: dict[bytes, Location] = \
             read_pack_table(index.get("packs", []), path, chunk_bytes) if self.version >= 3 else {}
-        folder = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
-        self._chunks = PackedFolder(folder, self.located) if self.located else folder
+        self._folder = open_folder(self._source, chunk_dir)  # through the checkpoint's own store
+        self._chunks = PackedFolder(self._folder, self.located) if self.located else self._folder
         self._metadata = check_metadata(index.get("metadata", {}), path)
         self._tensors = {key: self._entry(key, entry) for key, entry in index["tensors"].items()}
 
@@ -243,8 +243,8 @@ class IncrementalReader(FileReader):
         them, their offset in it, their length; None: the whole file, a chunk of its own)."""
         if name in self.located:
             pack, offset, length = self.located[name]
-            return self._chunks.location.rstrip("/") + "/" + pack.hex(), offset, length
-        return self._chunks.location.rstrip("/") + "/" + name.hex(), 0, None
+            return self._folder.where(pack.hex()), offset, length
+        return self._folder.where(name.hex()), 0, None
 
     def chunk_location(self, name: bytes) -> str:
         """Where the chunk ``name`` this checkpoint reads is: its file's path or URL, or its bytes

@@ -1,13 +1,13 @@
 """Incremental saves: write only the chunks a directory's chunk store lacks, then a small index.
 
 A whole incremental save (chunk writes, the index's commit, retention and chunk collection) runs
-under the directory's state lock, so a collection never deletes a chunk that a save running
-beside it has found present and is about to reference. Chunks are written create-only (a
-temporary file, fsynced, hard-linked to its content name) and the chunk folder is fsynced before
-the index is committed: a committed index never references a chunk that is not on disk.
-Collection deletes only chunks no checkpoint file in the directory references, after retention
-removed the dropped files; a crash anywhere leaves at most unreferenced chunks, collected by the
-next save.
+under the directory's state lock, so a collection never deletes a pack that a save running
+beside it has found holding a chunk it is about to reference. The chunks a save writes go into
+one pack (``ckpt.saving.packs``: a temporary file, fsynced, hard-linked to its id's name) and the
+chunk folder is fsynced before the index is committed: a committed index never references a
+chunk that is not on disk. Collection deletes only packs and chunk files no checkpoint file in the
+directory references, after retention removed the dropped files; a crash anywhere leaves at most
+unreferenced packs or temporaries, collected by the next save.
 """
 
 from __future__ import annotations

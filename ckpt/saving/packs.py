@@ -40,6 +40,11 @@ __all__ = ["PackStore", "TMP_PREFIX", "stored_chunks"]
 
 #: Temporary files in the chunk store (collection deletes the ones no save is writing).
 TMP_PREFIX = ".tmp-"
+#: A writer that brings a pack's unsynced bytes to this many syncs them (``fdatasync``) while the
+#: other threads go on hashing and writing, so the disk writes beside the hashing rather than all
+#: in the final fsync (as a chunk file fsynced by the thread that wrote it did); None: only the
+#: final fsync.
+SYNC_BYTES: int | None = 8 << 20
 
 
 def stored_chunks(fmt: ChunkedFormat, indexes: Iterable[str], folder: str) -> tuple[dict[bytes, Location], set[bytes]]:
@@ -79,6 +84,7 @@ class PackStore:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._end = 0
+        self._unsynced, self._syncing = 0, False
         self._members: dict[bytes, tuple[int, int]] = {}
         self._as_files: set[bytes] = set()  # names found present as files of their own
         self._pack_sizes: dict[bytes, int] = {}
@@ -110,6 +116,15 @@ class PackStore:
         pwrite_all(fd, data, offset)
         with self._lock:
             self._members[name] = (offset, len(data))  # readable once written
+            self._unsynced += len(data)
+            sync = SYNC_BYTES is not None and self._unsynced >= SYNC_BYTES and not self._syncing
+            if sync:
+                self._unsynced, self._syncing = 0, True
+        if sync:  # on this I/O thread, while the others hash and write: the disk works beside them
+            try:
+                os.fdatasync(fd)
+            finally:
+                self._syncing = False
         return True
 
     def get(self, name: bytes, limit: int) -> bytes:

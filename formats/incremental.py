@@ -53,7 +53,7 @@ VERSION = 3
 READS = (1, 2, 3)
 #: Default bound on a delta chain (deltas between a chunk and the whole chunk it rests on): with
 #: 1% of a table's rows changing per save, 8 writes 13.2% in every save, 16 7.0%, so 16
-#: (docs/incremental.md); a restore reads up to max_chain + 1 files per chunk.
+#: (docs/incremental.md); a restore reads up to max_chain + 1 stored chunks per chunk.
 MAX_CHAIN = 16
 #: a longer chain in an index is damage, not a save's (max_chain is a small int)
 _LONGEST = 1 << 10

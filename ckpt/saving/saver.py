@@ -99,7 +99,7 @@ class Saver:
         chunk_bytes: with ``incremental``, the chunk size in bytes (default 1 MiB).
         max_chain: with ``incremental``, how many deltas deep a changed chunk may be stored as
             its XOR with its previous version before it is written whole again (0: never;
-            a restore reads up to ``max_chain + 1`` files per chunk).
+            a restore reads up to ``max_chain + 1`` stored chunks per chunk).
 
     Raises:
         ValueError: two variables under one key, one variable under two keys, an invalid

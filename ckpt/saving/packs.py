@@ -49,18 +49,21 @@ SYNC_BYTES: int | None = 8 << 20
 
 def stored_chunks(fmt: ChunkedFormat, indexes: Iterable[str], folder: str) -> tuple[dict[bytes, Location], set[bytes]]:
     """Where the index files ``indexes`` locate chunks in the packs of ``folder`` (name ->
-    location), and the packs among them less than half of whose bytes those indexes reference
-    (``sparse``: their chunks are written again when needed). An index that cannot be read adds
-    nothing (its chunks are merely written again)."""
-    known: dict[bytes, Location] = {}
+    location; a chunk placed in several packs, after a compaction, in one that is not sparse), and
+    the packs among them less than half of whose bytes those indexes reference (``sparse``: their
+    chunks are written again when needed). An index that cannot be read adds nothing (its chunks
+    are merely written again)."""
+    places: dict[bytes, set[Location]] = {}
     for path in indexes:
         try:
-            known.update(fmt.locations(path))
+            for name, where in fmt.locations(path).items():
+                places.setdefault(name, set()).add(where)
         except (OSError, CheckpointError):
             continue
     live: dict[bytes, int] = {}
-    for pack, _, length in known.values():
-        live[pack] = live.get(pack, 0) + length
+    for wheres in places.values():
+        for pack, _, length in wheres:
+            live[pack] = live.get(pack, 0) + length
     sparse = set()
     for pack, used in live.items():
         try:
@@ -69,6 +72,7 @@ def stored_chunks(fmt: ChunkedFormat, indexes: Iterable[str], folder: str) -> tu
             continue  # missing: ``PackStore.exists`` finds it so
         if 2 * used < size:
             sparse.add(pack)
+    known = {name: min(wheres, key=lambda where: (where[0] in sparse, where)) for name, wheres in places.items()}
     return known, sparse
 
 

@@ -350,3 +350,24 @@ def test_a_pack_is_synced_while_it_is_written_not_only_at_the_end(tmp_path: Any,
     v["w"].assign(rng.standard_normal(v["w"].shape))
     _saver(v).save(os.path.join(str(tmp_path), "m.msgpack"), global_step=2)
     assert synced == []
+
+
+def test_a_chunk_compacted_into_a_new_pack_is_not_written_again_while_the_old_pack_lives(tmp_path: Any) -> None:
+    """After a compaction two kept indexes place the frozen chunk in two packs, the old one sparse:
+    the next save finds it in the new one (whichever index it reads last: step 9 sorts after 10)."""
+    rng = np.random.default_rng(7)
+    v = {"frozen": ckpt.Variable(rng.standard_normal(CHUNK // 8)),
+         "head": ckpt.Variable(rng.standard_normal(9 * CHUNK // 8))}
+    d = str(tmp_path)
+    saver = _saver(v, max_to_keep=2, max_chain=0)
+    written = []
+    for step in range(7, 13):
+        v["head"].assign(rng.standard_normal(v["head"].shape))
+        saver.save(os.path.join(d, "m.msgpack"), global_step=step)
+        stats = saver.last_incremental
+        assert stats is not None
+        written.append(stats.chunks_written)
+    # 7: everything; 8, 9: the head; 10: the first pack is 1/10 referenced: frozen written again; then the head
+    assert written == [10, 9, 9, 10, 9, 9]
+    for step in (11, 12):
+        assert ckpt.verify(os.path.join(d, f"m-{step}.msgpack")).ok

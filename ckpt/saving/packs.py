@@ -5,8 +5,9 @@ checkpoint of the directory locates it in a pack that is there (or it is a file 
 The caller holds the directory's lock (a sharded save: rank 0 holds it for every rank), so no
 collection deletes a pack found present before the save's index references it. The pack is
 written under a temporary name (each I/O thread reserves its bytes, then writes them with
-``pwrite``), fsynced once and hard-linked to its id's name before the index is committed; a
-crash leaves at most an unreferenced pack or temporary, which the next save collects.
+``pwrite``), synced as it grows (``SYNC_BYTES``) and fsynced at the end, and hard-linked to its
+id's name before the index is committed; a crash leaves at most an unreferenced pack or
+temporary, which the next save collects.
 
 **Compaction**: a pack whose referenced chunks fill less than half of it (the rest belongs to
 checkpoints retention dropped) is not counted as present, so a save that needs one of its chunks
@@ -42,8 +43,7 @@ __all__ = ["PackStore", "TMP_PREFIX", "stored_chunks"]
 TMP_PREFIX = ".tmp-"
 #: A writer that brings a pack's unsynced bytes to this many syncs them (``fdatasync``) while the
 #: other threads go on hashing and writing, so the disk writes beside the hashing rather than all
-#: in the final fsync (as a chunk file fsynced by the thread that wrote it did); None: only the
-#: final fsync.
+#: in the final fsync; None: only the final fsync.
 SYNC_BYTES: int | None = 8 << 20
 
 

@@ -86,10 +86,10 @@ def finish_saves_at_exit(*, interrupted: bool, wait: Callable[[], None] = wait_f
     def warn() -> None:
         nonlocal warned
         paths = saves_in_flight()
-        if paths and not warned:
+        first, warned = not warned, True  # before the words: a Ctrl-C once they show is the second
+        if paths and first:
             print(f"ckpt: finishing the background save of {', '.join(paths)} before exiting; "
                   "press Ctrl-C again to abandon it", file=out, flush=True)
-        warned = True
 
     while True:
         try:

@@ -605,6 +605,30 @@ def test_a_first_ctrl_c_while_exit_waits_names_the_save_and_a_second_abandons(tm
     assert abandoned == [[target]]
 
 
+def test_a_ctrl_c_that_comes_as_the_warning_shows_abandons_the_save(tmp_path, gated):
+    """The second Ctrl-C may arrive while the first one's words are being written (a user who
+    reads fast, or a test that answers the words): it abandons the save, rather than being taken
+    for the first and leaving the process waiting for a third."""
+    import io
+
+    from ckpt.saving.async_save import finish_saves_at_exit
+
+    class Interrupted(io.StringIO):
+        def write(self, text: str) -> int:
+            super().write(text)
+            raise KeyboardInterrupt  # the second Ctrl-C, as the words reach the terminal
+
+    saver = small_saver()
+    future = saver.save(str(tmp_path / "m.gated"), global_step=3, blocking=False)
+    gated.started.wait(60)
+    abandoned, waits = [], []
+    finish_saves_at_exit(interrupted=True, wait=lambda: waits.append(1), abandon=abandoned.append,
+                         stderr=Interrupted())
+    gated.go.set()
+    future.result()
+    assert abandoned == [[str(tmp_path / "m-3.gated")]] and waits == []
+
+
 def test_exit_without_saves_in_flight_says_nothing():
     import io
 

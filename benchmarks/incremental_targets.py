@@ -149,29 +149,27 @@ def measure(variables: dict[str, ckpt.Variable], change: Callable[[np.random.Gen
         kept = [p for p in want if os.path.exists(p)]
         last_full = ckpt.latest_checkpoint(full_dir)
         assert last_full is not None
-        for path in kept if restore_kept else kept[-1:]:
+
+        def cold_restores(path: str, expected: dict[str, bytes], inc_out: list[float], full_out: list[float]) -> None:
+            """``restore_reps`` cold restores of ``path``, each beside one of the last full
+            checkpoint, which goes first alternating; each checked bit-exact."""
             for rep in range(restore_reps):
                 for which in ("inc", "full") if rep % 2 == 0 else ("full", "inc"):
                     if which == "full":
                         _evict_all(full_dir)
-                        out.full_restore.append(_timed(lambda: full.restore(last_full)))
+                        full_out.append(_timed(lambda: full.restore(last_full)))
                         continue
-                    _evict_all(inc_dir)
-                    out.restore.append(_timed(lambda: saver.restore(path)))
-                    out.exact.append(_digests(variables, list(variables)) == want[path])
+                    _evict_all(os.path.dirname(path))
+                    inc_out.append(_timed(lambda: saver.restore(path)))
+                    out.exact.append(_digests(variables, list(variables)) == expected)
+
+        for path in kept if restore_kept else kept[-1:]:
+            cold_restores(path, want[path], out.restore, out.full_restore)
         if restore_kept:  # the control: the same files freshly written, as the full checkpoint is
             copy_dir = os.path.join(directory, "inc-copy")
             _fresh_copy(inc_dir, copy_dir)
-            copied = os.path.join(copy_dir, os.path.basename(kept[-1]))
-            for rep in range(restore_reps):
-                for which in ("inc", "full") if rep % 2 == 0 else ("full", "inc"):
-                    if which == "full":
-                        _evict_all(full_dir)
-                        out.copy_full_restore.append(_timed(lambda: full.restore(last_full)))
-                        continue
-                    _evict_all(copy_dir)
-                    out.copy_restore.append(_timed(lambda: saver.restore(copied)))
-                    out.exact.append(_digests(variables, list(variables)) == want[kept[-1]])
+            cold_restores(os.path.join(copy_dir, os.path.basename(kept[-1])), want[kept[-1]], out.copy_restore,
+                          out.copy_full_restore)
     finally:
         for folder in (inc_dir, full_dir, os.path.join(directory, "inc-copy")):
             shutil.rmtree(folder, ignore_errors=True)

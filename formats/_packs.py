@@ -24,7 +24,7 @@ from typing import Any
 from ckpt.errors import CorruptCheckpointError
 from ckpt.storage import Folder
 
-__all__ = ["PACK_ID_BYTES", "PackedFolder", "pack_table", "read_pack_table"]
+__all__ = ["PACK_ID_BYTES", "Location", "PackedFolder", "pack_table", "read_pack_table"]
 
 #: A pack's id: its file is ``<id hex>`` in the chunk store.
 PACK_ID_BYTES = 16

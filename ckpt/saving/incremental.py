@@ -108,7 +108,7 @@ class Encoding:
 @dataclass
 class ChunkStore:
     """What an incremental save asks of its chunk store, by chunk file name (a digest, or two):
-    ``put(name, stored bytes)`` writes it create-only (False: it was there already),
+    ``put(name, stored bytes)`` stores it unless the store holds it (False: it was there already),
     ``exists(name)`` and ``get(name, limit)`` (its stored bytes, at most ``limit``; a longer file
     is damage: CorruptCheckpointError) look into it. A local directory's
     (``ckpt.saving.packs.PackStore``) or an object store's (``ckpt.saving.incremental_remote``)."""

@@ -474,7 +474,7 @@ class LocalFolder:
                 steal(job)
             for job in jobs:  # every piece waited for: none may write into a view after we return
                 job.job.exception()
-            for job in jobs:
+            for job in jobs:  # then the first error in file order, if any
                 job.job.result()
         else:
             self._read_runs(items, runs, opened, answers)

@@ -53,7 +53,7 @@ class RemoteFolder:
         with translating(self.where(items[0][0]), "reading the chunk store's objects"):
             if getattr(self.store.fs, "async_impl", False):
                 return list(sync(self.store.fs.loop, self._read_all, [(n, v, len(v) + 1) for n, v in items]))
-            return [self._fill(view, self._get_sync(name, len(view) + 1)) for name, view in items]
+            return [self._fill(view, self._range_sync(name, 0, len(view) + 1)) for name, view in items]
 
     def read_whole(self, names: Sequence[str], limit: int) -> list[bytes | str]:
         if not names:
@@ -62,7 +62,7 @@ class RemoteFolder:
             if getattr(self.store.fs, "async_impl", False):
                 got = sync(self.store.fs.loop, self._read_all, [(n, None, limit + 1) for n in names])
             else:
-                got = [self._get_sync(name, limit + 1) for name in names]
+                got = [self._range_sync(name, 0, limit + 1) for name in names]
         return ["is missing" if data is None else f"holds more than {limit} bytes" if len(data) > limit else data
                 for data in got]
 
@@ -88,16 +88,9 @@ class RemoteFolder:
         return answers
 
     def _range_sync(self, name: str, start: int, end: int) -> bytes | None:
+        """Bytes ``start`` to ``end`` of the object ``name`` (fewer where it ends first), or None: missing."""
         try:
             return bytes(self.store.fs.cat_file(self.store.path(self.where(name)), start=start, end=end))
-        except FileNotFoundError as exc:
-            if not missing_object(exc):
-                raise
-            return None
-
-    def _get_sync(self, name: str, end: int) -> bytes | None:
-        try:
-            return bytes(self.store.fs.cat_file(self.store.path(self.where(name)), start=0, end=end))
         except FileNotFoundError as exc:
             if not missing_object(exc):
                 raise
